@@ -1,0 +1,80 @@
+/* osprey: local inference engine. Public C API.
+ *
+ * A loaded model (osp_model) is immutable and may be shared by threads.
+ * Per-sequence state (osp_session: KV cache, positions) belongs to one
+ * caller at a time. Every function that can fail returns an osp_status;
+ * osp_last_error() gives the message (thread-local).
+ */
+#ifndef OSPREY_H
+#define OSPREY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum osp_status {
+    OSP_OK = 0,
+    OSP_ERR_IO,          /* file missing, unreadable, truncated */
+    OSP_ERR_FORMAT,      /* malformed file or header that lies */
+    OSP_ERR_UNSUPPORTED, /* dtype, architecture, rope type... we refuse */
+    OSP_ERR_INVALID,     /* bad argument from the caller */
+    OSP_ERR_NOMEM,
+    OSP_ERR_RANGE,       /* context exceeded, token id out of range */
+    OSP_ERR_INTERNAL
+} osp_status;
+
+/* Message describing the last error on this thread ("" if none). */
+const char *osp_last_error(void);
+const char *osp_status_name(osp_status s);
+
+typedef struct osp_model osp_model;
+typedef struct osp_session osp_session;
+
+typedef struct osp_model_info {
+    const char *architecture;   /* e.g. "LlamaForCausalLM" */
+    const char *model_type;     /* config model_type */
+    int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate;
+    int32_t vocab;
+    int32_t max_ctx;            /* max_position_embeddings */
+    int64_t n_params;           /* logical parameter count */
+    int64_t weight_bytes;       /* bytes of the tensors used by the forward */
+    int64_t decode_bytes;       /* weight bytes streamed per decode step */
+    int64_t kv_bytes_per_token; /* f32 KV cache of full-attention layers, one row */
+    int64_t kv_bytes_sliding;   /* f32 KV cache of sliding layers, one row, at full window */
+    int32_t sliding_window;     /* 0 when no sliding layers */
+    int32_t n_sliding_layers;
+    int32_t quant_bits;         /* 0 when dense */
+    int32_t quant_group;
+    const char *dtype;          /* dtype of dense weights, e.g. "BF16" */
+} osp_model_info;
+
+/* Load a model folder (config.json + safetensors, sharded or not) or a
+ * Hugging Face cache repo folder (models--ORG--NAME). */
+osp_status osp_model_load(const char *path, osp_model **out);
+void osp_model_free(osp_model *m);
+const osp_model_info *osp_model_get_info(const osp_model *m);
+
+/* Number of worker threads used by kernels (0 = all cores). Global. */
+osp_status osp_set_threads(int n_threads);
+
+/* A session holds B rows of KV cache, each with up to max_ctx positions. */
+osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx,
+                           osp_session **out);
+void osp_session_free(osp_session *s);
+/* Forget everything in one row (position back to 0). */
+void osp_session_reset_row(osp_session *s, int32_t row);
+int32_t osp_session_row_pos(const osp_session *s, int32_t row);
+
+/* Run T new tokens for each of the session's B rows: ids is [B, T]
+ * (row-major). Each row continues at its own position. logits receives
+ * [B, T, vocab] when all_logits != 0, else [B, vocab] (last position). */
+osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok,
+                       int all_logits, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,29 @@
+/* Picks the ops table once from cpuid (or OSP_ISA). */
+#include <stdlib.h>
+#include <string.h>
+#include "backend/ops.h"
+
+static const osp_ops *chosen;
+
+static int has_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+static int has_avx2(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+const osp_ops *osp_ops_get(void) {
+    if (chosen) return chosen;
+    __builtin_cpu_init();
+    const char *want = getenv("OSP_ISA");
+    const osp_ops *best = osp_ops_scalar();
+    if (has_avx2() && osp_ops_avx2()) best = osp_ops_avx2();
+    if (has_avx512() && osp_ops_avx512()) best = osp_ops_avx512();
+    if (want && strcmp(want, "scalar") == 0) best = osp_ops_scalar();
+    else if (want && strcmp(want, "avx2") == 0 && has_avx2() && osp_ops_avx2()) best = osp_ops_avx2();
+    chosen = best;
+    return chosen;
+}

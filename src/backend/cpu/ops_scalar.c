@@ -1,0 +1,105 @@
+/* Scalar reference kernels: the definition every SIMD variant is tested
+ * against. Straightforward loops, f32 accumulation. */
+#include <math.h>
+#include "backend/ops.h"
+
+static void matmul_dense(const osp_weight *w, const float *x, int64_t n, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1) {
+    size_t es = osp_dtype_size(w->dtype);
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + r * w->cols * (int64_t)es;
+        for (int64_t t = 0; t < n; t++) {
+            const float *xt = x + t * w->cols;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < w->cols; c++) acc += xt[c] * osp_load_float(row, w->dtype, c);
+            y[t * ldy + (r - r0)] = acc;
+        }
+    }
+}
+
+/* MLX order: per group, s * sum(x*q) + b * sum(x). */
+static void matmul_quant(const osp_weight *w, const float *x, int64_t n, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1) {
+    int64_t ng = w->cols / w->group, rb = w->cols * w->qbits / 8;
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + r * rb;
+        for (int64_t t = 0; t < n; t++) {
+            const float *xt = x + t * w->cols;
+            float acc = 0.0f;
+            for (int64_t g = 0; g < ng; g++) {
+                float sq = 0.0f, sx = 0.0f;
+                for (int64_t j = 0; j < w->group; j++) {
+                    int64_t k = g * w->group + j;
+                    sq += xt[k] * (float)osp_q_code(row, w->qbits, k);
+                    sx += xt[k];
+                }
+                float s = osp_load_float(w->scales, w->sdtype, r * ng + g);
+                float b = osp_load_float(w->biases, w->sdtype, r * ng + g);
+                acc += s * sq + b * sx;
+            }
+            y[t * ldy + (r - r0)] = acc;
+        }
+    }
+}
+
+static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy,
+                   int64_t r0, int64_t r1) {
+    if (w->qbits) matmul_quant(w, x, n, y, ldy, r0, r1);
+    else matmul_dense(w, x, n, y, ldy, r0, r1);
+}
+
+static float dot(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static void axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void rmsnorm(float *y, const float *x, const float *w, int64_t n, float eps, int add_one) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) {
+        float m = w ? (add_one ? 1.0f + w[i] : w[i]) : 1.0f;
+        y[i] = x[i] * inv * m;
+    }
+}
+
+static void softmax(float *x, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        float v = g[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v))) * u[i];
+    }
+}
+
+static void softcap(float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+static const osp_ops OPS = {
+    .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
+    .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
+    .softcap = softcap,
+};
+
+const osp_ops *osp_ops_scalar(void) { return &OPS; }

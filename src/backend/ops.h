@@ -1,0 +1,50 @@
+/* backend/: the ops table. One table per backend/ISA, chosen once at
+ * start-up (osp_ops_get); the model code calls kernels only through it.
+ *
+ * CPU variants: "scalar" (the reference every fast kernel is tested
+ * against), "avx2" (AVX2+FMA+F16C) and "avx512" (F+BW+VL+DQ). All
+ * activations are f32; weights are read in their stored format.
+ * Kernels are single-threaded: callers split work (rows of W, heads)
+ * across the thread pool.
+ */
+#ifndef OSP_OPS_H
+#define OSP_OPS_H
+
+#include <stdint.h>
+#include "tensor/tensor.h"
+
+typedef struct osp_ops {
+    const char *name;
+
+    /* y[t*ldy + (r - r0)] = sum_c x[t*w->cols + c] * W[r, c]
+     * for t in [0, n), r in [r0, r1). Dense f32/f16/bf16 or MLX-quantized
+     * W (bits 2,3,4,5,6,8; group 32/64/128), computed on the stored codes.
+     * r0 is a multiple of 16 unless r0 == r1 or r1 == rows (callers split
+     * on 16-row boundaries). */
+    void (*matmul)(const osp_weight *w, const float *x, int64_t n, float *y,
+                   int64_t ldy, int64_t r0, int64_t r1);
+
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y += a * x */
+    void (*axpy)(float *y, float a, const float *x, int64_t n);
+    /* y = x * rsqrt(mean(x^2) + eps) * (w ? (add_one ? 1 + w : w) : 1) */
+    void (*rmsnorm)(float *y, const float *x, const float *w, int64_t n,
+                    float eps, int add_one);
+    /* In-place softmax over n values (max-subtracted, f32 sum). */
+    void (*softmax)(float *x, int64_t n);
+    /* y[i] = act(g[i]) * u[i]; act = SiLU or GELU (tanh approximation). */
+    void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
+    void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
+    /* x = cap * tanh(x / cap) */
+    void (*softcap)(float *x, int64_t n, float cap);
+} osp_ops;
+
+const osp_ops *osp_ops_scalar(void);
+const osp_ops *osp_ops_avx2(void);   /* NULL when not compiled in */
+const osp_ops *osp_ops_avx512(void); /* NULL when not compiled in */
+
+/* The best table this CPU supports (cpuid, once). OSP_ISA=scalar|avx2|avx512
+ * in the environment forces a variant (for tests and comparisons). */
+const osp_ops *osp_ops_get(void);
+
+#endif

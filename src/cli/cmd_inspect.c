@@ -1,0 +1,34 @@
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "osprey.h"
+
+int osp_cmd_inspect(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : osp_cli_default_model();
+    if (!path || !strcmp(path, "-h") || !strcmp(path, "--help")) {
+        fprintf(stderr, "usage: osprey inspect MODEL\n");
+        return 2;
+    }
+    osp_model *m;
+    if (osp_model_load(path, &m) != OSP_OK) return osp_cli_fail("inspect");
+    const osp_model_info *in = osp_model_get_info(m);
+    printf("model:            %s\n", path);
+    printf("architecture:     %s (model_type %s)\n", in->architecture, in->model_type);
+    printf("layers:           %d (%d sliding, window %d)\n", in->n_layers, in->n_sliding_layers, in->sliding_window);
+    printf("hidden:           %d, heads %d, kv heads %d, head_dim %d, intermediate %d\n", in->hidden, in->n_heads,
+           in->n_kv_heads, in->head_dim, in->intermediate);
+    printf("vocab:            %d, max context %d\n", in->vocab, in->max_ctx);
+    printf("parameters:       %lld (%.3f B)\n", (long long)in->n_params, in->n_params / 1e9);
+    if (in->quant_bits)
+        printf("weights:          MLX affine %d-bit, group %d (scales %s)\n", in->quant_bits, in->quant_group, in->dtype);
+    else
+        printf("weights:          %s\n", in->dtype);
+    printf("weight bytes:     %lld (%.2f GiB); streamed per decode step %lld\n", (long long)in->weight_bytes,
+           in->weight_bytes / 1073741824.0, (long long)in->decode_bytes);
+    printf("kv bytes/token:   %lld (f32, full-attention layers)\n", (long long)in->kv_bytes_per_token);
+    if (in->n_sliding_layers)
+        printf("kv sliding:       %lld bytes per sequence, fixed (f32, %d layers x window %d)\n",
+               (long long)in->kv_bytes_sliding, in->n_sliding_layers, in->sliding_window);
+    osp_model_free(m);
+    return 0;
+}

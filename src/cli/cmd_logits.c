@@ -1,0 +1,86 @@
+/* osprey logits: the parity tool. Reads input_ids (I32 [T]) from a
+ * safetensors file and writes logits (F32 [T, vocab]) for every position,
+ * computed in one of three ways that must agree. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "core/core.h"
+#include "model/safetensors.h"
+#include "model/st_write.h"
+#include "osprey.h"
+
+static int usage(void) {
+    fprintf(stderr, "usage: osprey logits --model MODEL --input IN.safetensors --output OUT.safetensors "
+                    "[--mode prefill|decode|chunk:N] [-t THREADS]\n");
+    return 2;
+}
+
+static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, float *out) {
+    const osp_model_info *in = osp_model_get_info(m);
+    osp_session *s;
+    OSP_TRY(osp_session_new(m, 1, T, &s));
+    osp_status rc = OSP_OK;
+    for (int32_t t0 = 0; t0 < T && rc == OSP_OK; t0 += chunk) {
+        int32_t n = T - t0 < chunk ? T - t0 : chunk;
+        rc = osp_forward(s, ids + t0, n, 1, out + (int64_t)t0 * in->vocab);
+    }
+    osp_session_free(s);
+    return rc;
+}
+
+int osp_cmd_logits(int argc, char **argv) {
+    const char *model = NULL, *input = NULL, *output = NULL, *mode = "prefill";
+    int threads = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
+        else if (!strcmp(argv[i], "--output") && i + 1 < argc) output = argv[++i];
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
+        else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
+        else return usage();
+    }
+    if (!model || !input || !output) return usage();
+    int chunk = 0;
+    if (!strcmp(mode, "decode")) chunk = 1;
+    else if (!strncmp(mode, "chunk:", 6)) chunk = atoi(mode + 6);
+    else if (strcmp(mode, "prefill") != 0) return usage();
+    if (chunk < 0 || (chunk == 0 && strcmp(mode, "prefill") != 0)) return usage();
+    osp_set_threads(threads);
+
+    osp_st *st;
+    if (osp_st_open_file(input, &st) != OSP_OK) return osp_cli_fail("logits");
+    const osp_st_tensor *t = osp_st_find(st, "input_ids");
+    if (!t || t->dtype != OSP_DT_I32 || t->ndim != 1 || t->numel < 1) {
+        fprintf(stderr, "osprey logits: %s: needs a non-empty I32 [T] tensor 'input_ids'\n", input);
+        osp_st_close(st);
+        return 1;
+    }
+    int32_t T = (int32_t)t->numel;
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    memcpy(ids, t->data, sizeof(int32_t) * T);
+    osp_st_close(st);
+
+    osp_model *m;
+    if (osp_model_load(model, &m) != OSP_OK) {
+        free(ids);
+        return osp_cli_fail("logits");
+    }
+    int32_t V = osp_model_get_info(m)->vocab;
+    float *out = malloc(sizeof(float) * (size_t)T * V);
+    int rc = 0;
+    if (!out || run(m, ids, T, chunk ? chunk : T, out) != OSP_OK) {
+        rc = osp_cli_fail("logits");
+    } else {
+        osp_st_writer *w = osp_st_writer_new();
+        int64_t shape[2] = {T, V};
+        if (!w || osp_st_writer_add(w, "logits", OSP_DT_F32, 2, shape, out, sizeof(float) * (size_t)T * V) != OSP_OK ||
+            osp_st_writer_write(w, output, NULL, NULL) != OSP_OK)
+            rc = osp_cli_fail("logits");
+        osp_st_writer_free(w);
+    }
+    free(out);
+    free(ids);
+    osp_model_free(m);
+    return rc;
+}

@@ -1,0 +1,42 @@
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "core/core.h"
+
+static const char *USAGE =
+    "usage: osprey <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  inspect MODEL                 architecture, parameters, dtypes, weight and KV bytes\n"
+    "  logits --model M --input IN.safetensors --output OUT.safetensors [--mode prefill|decode|chunk:N]\n"
+    "                                logits at every position (parity checks)\n"
+    "  generate --model M --ids 1,2,3 [-n N]   greedy token ids\n"
+    "  synth --preset NAME --dtype bf16|q4|q8 --out DIR   random-weight checkpoint\n"
+    "  bench --model M [-p 512] [-n 128] [-t THREADS] [--json]   prefill/decode speed vs memory bandwidth\n"
+    "\n"
+    "MODEL is a Hugging Face model folder (config.json + safetensors) or a cache repo folder (models--ORG--NAME).\n";
+
+int osp_cli_fail(const char *cmd) {
+    fprintf(stderr, "osprey %s: %s\n", cmd, osp_last_error()[0] ? osp_last_error() : "failed");
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version")) {
+        puts("osprey 0.1.0");
+        return 0;
+    }
+    static const struct { const char *name; int (*fn)(int, char **); } CMDS[] = {
+        {"inspect", osp_cmd_inspect}, {"logits", osp_cmd_logits}, {"generate", osp_cmd_generate},
+        {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},
+    };
+    for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
+        if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "osprey: unknown command '%s'\n\n%s", cmd, USAGE);
+    return 2;
+}

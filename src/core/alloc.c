@@ -1,0 +1,53 @@
+/* Counting allocator. Each block carries a 64-byte header holding its
+ * size and pool so osp_free can decrement the right counter; the user
+ * pointer stays 64-byte aligned. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "core.h"
+
+int osp_log_level = 1;
+
+#define HDR 64
+static _Atomic size_t pool_bytes[OSP_POOL_COUNT];
+
+void *osp_malloc(osp_pool pool, size_t n) {
+    if (pool >= OSP_POOL_COUNT || n > SIZE_MAX - HDR) return NULL;
+    void *raw = NULL;
+    if (posix_memalign(&raw, 64, n + HDR) != 0) return NULL;
+    size_t *h = raw;
+    h[0] = n;
+    h[1] = (size_t)pool;
+    atomic_fetch_add(&pool_bytes[pool], n);
+    return (char *)raw + HDR;
+}
+
+void *osp_calloc(osp_pool pool, size_t n) {
+    void *p = osp_malloc(pool, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
+void osp_free(void *p) {
+    if (!p) return;
+    size_t *h = (size_t *)((char *)p - HDR);
+    atomic_fetch_sub(&pool_bytes[h[1]], h[0]);
+    free(h);
+}
+
+size_t osp_pool_bytes(osp_pool pool) {
+    return pool < OSP_POOL_COUNT ? atomic_load(&pool_bytes[pool]) : 0;
+}
+
+double osp_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int osp_ncpu(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}

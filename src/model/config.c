@@ -1,0 +1,241 @@
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "config.h"
+#include "tensor/tensor.h"
+
+static int get_int(json_t *o, const char *k, int def) {
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int)json_integer_value(v) : def;
+}
+
+static double get_num(json_t *o, const char *k, double def) {
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : def;
+}
+
+static const char *get_str(json_t *o, const char *k) {
+    return json_string_value(json_object_get(o, k));
+}
+
+/* Parse one rope parameter object (rope_parameters or rope_scaling form). */
+static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_rope *r) {
+    r->type = OSP_ROPE_DEFAULT;
+    r->theta = theta_def;
+    r->factor = 1.0f;
+    r->partial = 1.0f;
+    if (!o || json_is_null(o)) return OSP_OK;
+    if (!json_is_object(o)) return osp_err(OSP_ERR_FORMAT, "%s: rope parameters are not an object", path);
+    r->theta = (float)get_num(o, "rope_theta", theta_def);
+    const char *t = get_str(o, "rope_type");
+    if (!t) t = get_str(o, "type");
+    if (!t || strcmp(t, "default") == 0) {
+        r->type = OSP_ROPE_DEFAULT;
+    } else if (strcmp(t, "linear") == 0) {
+        r->type = OSP_ROPE_LINEAR;
+    } else if (strcmp(t, "llama3") == 0) {
+        r->type = OSP_ROPE_LLAMA3;
+        r->low_freq_factor = (float)get_num(o, "low_freq_factor", 1.0);
+        r->high_freq_factor = (float)get_num(o, "high_freq_factor", 4.0);
+        r->orig_max_pos = get_int(o, "original_max_position_embeddings", 8192);
+        if (r->high_freq_factor == r->low_freq_factor)
+            return osp_err(OSP_ERR_FORMAT, "%s: llama3 rope needs high_freq_factor != low_freq_factor", path);
+    } else {
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: rope type '%s' is not supported", path, t);
+    }
+    r->factor = (float)get_num(o, "factor", 1.0);
+    if (r->factor <= 0) return osp_err(OSP_ERR_FORMAT, "%s: rope factor must be positive", path);
+    r->partial = (float)get_num(o, "partial_rotary_factor", 1.0);
+    if (r->partial != 1.0f)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported for this architecture",
+                       path, r->partial);
+    return OSP_OK;
+}
+
+static osp_status parse_eos(json_t *v, osp_config *c) {
+    if (json_is_integer(v)) {
+        c->eos_ids[c->n_eos++] = (int32_t)json_integer_value(v);
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            if (json_is_integer(e) && c->n_eos < OSP_MAX_EOS) c->eos_ids[c->n_eos++] = (int32_t)json_integer_value(e);
+        }
+    }
+    return OSP_OK;
+}
+
+static const struct { const char *arch, *type; osp_arch a; } ARCHS[] = {
+    {"LlamaForCausalLM", "llama", OSP_ARCH_LLAMA},
+    {"Qwen2ForCausalLM", "qwen2", OSP_ARCH_QWEN2},
+    {"Qwen3ForCausalLM", "qwen3", OSP_ARCH_QWEN3},
+    {"Gemma3ForCausalLM", "gemma3_text", OSP_ARCH_GEMMA3},
+    {"Gemma3ForConditionalGeneration", "gemma3", OSP_ARCH_GEMMA3},
+};
+
+static osp_status pick_arch(json_t *root, json_t *tc, const char *path, osp_config *c) {
+    const char *name = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
+    const char *mt = get_str(tc, "model_type");
+    if (!mt) mt = get_str(root, "model_type");
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt : "");
+    for (size_t i = 0; i < sizeof ARCHS / sizeof *ARCHS; i++) {
+        if ((name && strcmp(name, ARCHS[i].arch) == 0) || (!name && mt && strcmp(mt, ARCHS[i].type) == 0)) {
+            c->arch = ARCHS[i].a;
+            snprintf(c->architecture, sizeof c->architecture, "%s", ARCHS[i].arch);
+            return OSP_OK;
+        }
+    }
+    return osp_err(OSP_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
+                   path, name ? name : "?", mt ? mt : "?");
+}
+
+static osp_status parse_quant(json_t *root, const char *path, osp_config *c) {
+    json_t *q = json_object_get(root, "quantization");
+    if (!q) q = json_object_get(root, "quantization_config");
+    if (!q || json_is_null(q)) return OSP_OK;
+    if (!json_is_object(q)) return osp_err(OSP_ERR_FORMAT, "%s: quantization is not an object", path);
+    const char *mode = get_str(q, "mode");
+    if (mode && strcmp(mode, "affine") != 0)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: quantization mode '%s' is not supported (only MLX affine)", path, mode);
+    if (!json_object_get(q, "bits") && get_str(q, "quant_method"))
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: quantization method '%s' is not supported (only MLX affine)",
+                       path, get_str(q, "quant_method"));
+    c->q_bits = get_int(q, "bits", 4);
+    c->q_group = get_int(q, "group_size", 64);
+    c->quant = json_incref(q);
+    return OSP_OK;
+}
+
+static osp_status parse_layers(json_t *tc, const char *path, osp_config *c) {
+    c->layer_sliding = calloc((size_t)c->n_layers, 1);
+    if (!c->layer_sliding) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    json_t *lt = json_object_get(tc, "layer_types");
+    if (json_is_array(lt)) {
+        if ((int)json_array_size(lt) != c->n_layers)
+            return osp_err(OSP_ERR_FORMAT, "%s: layer_types has %zu entries for %d layers", path,
+                           json_array_size(lt), c->n_layers);
+        for (int i = 0; i < c->n_layers; i++) {
+            const char *s = json_string_value(json_array_get(lt, i));
+            if (s && strcmp(s, "sliding_attention") == 0) c->layer_sliding[i] = 1;
+            else if (!s || strcmp(s, "full_attention") != 0)
+                return osp_err(OSP_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", path, s ? s : "?");
+        }
+    } else if (c->arch == OSP_ARCH_GEMMA3) {
+        int pat = get_int(tc, "sliding_window_pattern", get_int(tc, "_sliding_window_pattern", 6));
+        for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pat > 0 && (i + 1) % pat != 0;
+    } else if (json_is_true(json_object_get(tc, "use_sliding_window"))) {
+        int mw = get_int(tc, "max_window_layers", c->n_layers);
+        for (int i = mw; i < c->n_layers; i++) c->layer_sliding[i] = 1;
+    }
+    int any = 0;
+    for (int i = 0; i < c->n_layers; i++) any |= c->layer_sliding[i];
+    c->sliding_window = any ? get_int(tc, "sliding_window", 0) : 0;
+    if (any && c->sliding_window <= 0)
+        return osp_err(OSP_ERR_FORMAT, "%s: sliding layers but no positive sliding_window", path);
+    return OSP_OK;
+}
+
+static osp_status parse_ropes(json_t *tc, const char *path, osp_config *c) {
+    json_t *rp = json_object_get(tc, "rope_parameters");
+    float theta = (float)get_num(tc, "rope_theta", 10000.0);
+    if (json_is_object(rp) && (json_object_get(rp, "full_attention") || json_object_get(rp, "sliding_attention"))) {
+        OSP_TRY(parse_rope(json_object_get(rp, "full_attention"), path, theta, &c->rope_full));
+        json_t *sl = json_object_get(rp, "sliding_attention");
+        OSP_TRY(parse_rope(sl ? sl : json_object_get(rp, "full_attention"), path, theta, &c->rope_sliding));
+        return OSP_OK;
+    }
+    json_t *rs = json_is_object(rp) ? rp : json_object_get(tc, "rope_scaling");
+    OSP_TRY(parse_rope(rs, path, theta, &c->rope_full));
+    if (json_is_object(rs) && !json_object_get(rs, "rope_theta")) c->rope_full.theta = theta;
+    c->rope_sliding = c->rope_full;
+    if (c->arch == OSP_ARCH_GEMMA3) { /* older Gemma 3 configs: local base, no scaling */
+        OSP_TRY(parse_rope(NULL, path, (float)get_num(tc, "rope_local_base_freq", 10000.0), &c->rope_sliding));
+    }
+    return OSP_OK;
+}
+
+static osp_status parse_act(json_t *tc, const char *path, osp_config *c) {
+    const char *a = get_str(tc, "hidden_activation");
+    if (!a) a = get_str(tc, "hidden_act");
+    if (!a) a = c->arch == OSP_ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu";
+    if (strcmp(a, "silu") == 0 || strcmp(a, "swish") == 0) c->act = OSP_ACT_SILU;
+    else if (strcmp(a, "gelu_pytorch_tanh") == 0 || strcmp(a, "gelu_tanh") == 0 ||
+             strcmp(a, "gelu_new") == 0 || strcmp(a, "gelu_fast") == 0)
+        c->act = OSP_ACT_GELU_TANH;
+    else return osp_err(OSP_ERR_UNSUPPORTED, "%s: activation '%s' is not supported", path, a);
+    return OSP_OK;
+}
+
+osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) return osp_err(OSP_ERR_FORMAT, "%s: not a JSON object", path);
+    json_t *tc = json_object_get(root, "text_config");
+    if (!json_is_object(tc)) tc = root;
+    OSP_TRY(pick_arch(root, tc, path, c));
+    c->hidden = get_int(tc, "hidden_size", 0);
+    c->n_layers = get_int(tc, "num_hidden_layers", 0);
+    c->n_heads = get_int(tc, "num_attention_heads", 0);
+    c->n_kv_heads = get_int(tc, "num_key_value_heads", c->n_heads);
+    c->intermediate = get_int(tc, "intermediate_size", 0);
+    c->vocab = get_int(tc, "vocab_size", 0);
+    c->max_pos = get_int(tc, "max_position_embeddings", 2048);
+    if (c->hidden <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->intermediate <= 0 || c->vocab <= 0 || c->n_heads % c->n_kv_heads != 0)
+        return osp_err(OSP_ERR_FORMAT, "%s: missing or inconsistent hidden_size / num_hidden_layers / "
+                       "num_attention_heads / num_key_value_heads / intermediate_size / vocab_size", path);
+    c->head_dim = get_int(tc, "head_dim", c->hidden / c->n_heads);
+    if (c->head_dim <= 0 || c->head_dim % 2) return osp_err(OSP_ERR_FORMAT, "%s: bad head_dim", path);
+    c->eps = (float)get_num(tc, "rms_norm_eps", 1e-6);
+    json_t *tie = json_object_get(tc, "tie_word_embeddings");
+    if (!tie) tie = json_object_get(root, "tie_word_embeddings");
+    c->tie_embeddings = tie ? json_is_true(tie) : (c->arch == OSP_ARCH_GEMMA3);
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    switch (c->arch) {
+    case OSP_ARCH_LLAMA:
+        c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias"));
+        c->mlp_bias = json_is_true(json_object_get(tc, "mlp_bias"));
+        break;
+    case OSP_ARCH_QWEN2: c->qkv_bias = 1; break;
+    case OSP_ARCH_QWEN3: c->qk_norm = 1; c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias")); break;
+    case OSP_ARCH_GEMMA3:
+        c->qk_norm = c->norm_add_one = c->sandwich_norm = c->embed_scaled = 1;
+        c->attn_scale = 1.0f / sqrtf((float)get_num(tc, "query_pre_attn_scalar", c->head_dim));
+        c->final_softcap = (float)get_num(tc, "final_logit_softcapping", 0);
+        c->attn_softcap = (float)get_num(tc, "attn_logit_softcapping", 0);
+        break;
+    }
+    OSP_TRY(parse_act(tc, path, c));
+    OSP_TRY(parse_layers(tc, path, c));
+    OSP_TRY(parse_ropes(tc, path, c));
+    c->bos_id = get_int(tc, "bos_token_id", get_int(root, "bos_token_id", -1));
+    parse_eos(json_object_get(root, "eos_token_id"), c);
+    if (tc != root) parse_eos(json_object_get(tc, "eos_token_id"), c);
+    OSP_TRY(parse_quant(root, path, c));
+    const char *dt = get_str(tc, "dtype");
+    if (!dt) dt = get_str(tc, "torch_dtype");
+    if (!dt) dt = get_str(root, "dtype");
+    if (!dt) dt = get_str(root, "torch_dtype");
+    int rd = OSP_DT_F32;
+    if (dt && strcmp(dt, "bfloat16") == 0) rd = OSP_DT_BF16;
+    else if (dt && strcmp(dt, "float16") == 0) rd = OSP_DT_F16;
+    c->rope_full.round_dtype = c->rope_sliding.round_dtype = rd;
+    return OSP_OK;
+}
+
+osp_status osp_config_load(const char *path, osp_config *c) {
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return osp_err(OSP_ERR_FORMAT, "%s: %s (line %d)", path, je.text, je.line);
+    osp_status rc = osp_config_parse(root, path, c);
+    json_decref(root);
+    if (rc != OSP_OK) osp_config_free(c);
+    return rc;
+}
+
+void osp_config_free(osp_config *c) {
+    free(c->layer_sliding);
+    c->layer_sliding = NULL;
+    if (c->quant) json_decref(c->quant);
+    c->quant = NULL;
+}

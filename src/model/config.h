@@ -1,0 +1,63 @@
+/* model/config: config.json → osp_config, the one description of a model's
+ * shape that the forward pass reads. Anything we cannot run exactly
+ * (unknown architecture, rope type, activation) is refused here. */
+#ifndef OSP_CONFIG_H
+#define OSP_CONFIG_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include "core/core.h"
+
+typedef enum osp_arch { OSP_ARCH_LLAMA, OSP_ARCH_QWEN2, OSP_ARCH_QWEN3, OSP_ARCH_GEMMA3 } osp_arch;
+typedef enum osp_act { OSP_ACT_SILU, OSP_ACT_GELU_TANH } osp_act;
+typedef enum osp_rope_type { OSP_ROPE_DEFAULT, OSP_ROPE_LINEAR, OSP_ROPE_LLAMA3 } osp_rope_type;
+
+typedef struct osp_rope {
+    osp_rope_type type;
+    float theta;
+    float factor;            /* linear and llama3 */
+    float low_freq_factor;   /* llama3 */
+    float high_freq_factor;  /* llama3 */
+    int32_t orig_max_pos;    /* llama3 original_max_position_embeddings */
+    float partial;           /* fraction of head_dim rotated (1 = all) */
+    /* Hugging Face computes inv_freq in f32 and then casts the buffer to
+     * the checkpoint's dtype (config "dtype"/"torch_dtype") with the rest
+     * of the model; the reference logits carry that rounding, so we do too.
+     * OSP_DT_F32 = no rounding. */
+    int round_dtype;
+} osp_rope;
+
+#define OSP_MAX_EOS 16
+
+typedef struct osp_config {
+    char architecture[64];
+    char model_type[32];
+    osp_arch arch;
+    int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab, max_pos;
+    float eps;
+    osp_act act;
+    int tie_embeddings;
+    int qkv_bias, o_bias, mlp_bias;
+    int qk_norm;          /* per-head RMSNorm on q and k before RoPE */
+    int norm_add_one;     /* Gemma: y = x̂ · (1 + w) */
+    int sandwich_norm;    /* Gemma: norms after attention and MLP too */
+    float attn_scale;     /* multiplies q·k */
+    int embed_scaled;     /* multiply embeddings by bf16(sqrt(hidden)) */
+    float final_softcap;  /* 0 = none */
+    float attn_softcap;   /* 0 = none */
+    int32_t sliding_window; /* 0 = none */
+    uint8_t *layer_sliding; /* [n_layers] 1 = sliding-window layer */
+    osp_rope rope_full, rope_sliding;
+    int32_t bos_id;       /* -1 if none */
+    int32_t eos_ids[OSP_MAX_EOS];
+    int n_eos;
+    int32_t q_bits, q_group; /* default MLX quantization, 0 if none */
+    json_t *quant;           /* the "quantization" object (per-module overrides) */
+} osp_config;
+
+/* Parse config.json text (the object at the root, or its text_config). */
+osp_status osp_config_parse(json_t *root, const char *path, osp_config *cfg);
+osp_status osp_config_load(const char *path, osp_config *cfg);
+void osp_config_free(osp_config *cfg);
+
+#endif

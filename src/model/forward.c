@@ -1,0 +1,313 @@
+/* The transformer forward pass for a batch of rows.
+ *
+ * Input ids [B, T]; row b continues at its own position kv->pos[b]. The
+ * chunk's K/V are computed into scratch, attention reads old positions
+ * from the cache and new ones from scratch, and only then is the chunk
+ * written into the cache. That keeps sliding-window rings at exactly
+ * `window` slots even when a chunk is longer than the window.
+ *
+ * All math is f32 (reference precision); weights are read as stored.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/threadpool.h"
+#include "model.h"
+
+#define OSP_MAX_CHUNK 512
+
+/* ---- matmul on the thread pool ---- */
+
+typedef struct mm_ctx {
+    const osp_ops *ops;
+    const osp_weight *w;
+    const float *x;
+    int64_t n;
+    float *y;
+    int64_t block;
+} mm_ctx;
+
+static void mm_task(void *p, int64_t t) {
+    mm_ctx *c = p;
+    int64_t r0 = t * c->block, r1 = r0 + c->block;
+    if (r1 > c->w->rows) r1 = c->w->rows;
+    c->ops->matmul(c->w, c->x, c->n, c->y + r0, c->w->rows, r0, r1);
+}
+
+void osp_matmul(const osp_ops *ops, const osp_weight *w, const float *x, int64_t n, float *y) {
+    int nt = osp_threads_count();
+    /* ~4 blocks per thread for balance, 16-row aligned */
+    int64_t block = (w->rows + 4 * nt - 1) / (4 * nt);
+    block = (block + 15) & ~(int64_t)15;
+    if (block < 16) block = 16;
+    mm_ctx c = {ops, w, x, n, y, block};
+    osp_parallel_for((w->rows + block - 1) / block, mm_task, &c);
+}
+
+static void add_bias(float *y, const float *b, int64_t n, int64_t d) {
+    if (!b) return;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < d; j++) y[i * d + j] += b[j];
+}
+
+/* ---- session ---- */
+
+static void scratch_free(osp_scratch *s) {
+    float *v[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->g, s->u, s->scores, s->hlast};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) osp_free(v[i]);
+    osp_free(s->ids);
+    memset(s, 0, sizeof *s);
+}
+
+static osp_status scratch_new(const osp_config *c, int32_t B, int32_t max_tok, int32_t max_ctx, osp_scratch *s) {
+    memset(s, 0, sizeof *s);
+    s->max_tok = max_tok;
+    size_t N = (size_t)B * max_tok, H = c->hidden, Q = (size_t)c->n_heads * c->head_dim,
+           KV = (size_t)c->n_kv_heads * c->head_dim, I = c->intermediate;
+    size_t HQ = H > Q ? H : Q;
+#define A(field, count) (s->field = osp_malloc(OSP_POOL_SCRATCH, (count) * sizeof *s->field))
+    if (!A(x, N * H) || !A(xn, N * H) || !A(q, N * Q) || !A(k, N * KV) || !A(v, N * KV) || !A(att, N * Q) ||
+        !A(tmp, N * HQ) || !A(g, N * I) || !A(u, N * I) ||
+        !A(scores, (size_t)B * c->n_heads * ((size_t)max_ctx + max_tok)) || !A(hlast, (size_t)B * H) ||
+        !A(ids, N)) {
+        scratch_free(s);
+        return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
+    }
+#undef A
+    return OSP_OK;
+}
+
+osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, osp_session **out) {
+    *out = NULL;
+    if (n_rows <= 0) return osp_err(OSP_ERR_INVALID, "a session needs at least one row");
+    if (max_ctx <= 0 || max_ctx > m->cfg.max_pos) max_ctx = m->cfg.max_pos;
+    osp_session *s = calloc(1, sizeof *s);
+    if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    s->m = m;
+    osp_status rc = osp_kv_new(n_rows, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, max_ctx,
+                               m->cfg.layer_sliding, m->cfg.sliding_window, &s->kv);
+    int32_t chunk = max_ctx < OSP_MAX_CHUNK ? max_ctx : OSP_MAX_CHUNK;
+    if (rc == OSP_OK) rc = scratch_new(&m->cfg, n_rows, chunk, max_ctx, &s->sc);
+    if (rc != OSP_OK) {
+        osp_session_free(s);
+        return rc;
+    }
+    *out = s;
+    return OSP_OK;
+}
+
+void osp_session_free(osp_session *s) {
+    if (!s) return;
+    osp_kv_free(s->kv);
+    scratch_free(&s->sc);
+    free(s);
+}
+
+void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv, row); }
+
+int32_t osp_session_row_pos(const osp_session *s, int32_t row) {
+    return row >= 0 && row < s->kv->n_rows ? s->kv->pos[row] : -1;
+}
+
+/* ---- attention ---- */
+
+typedef struct attn_ctx {
+    const osp_model *m;
+    osp_kv *kv;
+    const osp_kv_layer *L;
+    const float *q, *k, *v; /* this chunk: [B*T, Hq*D], [B*T, Hkv*D] */
+    float *out;             /* [B*T, Hq*D] */
+    float *scores;
+    int32_t T, window;
+    int64_t score_stride;
+} attn_ctx;
+
+/* One task = one (row, query head): every query of the chunk. */
+static void attn_task(void *p, int64_t task) {
+    attn_ctx *a = p;
+    const osp_config *c = &a->m->cfg;
+    const osp_ops *ops = a->m->ops;
+    int32_t Hq = c->n_heads, Hkv = c->n_kv_heads, D = c->head_dim;
+    int32_t b = (int32_t)(task / Hq), h = (int32_t)(task % Hq), hk = h / (Hq / Hkv);
+    int32_t pos0 = a->kv->pos[b];
+    float *sc = a->scores + task * a->score_stride;
+    for (int32_t t = 0; t < a->T; t++) {
+        int64_t row = (int64_t)b * a->T + t;
+        const float *q = a->q + row * Hq * D + (int64_t)h * D;
+        int32_t p = pos0 + t;
+        int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+        int32_t n = p - lo + 1;
+        for (int32_t j = lo; j <= p; j++) {
+            const float *kp = j >= pos0 ? a->k + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
+                                        : osp_kv_at(a->kv, a->L, a->L->k, b, hk, j);
+            float s = ops->dot(q, kp, D) * c->attn_scale;
+            if (c->attn_softcap > 0) s = c->attn_softcap * tanhf(s / c->attn_softcap);
+            sc[j - lo] = s;
+        }
+        ops->softmax(sc, n);
+        float *o = a->out + row * Hq * D + (int64_t)h * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int32_t j = lo; j <= p; j++) {
+            const float *vp = j >= pos0 ? a->v + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
+                                        : osp_kv_at(a->kv, a->L, a->L->v, b, hk, j);
+            ops->axpy(o, sc[j - lo], vp, D);
+        }
+    }
+}
+
+/* Copy the chunk's K/V into the cache; a ring keeps the last `cap`. */
+static void kv_store(osp_kv *kv, osp_kv_layer *L, const float *k, const float *v, int32_t B, int32_t T) {
+    int32_t Hkv = kv->n_kv_heads, D = kv->head_dim;
+    for (int32_t b = 0; b < B; b++) {
+        int32_t pos0 = kv->pos[b];
+        int32_t t0 = L->sliding && T > L->cap ? T - L->cap : 0;
+        for (int32_t t = t0; t < T; t++)
+            for (int32_t h = 0; h < Hkv; h++) {
+                int64_t src = ((int64_t)b * T + t) * Hkv * D + (int64_t)h * D;
+                memcpy(osp_kv_at(kv, L, L->k, b, h, pos0 + t), k + src, sizeof(float) * D);
+                memcpy(osp_kv_at(kv, L, L->v, b, h, pos0 + t), v + src, sizeof(float) * D);
+            }
+    }
+}
+
+/* ---- layers ---- */
+
+static void norm_rows(const osp_ops *ops, float *y, const float *x, const float *w, int64_t n, int64_t d,
+                      float eps, int add_one) {
+    for (int64_t i = 0; i < n; i++) ops->rmsnorm(y + i * d, x + i * d, w, d, eps, add_one);
+}
+
+static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
+    const osp_model *m = s->m;
+    const osp_config *c = &m->cfg;
+    const osp_layer *L = &m->layers[li];
+    const osp_ops *ops = m->ops;
+    osp_scratch *sc = &s->sc;
+    osp_kv_layer *KL = &s->kv->layers[li];
+    int64_t N = (int64_t)B * T, H = c->hidden, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads;
+    int sliding = c->layer_sliding[li];
+    const float *inv = sliding ? m->inv_freq_sliding : m->inv_freq_full;
+
+    norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
+    osp_matmul(ops, &L->wq, sc->xn, N, sc->q);
+    osp_matmul(ops, &L->wk, sc->xn, N, sc->k);
+    osp_matmul(ops, &L->wv, sc->xn, N, sc->v);
+    add_bias(sc->q, L->bq, N, Hq * D);
+    add_bias(sc->k, L->bk, N, Hkv * D);
+    add_bias(sc->v, L->bv, N, Hkv * D);
+    for (int32_t b = 0; b < B; b++)
+        for (int32_t t = 0; t < T; t++) {
+            int64_t row = (int64_t)b * T + t;
+            int32_t pos = s->kv->pos[b] + t;
+            for (int64_t h = 0; h < Hq; h++) {
+                float *q = sc->q + (row * Hq + h) * D;
+                if (L->q_norm) ops->rmsnorm(q, q, L->q_norm, D, c->eps, c->norm_add_one);
+                osp_rope_apply(q, (int32_t)D, inv, pos);
+            }
+            for (int64_t h = 0; h < Hkv; h++) {
+                float *k = sc->k + (row * Hkv + h) * D;
+                if (L->k_norm) ops->rmsnorm(k, k, L->k_norm, D, c->eps, c->norm_add_one);
+                osp_rope_apply(k, (int32_t)D, inv, pos);
+            }
+        }
+    attn_ctx a = {m, s->kv, KL, sc->q, sc->k, sc->v, sc->att, sc->scores, T,
+                  KL->sliding ? KL->cap : 0, (int64_t)s->kv->max_ctx + sc->max_tok};
+    osp_parallel_for((int64_t)B * Hq, attn_task, &a);
+    kv_store(s->kv, KL, sc->k, sc->v, B, T);
+
+    osp_matmul(ops, &L->wo, sc->att, N, sc->tmp);
+    add_bias(sc->tmp, L->bo, N, H);
+    if (L->post_attn_norm) norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
+    for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
+}
+
+static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
+    const osp_model *m = s->m;
+    const osp_config *c = &m->cfg;
+    const osp_layer *L = &m->layers[li];
+    const osp_ops *ops = m->ops;
+    osp_scratch *sc = &s->sc;
+    int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
+
+    norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
+    osp_matmul(ops, &L->wg, sc->xn, N, sc->g);
+    osp_matmul(ops, &L->wu, sc->xn, N, sc->u);
+    add_bias(sc->g, L->bg, N, I);
+    add_bias(sc->u, L->bu, N, I);
+    if (c->act == OSP_ACT_SILU) ops->silu_mul(sc->g, sc->g, sc->u, N * I);
+    else ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
+    osp_matmul(ops, &L->wd, sc->g, N, sc->tmp);
+    add_bias(sc->tmp, L->bd, N, H);
+    if (L->post_mlp_norm) norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
+    for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
+}
+
+/* logits rows are written at logits + (b * ld_rows + t) * vocab. */
+osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
+                                   int64_t ld_rows) {
+    const osp_model *m = s->m;
+    const osp_config *c = &m->cfg;
+    const osp_ops *ops = m->ops;
+    osp_scratch *sc = &s->sc;
+    int32_t B = s->kv->n_rows;
+    int64_t N = (int64_t)B * T, H = c->hidden;
+
+    for (int64_t i = 0; i < N; i++) {
+        osp_weight_row_f32(&m->embed, ids[i], sc->x + i * H);
+        if (m->embed_scale != 1.0f)
+            for (int64_t j = 0; j < H; j++) sc->x[i * H + j] *= m->embed_scale;
+    }
+    for (int li = 0; li < c->n_layers; li++) {
+        attention_block(s, li, B, T);
+        mlp_block(s, li, B, T);
+    }
+    for (int32_t b = 0; b < B; b++) s->kv->pos[b] += T;
+
+    if (!logits) return OSP_OK; /* an intermediate prefill chunk */
+    if (all_logits) {
+        norm_rows(ops, sc->xn, sc->x, m->final_norm, N, H, c->eps, c->norm_add_one);
+        for (int32_t b = 0; b < B; b++) {
+            float *dst = logits + (int64_t)b * ld_rows * c->vocab;
+            osp_matmul(ops, &m->head, sc->xn + (int64_t)b * T * H, T, dst);
+            if (c->final_softcap > 0) ops->softcap(dst, (int64_t)T * c->vocab, c->final_softcap);
+        }
+    } else {
+        for (int32_t b = 0; b < B; b++)
+            ops->rmsnorm(sc->hlast + b * H, sc->x + ((int64_t)b * T + T - 1) * H, m->final_norm, H, c->eps,
+                         c->norm_add_one);
+        osp_matmul(ops, &m->head, sc->hlast, B, logits);
+        if (c->final_softcap > 0) ops->softcap(logits, (int64_t)B * c->vocab, c->final_softcap);
+    }
+    return OSP_OK;
+}
+
+osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {
+    const osp_config *c = &s->m->cfg;
+    int32_t B = s->kv->n_rows;
+    if (n_tok <= 0) return osp_err(OSP_ERR_INVALID, "forward needs at least one token per row");
+    for (int32_t b = 0; b < B; b++) {
+        if ((int64_t)s->kv->pos[b] + n_tok > s->kv->max_ctx)
+            return osp_err(OSP_ERR_RANGE, "row %d: %d + %d tokens exceed the context of %d", b, s->kv->pos[b],
+                           n_tok, s->kv->max_ctx);
+        for (int32_t t = 0; t < n_tok; t++) {
+            int32_t id = ids[(int64_t)b * n_tok + t];
+            if (id < 0 || id >= c->vocab)
+                return osp_err(OSP_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", id, c->vocab - 1);
+        }
+    }
+    for (int32_t t0 = 0; t0 < n_tok; t0 += s->sc.max_tok) {
+        int32_t T = n_tok - t0 < s->sc.max_tok ? n_tok - t0 : s->sc.max_tok;
+        for (int32_t b = 0; b < B; b++)
+            memcpy(s->sc.ids + (int64_t)b * T, ids + (int64_t)b * n_tok + t0, sizeof(int32_t) * T);
+        int last = t0 + T >= n_tok;
+        float *dst = all_logits ? logits + (int64_t)t0 * c->vocab : logits;
+        if (!all_logits && !last) dst = NULL; /* only the last chunk's logits are wanted */
+        OSP_TRY(osp_model_forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok));
+    }
+    return OSP_OK;
+}
+
+osp_status osp_set_threads(int n) {
+    osp_threads_init(n);
+    return OSP_OK;
+}

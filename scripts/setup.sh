@@ -1,0 +1,18 @@
+#!/bin/sh
+# Installs osprey's Debian dependencies (when missing) and builds it in build/.
+set -eu
+cd "$(dirname "$0")/.."
+PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev"
+missing=""
+for p in $PKGS; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    echo "installing:$missing"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,10 @@
+#!/bin/sh
+# The test command: dependencies, a Release build and its CTest suite, then
+# the whole suite once more under AddressSanitizer + UBSan.
+set -eu
+cd "$(dirname "$0")/.."
+sh scripts/setup.sh
+(cd build && ctest --output-on-failure -j"$(nproc)")
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOSP_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$(nproc)"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$(nproc)")

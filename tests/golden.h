@@ -1,0 +1,71 @@
+/* Helpers shared by the parity tests: load golden.safetensors and compare
+ * logits with the goldens' tolerance (tests/data/goldens/README.md):
+ * max |ours - ref| <= 1e-3 * max(1, max |ref|) at every position. */
+#ifndef OSP_TEST_GOLDEN_H
+#define OSP_TEST_GOLDEN_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/safetensors.h"
+
+typedef struct golden {
+    osp_st *st;
+    const int32_t *input_ids, *gen_prompt, *gen_ids; /* may be unaligned: copied below */
+    int32_t *ids, *prompt, *gen;
+    int32_t T, n_prompt, n_gen, vocab;
+    float *logits; /* [T, vocab] */
+} golden;
+
+static inline int32_t *golden_copy_i32(const osp_st_tensor *t, int32_t *n) {
+    if (!t || t->dtype != OSP_DT_I32) return NULL;
+    *n = (int32_t)t->numel;
+    int32_t *v = malloc(t->nbytes + 4);
+    memcpy(v, t->data, t->nbytes);
+    return v;
+}
+
+static inline int golden_load(const char *dir, golden *g) {
+    char p[1024];
+    memset(g, 0, sizeof *g);
+    snprintf(p, sizeof p, "%s/golden.safetensors", dir);
+    if (osp_st_open_file(p, &g->st) != OSP_OK) return -1;
+    g->ids = golden_copy_i32(osp_st_find(g->st, "input_ids"), &g->T);
+    g->prompt = golden_copy_i32(osp_st_find(g->st, "gen_prompt"), &g->n_prompt);
+    g->gen = golden_copy_i32(osp_st_find(g->st, "gen_ids"), &g->n_gen);
+    const osp_st_tensor *l = osp_st_find(g->st, "logits");
+    if (!g->ids || !l || l->dtype != OSP_DT_F32 || l->ndim != 2 || l->shape[0] != g->T) return -1;
+    g->vocab = (int32_t)l->shape[1];
+    g->logits = malloc(l->nbytes);
+    memcpy(g->logits, l->data, l->nbytes);
+    return 0;
+}
+
+static inline void golden_free(golden *g) {
+    free(g->ids);
+    free(g->prompt);
+    free(g->gen);
+    free(g->logits);
+    osp_st_close(g->st);
+}
+
+/* Max error of one position relative to the tolerance (<= 1 passes). */
+static inline double golden_pos_ratio(const float *ref, const float *got, int32_t V) {
+    double mx = 0, err = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
+        double e = fabs((double)ref[i] - got[i]);
+        if (!(e <= err)) err = e; /* NaN counts as failure */
+    }
+    return err / (1e-3 * (mx > 1 ? mx : 1));
+}
+
+static inline int argmax_f(const float *x, int32_t n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+#endif

@@ -1,0 +1,148 @@
+/* Parity with the reference logits (tests/data/goldens): every model in
+ * prefill, token-by-token decode and several chunkings; rows of a batch
+ * at different positions; and the reference's greedy continuation. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include "golden.h"
+#include "osprey.h"
+
+static const char *MODELS[] = {"gemma3", "gemma3-q4", "llama3", "llama3-q4", "qwen3", "qwen3-q8", "qwen2"};
+#define N_MODELS (sizeof MODELS / sizeof *MODELS)
+
+typedef struct fixture {
+    osp_model *m;
+    golden g;
+    char dir[256];
+} fixture;
+
+static int setup(void **state, const char *name) {
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "data/goldens/%s", name);
+    if (osp_model_load(f->dir, &f->m) != OSP_OK) {
+        fprintf(stderr, "load %s: %s\n", f->dir, osp_last_error());
+        return -1;
+    }
+    if (golden_load(f->dir, &f->g) != 0) return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    golden_free(&f->g);
+    osp_model_free(f->m);
+    free(f);
+    return 0;
+}
+
+/* Run the golden input in chunks of `chunk` tokens; check every position. */
+static void check_chunked(fixture *f, int32_t chunk) {
+    golden *g = &f->g;
+    assert_int_equal(osp_model_get_info(f->m)->vocab, g->vocab);
+    osp_session *s;
+    assert_int_equal(osp_session_new(f->m, 1, g->T, &s), OSP_OK);
+    float *out = malloc(sizeof(float) * g->T * g->vocab);
+    for (int32_t t0 = 0; t0 < g->T; t0 += chunk) {
+        int32_t n = g->T - t0 < chunk ? g->T - t0 : chunk;
+        assert_int_equal(osp_forward(s, g->ids + t0, n, 1, out + (int64_t)t0 * g->vocab), OSP_OK);
+    }
+    for (int32_t t = 0; t < g->T; t++) {
+        double r = golden_pos_ratio(g->logits + (int64_t)t * g->vocab, out + (int64_t)t * g->vocab, g->vocab);
+        if (r > 1) fail_msg("%s chunk %d: position %d off by %.2fx the tolerance", f->dir, chunk, t, r);
+    }
+    free(out);
+    osp_session_free(s);
+}
+
+/* Two rows at different positions in one batch: row 0 runs ahead by `lead`
+ * tokens (row 1 is reset after the first call), then both advance together. */
+static void check_batched(fixture *f, int32_t lead, int32_t step) {
+    golden *g = &f->g;
+    int32_t V = g->vocab;
+    osp_session *s;
+    assert_int_equal(osp_session_new(f->m, 2, g->T, &s), OSP_OK);
+    int32_t *ids = malloc(sizeof(int32_t) * 2 * (lead > step ? lead : step));
+    float *out = malloc(sizeof(float) * 2 * (lead > step ? lead : step) * V);
+    for (int32_t t = 0; t < lead; t++) ids[t] = ids[lead + t] = g->ids[t];
+    assert_int_equal(osp_forward(s, ids, lead, 1, out), OSP_OK);
+    osp_session_reset_row(s, 1);
+    assert_int_equal(osp_session_row_pos(s, 1), 0);
+    for (int32_t p1 = 0; p1 + lead + step <= g->T; p1 += step) {
+        int32_t p0 = p1 + lead;
+        for (int32_t t = 0; t < step; t++) {
+            ids[t] = g->ids[p0 + t];
+            ids[step + t] = g->ids[p1 + t];
+        }
+        assert_int_equal(osp_forward(s, ids, step, 1, out), OSP_OK);
+        for (int32_t t = 0; t < step; t++) {
+            double r0 = golden_pos_ratio(g->logits + (int64_t)(p0 + t) * V, out + (int64_t)t * V, V);
+            double r1 = golden_pos_ratio(g->logits + (int64_t)(p1 + t) * V, out + (int64_t)(step + t) * V, V);
+            if (r0 > 1 || r1 > 1)
+                fail_msg("%s batched: rows at %d/%d off by %.2f/%.2fx", f->dir, p0 + t, p1 + t, r0, r1);
+        }
+    }
+    free(ids);
+    free(out);
+    osp_session_free(s);
+}
+
+/* The reference's greedy continuation: at every step our top token must be
+ * the reference token, unless the reference token's logit is within the
+ * tolerance of our top logit (a near-tie). Feeds the reference tokens. */
+static void check_greedy(fixture *f) {
+    golden *g = &f->g;
+    if (!g->prompt || !g->gen) return;
+    int32_t V = g->vocab;
+    osp_session *s;
+    assert_int_equal(osp_session_new(f->m, 1, g->n_prompt + g->n_gen, &s), OSP_OK);
+    float *lg = malloc(sizeof(float) * V);
+    assert_int_equal(osp_forward(s, g->prompt, g->n_prompt, 0, lg), OSP_OK);
+    for (int32_t i = 0; i < g->n_gen; i++) {
+        int best = argmax_f(lg, V);
+        double mx = 0;
+        for (int32_t j = 0; j < V; j++) mx = fabs(lg[j]) > mx ? fabs(lg[j]) : mx;
+        double tol = 1e-3 * (mx > 1 ? mx : 1);
+        if (best != g->gen[i] && lg[best] - lg[g->gen[i]] > tol)
+            fail_msg("%s greedy step %d: ours %d (%.5f), reference %d (%.5f)", f->dir, i, best, lg[best], g->gen[i],
+                     lg[g->gen[i]]);
+        if (i + 1 < g->n_gen) assert_int_equal(osp_forward(s, &g->gen[i], 1, 0, lg), OSP_OK);
+    }
+    free(lg);
+    osp_session_free(s);
+}
+
+static void test_model(void **state) {
+    fixture *f = *state;
+    int32_t chunks[] = {f->g.T, 1, 3, 7, 16};
+    for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) check_chunked(f, chunks[i]);
+    check_batched(f, 5, 1);
+    check_batched(f, 9, 4);
+    check_greedy(f);
+}
+
+#define MODEL_TEST(i)                                                                              \
+    static int setup_##i(void **st) { return setup(st, MODELS[i]); }
+
+MODEL_TEST(0)
+MODEL_TEST(1)
+MODEL_TEST(2)
+MODEL_TEST(3)
+MODEL_TEST(4)
+MODEL_TEST(5)
+MODEL_TEST(6)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_model, setup_0, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_1, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_2, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_3, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_4, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_5, teardown),
+        cmocka_unit_test_setup_teardown(test_model, setup_6, teardown),
+    };
+    _Static_assert(N_MODELS == 7, "one setup per model");
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

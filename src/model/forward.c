@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/threadpool.h"
+#include "attention.h"
 #include "model.h"
 
 #define OSP_MAX_CHUNK 512
@@ -84,8 +85,16 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
     osp_session *s = calloc(1, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;
-    osp_status rc = osp_kv_new(n_rows, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, max_ctx,
-                               m->cfg.layer_sliding, m->cfg.sliding_window, &s->kv);
+    osp_kv_spec *specs = calloc((size_t)m->cfg.n_layers, sizeof *specs);
+    if (!specs) {
+        free(s);
+        return osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        specs[i] = (osp_kv_spec){m->cfg.n_kv_heads, m->cfg.head_dim,
+                                 m->cfg.layer_sliding[i] ? m->cfg.sliding_window : 0, -1};
+    osp_status rc = osp_kv_new(n_rows, m->cfg.n_layers, specs, max_ctx, &s->kv);
+    free(specs);
     int32_t chunk = max_ctx < OSP_MAX_CHUNK ? max_ctx : OSP_MAX_CHUNK;
     if (rc == OSP_OK) rc = scratch_new(&m->cfg, n_rows, chunk, max_ctx, &s->sc);
     if (rc != OSP_OK) {
@@ -107,67 +116,6 @@ void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv
 
 int32_t osp_session_row_pos(const osp_session *s, int32_t row) {
     return row >= 0 && row < s->kv->n_rows ? s->kv->pos[row] : -1;
-}
-
-/* ---- attention ---- */
-
-typedef struct attn_ctx {
-    const osp_model *m;
-    osp_kv *kv;
-    const osp_kv_layer *L;
-    const float *q, *k, *v; /* this chunk: [B*T, Hq*D], [B*T, Hkv*D] */
-    float *out;             /* [B*T, Hq*D] */
-    float *scores;
-    int32_t T, window;
-    int64_t score_stride;
-} attn_ctx;
-
-/* One task = one (row, query head): every query of the chunk. */
-static void attn_task(void *p, int64_t task) {
-    attn_ctx *a = p;
-    const osp_config *c = &a->m->cfg;
-    const osp_ops *ops = a->m->ops;
-    int32_t Hq = c->n_heads, Hkv = c->n_kv_heads, D = c->head_dim;
-    int32_t b = (int32_t)(task / Hq), h = (int32_t)(task % Hq), hk = h / (Hq / Hkv);
-    int32_t pos0 = a->kv->pos[b];
-    float *sc = a->scores + task * a->score_stride;
-    for (int32_t t = 0; t < a->T; t++) {
-        int64_t row = (int64_t)b * a->T + t;
-        const float *q = a->q + row * Hq * D + (int64_t)h * D;
-        int32_t p = pos0 + t;
-        int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-        int32_t n = p - lo + 1;
-        for (int32_t j = lo; j <= p; j++) {
-            const float *kp = j >= pos0 ? a->k + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
-                                        : osp_kv_at(a->kv, a->L, a->L->k, b, hk, j);
-            float s = ops->dot(q, kp, D) * c->attn_scale;
-            if (c->attn_softcap > 0) s = c->attn_softcap * tanhf(s / c->attn_softcap);
-            sc[j - lo] = s;
-        }
-        ops->softmax(sc, n);
-        float *o = a->out + row * Hq * D + (int64_t)h * D;
-        memset(o, 0, sizeof(float) * D);
-        for (int32_t j = lo; j <= p; j++) {
-            const float *vp = j >= pos0 ? a->v + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
-                                        : osp_kv_at(a->kv, a->L, a->L->v, b, hk, j);
-            ops->axpy(o, sc[j - lo], vp, D);
-        }
-    }
-}
-
-/* Copy the chunk's K/V into the cache; a ring keeps the last `cap`. */
-static void kv_store(osp_kv *kv, osp_kv_layer *L, const float *k, const float *v, int32_t B, int32_t T) {
-    int32_t Hkv = kv->n_kv_heads, D = kv->head_dim;
-    for (int32_t b = 0; b < B; b++) {
-        int32_t pos0 = kv->pos[b];
-        int32_t t0 = L->sliding && T > L->cap ? T - L->cap : 0;
-        for (int32_t t = t0; t < T; t++)
-            for (int32_t h = 0; h < Hkv; h++) {
-                int64_t src = ((int64_t)b * T + t) * Hkv * D + (int64_t)h * D;
-                memcpy(osp_kv_at(kv, L, L->k, b, h, pos0 + t), k + src, sizeof(float) * D);
-                memcpy(osp_kv_at(kv, L, L->v, b, h, pos0 + t), v + src, sizeof(float) * D);
-            }
-    }
 }
 
 /* ---- layers ---- */
@@ -210,10 +158,13 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
                 osp_rope_apply(k, (int32_t)D, inv, pos);
             }
         }
-    attn_ctx a = {m, s->kv, KL, sc->q, sc->k, sc->v, sc->att, sc->scores, T,
-                  KL->sliding ? KL->cap : 0, (int64_t)s->kv->max_ctx + sc->max_tok};
-    osp_parallel_for((int64_t)B * Hq, attn_task, &a);
-    kv_store(s->kv, KL, sc->k, sc->v, B, T);
+    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = li, .T = T, .n_heads = (int32_t)Hq,
+                       .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,
+                       .softcap = c->attn_softcap, .window = KL->sliding ? KL->cap : 0, .q = sc->q,
+                       .k = sc->k, .v = sc->v, .out = sc->att, .scores = sc->scores,
+                       .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
+    osp_attention(&a);
+    osp_kv_write(s->kv, li, sc->k, sc->v, T);
 
     osp_matmul(ops, &L->wo, sc->att, N, sc->tmp);
     add_bias(sc->tmp, L->bo, N, H);

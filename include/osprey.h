@@ -42,10 +42,11 @@ typedef struct osp_model_info {
     int64_t n_params;           /* logical parameter count */
     int64_t weight_bytes;       /* bytes of the tensors used by the forward */
     int64_t decode_bytes;       /* weight bytes streamed per decode step */
-    int64_t kv_bytes_per_token; /* f32 KV cache of full-attention layers, one row */
-    int64_t kv_bytes_sliding;   /* f32 KV cache of sliding layers, one row, at full window */
+    int64_t kv_bytes_per_token; /* f32 KV cache of full-attention layers, one row, per position */
+    int64_t kv_bytes_sliding;   /* f32 KV cache of sliding layers, one row, fixed (window slots) */
     int32_t sliding_window;     /* 0 when no sliding layers */
     int32_t n_sliding_layers;
+    int32_t n_kv_shared_layers; /* layers reusing another layer's KV (no cache of their own) */
     int32_t quant_bits;         /* 0 when dense */
     int32_t quant_group;
     const char *dtype;          /* dtype of dense weights, e.g. "BF16" */

@@ -18,7 +18,7 @@ static void test_fortune(void **state) {
     float *lg = malloc(sizeof(float) * V), *ref = malloc(sizeof(float) * V);
     for (int i = 0; i < 3; i++) {
         char k[64];
-        int32_t np, ng;
+        int32_t np = 0, ng = 0;
         snprintf(k, sizeof k, "prompt%d_ids", i);
         int32_t *prompt = golden_copy_i32(osp_st_find(g, k), &np);
         snprintf(k, sizeof k, "gen%d_ids", i);

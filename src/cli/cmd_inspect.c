@@ -27,8 +27,11 @@ int osp_cmd_inspect(int argc, char **argv) {
            in->weight_bytes / 1073741824.0, (long long)in->decode_bytes);
     printf("kv bytes/token:   %lld (f32, full-attention layers)\n", (long long)in->kv_bytes_per_token);
     if (in->n_sliding_layers)
-        printf("kv sliding:       %lld bytes per sequence, fixed (f32, %d layers x window %d)\n",
-               (long long)in->kv_bytes_sliding, in->n_sliding_layers, in->sliding_window);
+        printf("kv sliding:       %lld bytes per sequence, fixed (f32, window %d)\n", (long long)in->kv_bytes_sliding,
+               in->sliding_window);
+    if (in->n_kv_shared_layers)
+        printf("kv shared:        %d layers reuse an earlier layer's KV (no cache of their own)\n",
+               in->n_kv_shared_layers);
     osp_model_free(m);
     return 0;
 }

@@ -33,6 +33,8 @@ static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_r
         r->type = OSP_ROPE_DEFAULT;
     } else if (strcmp(t, "linear") == 0) {
         r->type = OSP_ROPE_LINEAR;
+    } else if (strcmp(t, "proportional") == 0) {
+        r->type = OSP_ROPE_PROPORTIONAL;
     } else if (strcmp(t, "llama3") == 0) {
         r->type = OSP_ROPE_LLAMA3;
         r->low_freq_factor = (float)get_num(o, "low_freq_factor", 1.0);
@@ -46,7 +48,9 @@ static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_r
     r->factor = (float)get_num(o, "factor", 1.0);
     if (r->factor <= 0) return osp_err(OSP_ERR_FORMAT, "%s: rope factor must be positive", path);
     r->partial = (float)get_num(o, "partial_rotary_factor", 1.0);
-    if (r->partial != 1.0f)
+    if (r->partial <= 0 || r->partial > 1)
+        return osp_err(OSP_ERR_FORMAT, "%s: partial_rotary_factor %g is out of range", path, r->partial);
+    if (r->partial != 1.0f && r->type != OSP_ROPE_PROPORTIONAL)
         return osp_err(OSP_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported for this architecture",
                        path, r->partial);
     return OSP_OK;
@@ -71,6 +75,9 @@ static const struct { const char *arch, *type; osp_arch a; } ARCHS[] = {
     {"Qwen3ForCausalLM", "qwen3", OSP_ARCH_QWEN3},
     {"Gemma3ForCausalLM", "gemma3_text", OSP_ARCH_GEMMA3},
     {"Gemma3ForConditionalGeneration", "gemma3", OSP_ARCH_GEMMA3},
+    {"Gemma4ForCausalLM", "gemma4_text", OSP_ARCH_GEMMA4},
+    {"Gemma4ForConditionalGeneration", "gemma4", OSP_ARCH_GEMMA4},
+    {"Gemma4ForConditionalGeneration", "gemma4_unified", OSP_ARCH_GEMMA4},
 };
 
 static osp_status pick_arch(json_t *root, json_t *tc, const char *path, osp_config *c) {
@@ -120,13 +127,14 @@ static osp_status parse_layers(json_t *tc, const char *path, osp_config *c) {
             else if (!s || strcmp(s, "full_attention") != 0)
                 return osp_err(OSP_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", path, s ? s : "?");
         }
-    } else if (c->arch == OSP_ARCH_GEMMA3) {
+    } else if (c->arch == OSP_ARCH_GEMMA3 || c->arch == OSP_ARCH_GEMMA4) {
         int pat = get_int(tc, "sliding_window_pattern", get_int(tc, "_sliding_window_pattern", 6));
         for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pat > 0 && (i + 1) % pat != 0;
     } else if (json_is_true(json_object_get(tc, "use_sliding_window"))) {
         int mw = get_int(tc, "max_window_layers", c->n_layers);
         for (int i = mw; i < c->n_layers; i++) c->layer_sliding[i] = 1;
     }
+    if (c->arch == OSP_ARCH_GEMMA4) c->layer_sliding[c->n_layers - 1] = 0; /* HF forces the last layer full */
     int any = 0;
     for (int i = 0; i < c->n_layers; i++) any |= c->layer_sliding[i];
     c->sliding_window = any ? get_int(tc, "sliding_window", 0) : 0;
@@ -166,6 +174,78 @@ static osp_status parse_act(json_t *tc, const char *path, osp_config *c) {
     return OSP_OK;
 }
 
+/* Per-layer geometry and KV sharing. Gemma 4 reads per_layer_config (as
+ * transformers >= 5.15 writes it) or global_head_dim /
+ * num_global_key_value_heads (published checkpoints), and its MoE / PLE keys. */
+static osp_status parse_per_layer(json_t *tc, const char *path, osp_config *c) {
+    int n = c->n_layers;
+    c->layer_head_dim = malloc(sizeof(int32_t) * n);
+    c->layer_kv_heads = malloc(sizeof(int32_t) * n);
+    c->layer_kv_donor = malloc(sizeof(int32_t) * n);
+    if (!c->layer_head_dim || !c->layer_kv_heads || !c->layer_kv_donor) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        c->layer_head_dim[i] = c->head_dim;
+        c->layer_kv_heads[i] = c->n_kv_heads;
+        c->layer_kv_donor[i] = -1;
+    }
+    if (c->arch != OSP_ARCH_GEMMA4) return OSP_OK;
+    c->k_eq_v = json_is_true(json_object_get(tc, "attention_k_eq_v"));
+    json_t *plc = json_object_get(tc, "per_layer_config");
+    if (json_is_object(plc)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(plc, key, v) {
+            char *end;
+            long i = strtol(key, &end, 10);
+            if (*end || i < 0 || i >= n || !json_is_object(v))
+                return osp_err(OSP_ERR_FORMAT, "%s: per_layer_config entry '%s' is not a layer index", path, key);
+            c->layer_head_dim[i] = get_int(v, "head_dim", c->head_dim);
+            c->layer_kv_heads[i] = get_int(v, "num_key_value_heads", c->n_kv_heads);
+        }
+    } else {
+        int ghd = get_int(tc, "global_head_dim", 512);
+        int gkv = get_int(tc, "num_global_key_value_heads", -1);
+        for (int i = 0; i < n; i++) {
+            if (c->layer_sliding[i]) continue;
+            if (ghd > 0) c->layer_head_dim[i] = ghd;
+            if (c->k_eq_v && gkv > 0) c->layer_kv_heads[i] = gkv;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (c->layer_head_dim[i] <= 0 || c->layer_head_dim[i] % 2 || c->layer_kv_heads[i] <= 0 ||
+            c->n_heads % c->layer_kv_heads[i])
+            return osp_err(OSP_ERR_FORMAT, "%s: layer %d has head_dim %d and %d KV heads for %d query heads", path, i,
+                           c->layer_head_dim[i], c->layer_kv_heads[i], c->n_heads);
+    /* KV sharing: layers from n - shared on reuse the last earlier layer of their type. */
+    int shared = get_int(tc, "num_kv_shared_layers", 0);
+    if (shared < 0 || shared >= n) return osp_err(OSP_ERR_FORMAT, "%s: bad num_kv_shared_layers %d", path, shared);
+    int first = n - shared;
+    for (int i = first; i < n && shared > 0; i++) {
+        int d = -1;
+        for (int j = first - 1; j >= 0 && d < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[i]) d = j;
+        if (d < 0) return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d has no earlier layer of its type", path, i);
+        c->layer_kv_donor[i] = d;
+        if (c->layer_head_dim[d] != c->layer_head_dim[i] || c->layer_kv_heads[d] != c->layer_kv_heads[i])
+            return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d and its donor %d differ in shape", path, i, d);
+    }
+    json_t *ple = json_object_get(tc, "hidden_size_per_layer_input");
+    c->ple_dim = json_is_integer(ple) ? (int)json_integer_value(ple) : (ple ? 0 : 256);
+    c->ple_vocab = get_int(tc, "vocab_size_per_layer_input", c->vocab);
+    c->moe = json_is_true(json_object_get(tc, "enable_moe_block"));
+    if (c->moe) {
+        c->n_experts = get_int(tc, "num_experts", 0);
+        c->top_k_experts = get_int(tc, "top_k_experts", 0);
+        c->moe_intermediate = get_int(tc, "moe_intermediate_size", 0);
+        if (c->n_experts <= 0 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts || c->moe_intermediate <= 0)
+            return osp_err(OSP_ERR_FORMAT, "%s: enable_moe_block needs num_experts, top_k_experts <= num_experts "
+                           "and moe_intermediate_size", path);
+    }
+    if (json_is_true(json_object_get(tc, "use_bidirectional_attention")))
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: bidirectional attention is not supported", path);
+    return OSP_OK;
+}
+
 osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     memset(c, 0, sizeof *c);
     if (!json_is_object(root)) return osp_err(OSP_ERR_FORMAT, "%s: not a JSON object", path);
@@ -197,6 +277,11 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
         break;
     case OSP_ARCH_QWEN2: c->qkv_bias = 1; break;
     case OSP_ARCH_QWEN3: c->qk_norm = 1; c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias")); break;
+    case OSP_ARCH_GEMMA4:
+        c->qk_norm = c->sandwich_norm = c->embed_scaled = c->v_norm = c->has_layer_scalar = 1;
+        c->attn_scale = 1.0f;
+        c->final_softcap = (float)get_num(tc, "final_logit_softcapping", 0);
+        break;
     case OSP_ARCH_GEMMA3:
         c->qk_norm = c->norm_add_one = c->sandwich_norm = c->embed_scaled = 1;
         c->attn_scale = 1.0f / sqrtf((float)get_num(tc, "query_pre_attn_scalar", c->head_dim));
@@ -211,6 +296,7 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     parse_eos(json_object_get(root, "eos_token_id"), c);
     if (tc != root) parse_eos(json_object_get(tc, "eos_token_id"), c);
     OSP_TRY(parse_quant(root, path, c));
+    OSP_TRY(parse_per_layer(tc, path, c));
     const char *dt = get_str(tc, "dtype");
     if (!dt) dt = get_str(tc, "torch_dtype");
     if (!dt) dt = get_str(root, "dtype");
@@ -235,7 +321,11 @@ osp_status osp_config_load(const char *path, osp_config *c) {
 
 void osp_config_free(osp_config *c) {
     free(c->layer_sliding);
+    free(c->layer_head_dim);
+    free(c->layer_kv_heads);
+    free(c->layer_kv_donor);
     c->layer_sliding = NULL;
+    c->layer_head_dim = c->layer_kv_heads = c->layer_kv_donor = NULL;
     if (c->quant) json_decref(c->quant);
     c->quant = NULL;
 }

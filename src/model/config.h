@@ -8,9 +8,14 @@
 #include <stdint.h>
 #include "core/core.h"
 
-typedef enum osp_arch { OSP_ARCH_LLAMA, OSP_ARCH_QWEN2, OSP_ARCH_QWEN3, OSP_ARCH_GEMMA3 } osp_arch;
+typedef enum osp_arch { OSP_ARCH_LLAMA, OSP_ARCH_QWEN2, OSP_ARCH_QWEN3, OSP_ARCH_GEMMA3, OSP_ARCH_GEMMA4 } osp_arch;
 typedef enum osp_act { OSP_ACT_SILU, OSP_ACT_GELU_TANH } osp_act;
-typedef enum osp_rope_type { OSP_ROPE_DEFAULT, OSP_ROPE_LINEAR, OSP_ROPE_LLAMA3 } osp_rope_type;
+typedef enum osp_rope_type {
+    OSP_ROPE_DEFAULT,
+    OSP_ROPE_LINEAR,
+    OSP_ROPE_LLAMA3,
+    OSP_ROPE_PROPORTIONAL /* Gemma 4 full layers: first partial·D/2 pairs rotate, exponent over full D */
+} osp_rope_type;
 
 typedef struct osp_rope {
     osp_rope_type type;
@@ -53,6 +58,20 @@ typedef struct osp_config {
     int n_eos;
     int32_t q_bits, q_group; /* default MLX quantization, 0 if none */
     json_t *quant;           /* the "quantization" object (per-module overrides) */
+
+    /* Per layer (every architecture; uniform except Gemma 4). */
+    int32_t *layer_head_dim;   /* [n_layers] */
+    int32_t *layer_kv_heads;   /* [n_layers] */
+    int32_t *layer_kv_donor;   /* [n_layers] layer whose KV a layer reuses; -1 = its own */
+
+    /* Gemma 4 */
+    int32_t ple_dim;           /* hidden_size_per_layer_input, 0 = no per-layer embeddings */
+    int32_t ple_vocab;         /* vocab_size_per_layer_input */
+    int k_eq_v;                /* full layers use k_proj's output as V (no v_proj) */
+    int v_norm;                /* weightless RMSNorm on V */
+    int has_layer_scalar;
+    int moe;                   /* enable_moe_block */
+    int32_t n_experts, top_k_experts, moe_intermediate;
 } osp_config;
 
 /* Parse config.json text (the object at the root, or its text_config). */

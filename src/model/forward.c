@@ -53,28 +53,63 @@ static void add_bias(float *y, const float *b, int64_t n, int64_t d) {
 
 /* ---- session ---- */
 
-static void scratch_free(osp_scratch *s) {
-    float *v[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->g, s->u, s->scores, s->hlast};
+static void scratch_free(osp_scratch *s, int n_layers) {
+    float *v[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->g, s->u, s->scores, s->hlast, s->ple,
+                  s->ple_tmp, s->ple_emb, s->router, s->top_w, s->moe_x, s->moe_out, s->moe_acc, s->moe_w};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) osp_free(v[i]);
     osp_free(s->ids);
+    osp_free(s->top_idx);
+    osp_free(s->moe_rows);
+    for (int i = 0; s->donor_k && i < n_layers; i++) {
+        osp_free(s->donor_k[i]);
+        osp_free(s->donor_v[i]);
+    }
+    free(s->donor_k);
+    free(s->donor_v);
     memset(s, 0, sizeof *s);
 }
 
-static osp_status scratch_new(const osp_config *c, int32_t B, int32_t max_tok, int32_t max_ctx, osp_scratch *s) {
+static size_t at_least1(size_t n) { return n ? n : 1; }
+
+/* Activation buffers for B rows of up to max_tok tokens, sized by the
+ * widest layer (Gemma 4 varies head sizes and MLP widths per layer). */
+static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, int32_t max_ctx, osp_scratch *s) {
+    const osp_config *c = &m->cfg;
     memset(s, 0, sizeof *s);
     s->max_tok = max_tok;
-    size_t N = (size_t)B * max_tok, H = c->hidden, Q = (size_t)c->n_heads * c->head_dim,
-           KV = (size_t)c->n_kv_heads * c->head_dim, I = c->intermediate;
-    size_t HQ = H > Q ? H : Q;
-#define A(field, count) (s->field = osp_malloc(OSP_POOL_SCRATCH, (count) * sizeof *s->field))
-    if (!A(x, N * H) || !A(xn, N * H) || !A(q, N * Q) || !A(k, N * KV) || !A(v, N * KV) || !A(att, N * Q) ||
-        !A(tmp, N * HQ) || !A(g, N * I) || !A(u, N * I) ||
-        !A(scores, (size_t)B * c->n_heads * ((size_t)max_ctx + max_tok)) || !A(hlast, (size_t)B * H) ||
-        !A(ids, N)) {
-        scratch_free(s);
-        return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
+    size_t N = (size_t)B * max_tok, H = c->hidden, Q = 0, KV = 0, I = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        size_t q = (size_t)c->n_heads * c->layer_head_dim[i], kv = (size_t)c->layer_kv_heads[i] * c->layer_head_dim[i];
+        Q = q > Q ? q : Q;
+        KV = kv > KV ? kv : KV;
+        I = (size_t)m->layers[i].intermediate > I ? (size_t)m->layers[i].intermediate : I;
+    }
+    if ((size_t)c->moe_intermediate > I) I = c->moe_intermediate;
+    size_t HQ = H > Q ? H : Q, NP = (size_t)c->n_layers * c->ple_dim, E = c->n_experts, K = c->top_k_experts;
+    int ok = 1;
+#define A(field, count) (ok &= (s->field = osp_malloc(OSP_POOL_SCRATCH, at_least1(count) * sizeof *s->field)) != NULL)
+    A(x, N * H), A(xn, N * H), A(q, N * Q), A(k, N * KV), A(v, N * KV), A(att, N * HQ), A(tmp, N * HQ);
+    A(g, N * I), A(u, N * I), A(scores, (size_t)B * c->n_heads * ((size_t)max_ctx + max_tok));
+    A(hlast, (size_t)B * H), A(ids, N);
+    if (c->ple_dim) A(ple, N * NP), A(ple_tmp, N * c->ple_dim), A(ple_emb, NP);
+    if (c->moe) {
+        A(router, N * E), A(top_idx, N * K), A(top_w, N * K), A(moe_x, N * K * H), A(moe_out, N * H);
+        A(moe_acc, N * K * H), A(moe_rows, N * K), A(moe_w, N * K);
+    }
+    s->donor_k = calloc((size_t)c->n_layers, sizeof *s->donor_k);
+    s->donor_v = calloc((size_t)c->n_layers, sizeof *s->donor_v);
+    ok &= s->donor_k && s->donor_v;
+    for (int i = 0; ok && i < c->n_layers; i++) { /* layers whose KV others reuse keep their chunk K/V */
+        int d = c->layer_kv_donor[i];
+        if (d < 0 || s->donor_k[d]) continue;
+        size_t kv = N * c->layer_kv_heads[d] * c->layer_head_dim[d];
+        A(donor_k[d], kv), A(donor_v[d], kv);
     }
 #undef A
+    if (!ok) {
+        scratch_free(s, c->n_layers);
+        return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
+    }
     return OSP_OK;
 }
 
@@ -91,12 +126,12 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
         return osp_err(OSP_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < m->cfg.n_layers; i++)
-        specs[i] = (osp_kv_spec){m->cfg.n_kv_heads, m->cfg.head_dim,
-                                 m->cfg.layer_sliding[i] ? m->cfg.sliding_window : 0, -1};
+        specs[i] = (osp_kv_spec){m->cfg.layer_kv_heads[i], m->cfg.layer_head_dim[i],
+                                 m->cfg.layer_sliding[i] ? m->cfg.sliding_window : 0, m->cfg.layer_kv_donor[i]};
     osp_status rc = osp_kv_new(n_rows, m->cfg.n_layers, specs, max_ctx, &s->kv);
     free(specs);
     int32_t chunk = max_ctx < OSP_MAX_CHUNK ? max_ctx : OSP_MAX_CHUNK;
-    if (rc == OSP_OK) rc = scratch_new(&m->cfg, n_rows, chunk, max_ctx, &s->sc);
+    if (rc == OSP_OK) rc = scratch_new(m, n_rows, chunk, max_ctx, &s->sc);
     if (rc != OSP_OK) {
         osp_session_free(s);
         return rc;
@@ -108,7 +143,7 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
 void osp_session_free(osp_session *s) {
     if (!s) return;
     osp_kv_free(s->kv);
-    scratch_free(&s->sc);
+    scratch_free(&s->sc, s->m->cfg.n_layers);
     free(s);
 }
 
@@ -120,8 +155,8 @@ int32_t osp_session_row_pos(const osp_session *s, int32_t row) {
 
 /* ---- layers ---- */
 
-static void norm_rows(const osp_ops *ops, float *y, const float *x, const float *w, int64_t n, int64_t d,
-                      float eps, int add_one) {
+void osp_norm_rows(const osp_ops *ops, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                   int add_one) {
     for (int64_t i = 0; i < n; i++) ops->rmsnorm(y + i * d, x + i * d, w, d, eps, add_one);
 }
 
@@ -136,7 +171,7 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     int sliding = c->layer_sliding[li];
     const float *inv = sliding ? m->inv_freq_sliding : m->inv_freq_full;
 
-    norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
+    osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
     osp_matmul(ops, &L->wq, sc->xn, N, sc->q);
     osp_matmul(ops, &L->wk, sc->xn, N, sc->k);
     osp_matmul(ops, &L->wv, sc->xn, N, sc->v);
@@ -168,7 +203,7 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
 
     osp_matmul(ops, &L->wo, sc->att, N, sc->tmp);
     add_bias(sc->tmp, L->bo, N, H);
-    if (L->post_attn_norm) norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
+    if (L->post_attn_norm) osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
 }
 
@@ -180,7 +215,7 @@ static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     osp_scratch *sc = &s->sc;
     int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
 
-    norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
+    osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
     osp_matmul(ops, &L->wg, sc->xn, N, sc->g);
     osp_matmul(ops, &L->wu, sc->xn, N, sc->u);
     add_bias(sc->g, L->bg, N, I);
@@ -189,34 +224,30 @@ static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     else ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
     osp_matmul(ops, &L->wd, sc->g, N, sc->tmp);
     add_bias(sc->tmp, L->bd, N, H);
-    if (L->post_mlp_norm) norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
+    if (L->post_mlp_norm) osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
 }
 
-/* logits rows are written at logits + (b * ld_rows + t) * vocab. */
-osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
-                                   int64_t ld_rows) {
+void osp_embed_rows(const osp_model *m, const osp_weight *e, float scale, const int32_t *ids, int64_t n, float *x) {
+    int64_t H = e->cols;
+    for (int64_t i = 0; i < n; i++) {
+        osp_weight_row_f32(e, ids[i], x + i * H);
+        if (scale != 1.0f)
+            for (int64_t j = 0; j < H; j++) x[i * H + j] *= scale;
+    }
+}
+
+/* Final norm, LM head and soft-cap. logits rows are written at
+ * logits + (b * ld_rows + t) * vocab, or [B, vocab] for the last positions. */
+void osp_head(osp_session *s, const float *x, int32_t B, int32_t T, int all_logits, float *logits, int64_t ld_rows) {
     const osp_model *m = s->m;
     const osp_config *c = &m->cfg;
     const osp_ops *ops = m->ops;
     osp_scratch *sc = &s->sc;
-    int32_t B = s->kv->n_rows;
     int64_t N = (int64_t)B * T, H = c->hidden;
-
-    for (int64_t i = 0; i < N; i++) {
-        osp_weight_row_f32(&m->embed, ids[i], sc->x + i * H);
-        if (m->embed_scale != 1.0f)
-            for (int64_t j = 0; j < H; j++) sc->x[i * H + j] *= m->embed_scale;
-    }
-    for (int li = 0; li < c->n_layers; li++) {
-        attention_block(s, li, B, T);
-        mlp_block(s, li, B, T);
-    }
-    for (int32_t b = 0; b < B; b++) s->kv->pos[b] += T;
-
-    if (!logits) return OSP_OK; /* an intermediate prefill chunk */
+    int add_one = c->norm_add_one;
     if (all_logits) {
-        norm_rows(ops, sc->xn, sc->x, m->final_norm, N, H, c->eps, c->norm_add_one);
+        osp_norm_rows(ops, sc->xn, x, m->final_norm, N, H, c->eps, add_one);
         for (int32_t b = 0; b < B; b++) {
             float *dst = logits + (int64_t)b * ld_rows * c->vocab;
             osp_matmul(ops, &m->head, sc->xn + (int64_t)b * T * H, T, dst);
@@ -224,11 +255,27 @@ osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T
         }
     } else {
         for (int32_t b = 0; b < B; b++)
-            ops->rmsnorm(sc->hlast + b * H, sc->x + ((int64_t)b * T + T - 1) * H, m->final_norm, H, c->eps,
-                         c->norm_add_one);
+            ops->rmsnorm(sc->hlast + b * H, x + ((int64_t)b * T + T - 1) * H, m->final_norm, H, c->eps, add_one);
         osp_matmul(ops, &m->head, sc->hlast, B, logits);
         if (c->final_softcap > 0) ops->softcap(logits, (int64_t)B * c->vocab, c->final_softcap);
     }
+}
+
+/* One chunk through the Llama/Qwen/Gemma 3 body. */
+osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
+                                   int64_t ld_rows) {
+    const osp_model *m = s->m;
+    const osp_config *c = &m->cfg;
+    osp_scratch *sc = &s->sc;
+    int32_t B = s->kv->n_rows;
+    if (c->arch == OSP_ARCH_GEMMA4) return osp_gemma4_forward_chunk(s, ids, T, logits, all_logits, ld_rows);
+    osp_embed_rows(m, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
+    for (int li = 0; li < c->n_layers; li++) {
+        attention_block(s, li, B, T);
+        mlp_block(s, li, B, T);
+    }
+    for (int32_t b = 0; b < B; b++) s->kv->pos[b] += T;
+    if (logits) osp_head(s, sc->x, B, T, all_logits, logits, ld_rows); /* NULL: an intermediate prefill chunk */
     return OSP_OK;
 }
 

@@ -62,7 +62,7 @@ static osp_status resolve_dir(const char *path, char *out, size_t n) {
 static const char *PREFIXES[] = {"model.", "model.language_model.", "language_model.model."};
 static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head"};
 
-static float *f32_vec(osp_model *m, const char *name, int64_t n, int required, osp_status *rc) {
+float *osp_bind_vec(osp_model *m, const char *name, int64_t n, int required, osp_status *rc) {
     if (*rc != OSP_OK) return NULL;
     const osp_st_tensor *t = osp_st_find(m->st, name);
     if (!t) {
@@ -124,7 +124,7 @@ static osp_status shape_err(osp_model *m, const osp_st_tensor *t, const char *wh
 }
 
 /* Bind module `path` (no .weight suffix) as W[rows, cols]. */
-static osp_status bind_linear(osp_model *m, const char *path, int64_t rows, int64_t cols, osp_weight *w) {
+osp_status osp_bind_linear(osp_model *m, const char *path, int64_t rows, int64_t cols, osp_weight *w) {
     char name[512], what[128];
     int bits, group;
     OSP_TRY(quant_for(m, path, &bits, &group));
@@ -182,14 +182,14 @@ static osp_status bind_layer(osp_model *m, const char *pre, int i, osp_layer *L)
     int64_t H = c->hidden, D = c->head_dim, q = (int64_t)c->n_heads * D, kv = (int64_t)c->n_kv_heads * D;
     osp_status rc = OSP_OK;
 #define LP(fmt) (snprintf(p, sizeof p, "%slayers.%d." fmt, pre, i), p)
-#define VEC(fmt, len, req) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), f32_vec(m, n, len, req, &rc))
-    OSP_TRY(bind_linear(m, LP("self_attn.q_proj"), q, H, &L->wq));
-    OSP_TRY(bind_linear(m, LP("self_attn.k_proj"), kv, H, &L->wk));
-    OSP_TRY(bind_linear(m, LP("self_attn.v_proj"), kv, H, &L->wv));
-    OSP_TRY(bind_linear(m, LP("self_attn.o_proj"), H, q, &L->wo));
-    OSP_TRY(bind_linear(m, LP("mlp.gate_proj"), c->intermediate, H, &L->wg));
-    OSP_TRY(bind_linear(m, LP("mlp.up_proj"), c->intermediate, H, &L->wu));
-    OSP_TRY(bind_linear(m, LP("mlp.down_proj"), H, c->intermediate, &L->wd));
+#define VEC(fmt, len, req) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), osp_bind_vec(m, n, len, req, &rc))
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.q_proj"), q, H, &L->wq));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.k_proj"), kv, H, &L->wk));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.v_proj"), kv, H, &L->wv));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.o_proj"), H, q, &L->wo));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.gate_proj"), c->intermediate, H, &L->wg));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.up_proj"), c->intermediate, H, &L->wu));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.down_proj"), H, c->intermediate, &L->wd));
     L->attn_norm = VEC("input_layernorm.weight", H, 1);
     if (c->sandwich_norm) {
         L->post_attn_norm = VEC("post_attention_layernorm.weight", H, 1);
@@ -215,6 +215,8 @@ static osp_status bind_layer(osp_model *m, const char *pre, int i, osp_layer *L)
     }
 #undef LP
 #undef VEC
+    L->intermediate = c->intermediate;
+    L->layer_scalar = 1.0f;
     if (rc == OSP_OK) {
         const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
         for (int j = 0; j < 7; j++) m->info.decode_bytes += weight_bytes(ws[j]);
@@ -233,19 +235,21 @@ static osp_status bind_all(osp_model *m) {
     if (pi < 0) return osp_err(OSP_ERR_FORMAT, "%s: tensor 'model.embed_tokens.weight' is missing", m->dir);
     const char *pre = PREFIXES[pi];
     snprintf(n, sizeof n, "%sembed_tokens", pre);
-    OSP_TRY(bind_linear(m, n, c->vocab, c->hidden, &m->embed));
+    OSP_TRY(osp_bind_linear(m, n, c->vocab, c->hidden, &m->embed));
     if (c->tie_embeddings) {
         m->head = m->embed;
     } else {
-        OSP_TRY(bind_linear(m, HEADS[pi], c->vocab, c->hidden, &m->head));
+        OSP_TRY(osp_bind_linear(m, HEADS[pi], c->vocab, c->hidden, &m->head));
     }
     m->info.decode_bytes += weight_bytes(&m->head);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < c->n_layers; i++) OSP_TRY(bind_layer(m, pre, i, &m->layers[i]));
+    if (c->arch == OSP_ARCH_GEMMA4) OSP_TRY(osp_gemma4_bind(m, pre));
+    else
+        for (int i = 0; i < c->n_layers; i++) OSP_TRY(bind_layer(m, pre, i, &m->layers[i]));
     osp_status rc = OSP_OK;
     snprintf(n, sizeof n, "%snorm.weight", pre);
-    m->final_norm = f32_vec(m, n, c->hidden, 1, &rc);
+    m->final_norm = osp_bind_vec(m, n, c->hidden, 1, &rc);
     return rc;
 }
 
@@ -263,10 +267,14 @@ static void fill_info(osp_model *m) {
     in->vocab = c->vocab;
     in->max_ctx = c->max_pos;
     in->sliding_window = c->sliding_window;
-    int64_t per_layer = 2LL * c->n_kv_heads * c->head_dim * (int64_t)sizeof(float);
     for (int i = 0; i < c->n_layers; i++) {
+        in->n_sliding_layers += c->layer_sliding[i];
+        if (c->layer_kv_donor[i] >= 0) { /* shares its donor's cache */
+            in->n_kv_shared_layers++;
+            continue;
+        }
+        int64_t per_layer = 2LL * c->layer_kv_heads[i] * c->layer_head_dim[i] * (int64_t)sizeof(float);
         if (c->layer_sliding[i]) {
-            in->n_sliding_layers++;
             in->kv_bytes_sliding += per_layer * c->sliding_window;
         } else {
             in->kv_bytes_per_token += per_layer;
@@ -278,6 +286,15 @@ static void fill_info(osp_model *m) {
     snprintf(m->dtype_name, sizeof m->dtype_name, "%s",
              osp_dtype_name(probe->qbits ? probe->sdtype : probe->dtype));
     in->dtype = m->dtype_name;
+}
+
+/* Gemma's embedding scale: sqrt(dim) rounded to the embedding's dtype, as
+ * the reference's scale buffer is cast with the model (MLX: bf16 scales). */
+static float embed_scale(const osp_weight *e, float dim) {
+    float s = sqrtf(dim);
+    if (e->qbits || e->dtype == OSP_DT_BF16) return osp_bf16_to_f32(osp_f32_to_bf16(s));
+    if (e->dtype == OSP_DT_F16) return osp_f16_to_f32(osp_f32_to_f16(s));
+    return s;
 }
 
 osp_status osp_model_load(const char *path, osp_model **out) {
@@ -295,20 +312,25 @@ osp_status osp_model_load(const char *path, osp_model **out) {
     if (rc == OSP_OK) {
         const osp_config *c = &m->cfg;
         m->ops = osp_ops_get();
-        m->embed_scale = 1.0f;
-        if (c->embed_scaled) { /* sqrt(hidden) rounded to the embedding's dtype, as the reference does */
-            float s = sqrtf((float)c->hidden);
-            if (m->embed.qbits) s = osp_bf16_to_f32(osp_f32_to_bf16(s)); /* MLX: bf16 scales */
-            else if (m->embed.dtype == OSP_DT_BF16) s = osp_bf16_to_f32(osp_f32_to_bf16(s));
-            else if (m->embed.dtype == OSP_DT_F16) s = osp_f16_to_f32(osp_f32_to_f16(s));
-            m->embed_scale = s;
+        m->embed_scale = c->embed_scaled ? embed_scale(&m->embed, (float)c->hidden) : 1.0f;
+        if (c->ple_dim) m->embed_ple_scale = embed_scale(&m->embed_ple, (float)c->ple_dim);
+        /* RoPE tables per layer type, sized by that type's head_dim */
+        int32_t d_full = c->head_dim, d_slide = c->head_dim;
+        for (int i = c->n_layers - 1; i >= 0; i--) {
+            if (c->layer_sliding[i]) d_slide = c->layer_head_dim[i];
+            else d_full = c->layer_head_dim[i];
         }
-        m->inv_freq_full = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * (size_t)c->head_dim / 2);
-        m->inv_freq_sliding = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * (size_t)c->head_dim / 2);
-        if (!m->inv_freq_full || !m->inv_freq_sliding) rc = osp_err(OSP_ERR_NOMEM, "out of memory");
-        else {
-            osp_rope_inv_freq(&c->rope_full, c->head_dim, m->inv_freq_full);
-            osp_rope_inv_freq(&c->rope_sliding, c->head_dim, m->inv_freq_sliding);
+        for (int i = 0; i < c->n_layers && rc == OSP_OK; i++)
+            if (c->layer_head_dim[i] != (c->layer_sliding[i] ? d_slide : d_full))
+                rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: layers of one attention type with different head_dim", m->dir);
+        m->inv_freq_full = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * (size_t)d_full / 2);
+        m->inv_freq_sliding = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * (size_t)d_slide / 2);
+        if (rc != OSP_OK) {
+        } else if (!m->inv_freq_full || !m->inv_freq_sliding) {
+            rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+        } else {
+            osp_rope_inv_freq(&c->rope_full, d_full, m->inv_freq_full);
+            osp_rope_inv_freq(&c->rope_sliding, d_slide, m->inv_freq_sliding);
             fill_info(m);
         }
     }
@@ -326,12 +348,17 @@ void osp_model_free(osp_model *m) {
         for (int i = 0; i < m->cfg.n_layers; i++) {
             osp_layer *L = &m->layers[i];
             float *v[] = {L->attn_norm, L->post_attn_norm, L->mlp_norm, L->post_mlp_norm, L->q_norm, L->k_norm,
-                          L->bq, L->bk, L->bv, L->bo, L->bg, L->bu, L->bd};
+                          L->bq, L->bk, L->bv, L->bo, L->bg, L->bu, L->bd, L->post_ple_norm, L->mlp_norm2,
+                          L->post_mlp_norm1, L->post_mlp_norm2, L->router_scale, L->per_expert_scale};
             for (size_t j = 0; j < sizeof v / sizeof *v; j++) osp_free(v[j]);
+            free(L->ex_gate);
+            free(L->ex_up);
+            free(L->ex_down);
         }
         free(m->layers);
     }
     osp_free(m->final_norm);
+    osp_free(m->ple_proj_norm);
     osp_free(m->inv_freq_full);
     osp_free(m->inv_freq_sliding);
     osp_st_close(m->st);

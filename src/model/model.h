@@ -26,6 +26,18 @@ typedef struct osp_layer {
     float *bg, *bu, *bd;
     osp_weight wq, wk, wv, wo;           /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
     osp_weight wg, wu, wd;               /* [I, hidden] x2, [hidden, I] */
+    int32_t intermediate;                /* this layer's MLP width (Gemma 4 double-wide layers differ) */
+    float layer_scalar;                  /* Gemma 4: h *= layer_scalar after the layer; else 1 */
+    /* Gemma 4 per-layer embeddings */
+    osp_weight w_ple_gate;               /* [P, hidden] per_layer_input_gate */
+    osp_weight w_ple_proj;               /* [hidden, P] per_layer_projection */
+    float *post_ple_norm;                /* [hidden] post_per_layer_input_norm */
+    /* Gemma 4 mixture of experts */
+    float *mlp_norm2, *post_mlp_norm1, *post_mlp_norm2; /* [hidden] pre_ff_2, post_ff_1, post_ff_2 */
+    float *router_scale;                 /* [hidden] */
+    float *per_expert_scale;             /* [E] */
+    osp_weight w_router;                 /* [E, hidden] */
+    osp_weight *ex_gate, *ex_up, *ex_down; /* [E]: [Im, hidden], [Im, hidden], [hidden, Im] */
 } osp_layer;
 
 struct osp_model {
@@ -41,6 +53,11 @@ struct osp_model {
     float *inv_freq_full;  /* [head_dim/2] */
     float *inv_freq_sliding;
     osp_layer *layers;
+    /* Gemma 4 per-layer embeddings (ple_dim P > 0) */
+    osp_weight embed_ple;      /* [ple_vocab, n_layers * P] */
+    osp_weight ple_model_proj; /* [n_layers * P, hidden] */
+    float *ple_proj_norm;      /* [P] */
+    float embed_ple_scale;     /* sqrt(P), rounded like embed_scale */
     char dtype_name[16];
 };
 
@@ -52,6 +69,17 @@ typedef struct osp_scratch {
     float *scores;                         /* [B * Hq, max_ctx + max_tok] */
     float *hlast;                          /* [B, hidden] */
     int32_t *ids;                          /* [N] */
+    /* Gemma 4 */
+    float *ple;                            /* [N, n_layers * P] combined per-layer inputs */
+    float *ple_tmp;                        /* [N, P] */
+    float *ple_emb;                        /* [n_layers * P] one token's per-layer embedding */
+    float **donor_k, **donor_v;            /* [n_layers] chunk K/V kept for KV-sharing layers, or NULL */
+    float *router;                         /* [N, E] */
+    int32_t *top_idx;                      /* [N, k] */
+    float *top_w;                          /* [N, k] */
+    float *moe_x, *moe_out, *moe_acc;      /* [N, hidden] */
+    int32_t *moe_rows;                     /* [N] tokens routed to one expert */
+    float *moe_w;                          /* [N] their weights */
 } osp_scratch;
 
 struct osp_session {
@@ -65,6 +93,19 @@ struct osp_session {
  * vocab; logits == NULL skips the head (intermediate prefill chunk). */
 osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits,
                                    float *logits, int64_t logits_ld_rows);
+
+/* Gemma 4 (model/gemma4.c): bind its extra tensors; run one chunk. */
+osp_status osp_gemma4_bind(osp_model *m, const char *prefix);
+osp_status osp_gemma4_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, float *logits_or_null,
+                                    int all_logits, int64_t ld_rows);
+
+/* Shared by the architectures (loader.c / forward.c). */
+osp_status osp_bind_linear(osp_model *m, const char *path, int64_t rows, int64_t cols, osp_weight *w);
+float *osp_bind_vec(osp_model *m, const char *name, int64_t n, int required, osp_status *rc);
+void osp_norm_rows(const osp_ops *ops, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                   int add_one);
+void osp_embed_rows(const osp_model *m, const osp_weight *e, float scale, const int32_t *ids, int64_t n, float *x);
+void osp_head(osp_session *s, const float *x, int32_t B, int32_t T, int all_logits, float *logits, int64_t ld_rows);
 
 /* y[n, w->rows] = x[n, w->cols] · Wᵀ on the thread pool. */
 void osp_matmul(const osp_ops *ops, const osp_weight *w, const float *x, int64_t n, float *y);

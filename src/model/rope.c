@@ -6,7 +6,10 @@
 
 void osp_rope_inv_freq(const osp_rope *r, int32_t D, float *inv) {
     for (int32_t i = 0; i < D / 2; i++) inv[i] = 1.0f / powf(r->theta, (float)(2 * i) / (float)D);
-    if (r->type == OSP_ROPE_LINEAR) {
+    if (r->type == OSP_ROPE_PROPORTIONAL) { /* rotate the first int(partial·D/2) pairs, keep the rest */
+        int32_t n_rot = (int32_t)(r->partial * (float)D / 2.0f);
+        for (int32_t i = 0; i < D / 2; i++) inv[i] = i < n_rot ? inv[i] / r->factor : 0.0f;
+    } else if (r->type == OSP_ROPE_LINEAR) {
         for (int32_t i = 0; i < D / 2; i++) inv[i] /= r->factor;
     } else if (r->type == OSP_ROPE_LLAMA3) {
         const float pi = 3.14159265358979323846f;

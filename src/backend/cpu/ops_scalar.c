@@ -17,10 +17,15 @@ static void matmul_dense(const osp_weight *w, const float *x, int64_t n, float *
     }
 }
 
-/* MLX order: per group, s * sum(x*q) + b * sum(x). */
+/* Per group: s * sum(x * (q - c)) + (b + s * c) * sum(x), with c = 2^(bits-1).
+ * MLX accumulates s * sum(x * q) + b * sum(x); for 8-bit codes the two terms
+ * nearly cancel (b is about -128 s) and f32 loses ~5 bits, which fails the
+ * goldens. Centring the codes keeps both terms small, so the result is as
+ * accurate as summing x * (s * q + b) element by element, at the same cost. */
 static void matmul_quant(const osp_weight *w, const float *x, int64_t n, float *y,
                          int64_t ldy, int64_t r0, int64_t r1) {
     int64_t ng = w->cols / w->group, rb = w->cols * w->qbits / 8;
+    const int c = 1 << (w->qbits - 1);
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + r * rb;
         for (int64_t t = 0; t < n; t++) {
@@ -30,12 +35,12 @@ static void matmul_quant(const osp_weight *w, const float *x, int64_t n, float *
                 float sq = 0.0f, sx = 0.0f;
                 for (int64_t j = 0; j < w->group; j++) {
                     int64_t k = g * w->group + j;
-                    sq += xt[k] * (float)osp_q_code(row, w->qbits, k);
+                    sq += xt[k] * (float)((int)osp_q_code(row, w->qbits, k) - c);
                     sx += xt[k];
                 }
                 float s = osp_load_float(w->scales, w->sdtype, r * ng + g);
                 float b = osp_load_float(w->biases, w->sdtype, r * ng + g);
-                acc += s * sq + b * sx;
+                acc += s * sq + (b + s * (float)c) * sx;
             }
             y[t * ldy + (r - r0)] = acc;
         }

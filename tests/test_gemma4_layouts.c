@@ -19,10 +19,13 @@
 #include "tensor/quant.h"
 
 static char tmp[256];
-static void *keep[64];
+static void *keep[512];
 static int n_keep;
 
-static void *keepm(size_t n) { return keep[n_keep++] = calloc(1, n); }
+static void *keepm(size_t n) {
+    assert_true(n_keep < (int)(sizeof keep / sizeof *keep));
+    return keep[n_keep++] = calloc(1, n);
+}
 
 /* Quantize rows of a [R, C] float slice: codes/scales/biases appended at
  * row offset r0 of the stacked outputs; the dequantized values go to deq. */

@@ -6,7 +6,12 @@
 #include "threadpool.h"
 
 #define MAX_THREADS 256
-#define SPIN_ITERS 200000
+/* Idle workers spin this long for the next job (decode issues jobs back to
+ * back), then sleep. Waiting threads yield the CPU after a short spin, so
+ * an oversubscribed machine (another process on our cores) degrades
+ * gracefully instead of spinning against a descheduled worker. */
+#define SPIN_ITERS 20000
+#define YIELD_AFTER 2000
 
 static struct {
     pthread_t tid[MAX_THREADS];
@@ -39,7 +44,8 @@ static void *worker(void *arg) {
         int spins = 0;
         while ((g = atomic_load(&P.gen)) == seen && !atomic_load(&P.stop)) {
             if (++spins < SPIN_ITERS) {
-                __builtin_ia32_pause();
+                if (spins < YIELD_AFTER) __builtin_ia32_pause();
+                else sched_yield();
                 continue;
             }
             pthread_mutex_lock(&P.mu);
@@ -102,5 +108,8 @@ void osp_parallel_for(int64_t n_tasks, osp_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
     run_tasks();
-    while (atomic_load(&P.active) > 0) __builtin_ia32_pause();
+    for (int spins = 0; atomic_load(&P.active) > 0; spins++) {
+        if (spins < YIELD_AFTER) __builtin_ia32_pause();
+        else sched_yield();
+    }
 }

@@ -37,10 +37,11 @@ static void mm_task(void *p, int64_t t) {
 
 void osp_matmul(const osp_ops *ops, const osp_weight *w, const float *x, int64_t n, float *y) {
     int nt = osp_threads_count();
-    /* ~4 blocks per thread for balance, 16-row aligned */
-    int64_t block = (w->rows + 4 * nt - 1) / (4 * nt);
+    /* ~8 blocks per thread: balance, and a short stall when a thread is
+     * descheduled mid-block; 16-row aligned, at least 64 rows. */
+    int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
     block = (block + 15) & ~(int64_t)15;
-    if (block < 16) block = 16;
+    if (block < 64) block = 64;
     mm_ctx c = {ops, w, x, n, y, block};
     osp_parallel_for((w->rows + block - 1) / block, mm_task, &c);
 }

@@ -2,7 +2,7 @@
 # Installs osprey's Debian dependencies (when missing) and builds it in build/.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev"
+PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -10,6 +10,9 @@ int osp_cmd_logits(int argc, char **argv);
 int osp_cmd_generate(int argc, char **argv);
 int osp_cmd_synth(int argc, char **argv);
 int osp_cmd_bench(int argc, char **argv);
+int osp_cmd_tokenize(int argc, char **argv);   /* cli/cmd_tokenize.c */
+int osp_cmd_detokenize(int argc, char **argv); /* cli/cmd_tokenize.c */
+int osp_cmd_template(int argc, char **argv);   /* cli/cmd_template.c */
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);

@@ -13,6 +13,10 @@ static const char *USAGE =
     "  generate --model M --ids 1,2,3 [-n N]   greedy token ids\n"
     "  synth --preset NAME --dtype bf16|q4|q8 --out DIR   random-weight checkpoint\n"
     "  bench --model M [-p 512] [-n 128] [-t THREADS] [--json]   prefill/decode speed vs memory bandwidth\n"
+    "  tokenize --model M (--text TEXT | --file FILE) [--add-special]   token ids as a JSON array\n"
+    "  detokenize --model M --ids 1,2,3   text of token ids\n"
+    "  template --model M --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--var NAME=JSON]\n"
+    "                                the model's chat template rendered\n"
     "\n"
     "MODEL is a Hugging Face model folder (config.json + safetensors) or a cache repo folder (models--ORG--NAME).\n";
 
@@ -33,7 +37,8 @@ int main(int argc, char **argv) {
     }
     static const struct { const char *name; int (*fn)(int, char **); } CMDS[] = {
         {"inspect", osp_cmd_inspect}, {"logits", osp_cmd_logits}, {"generate", osp_cmd_generate},
-        {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},
+        {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},       {"tokenize", osp_cmd_tokenize},
+        {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

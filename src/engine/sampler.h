@@ -1,0 +1,70 @@
+/* engine/sampler: turns one row's logits into a token, with mlx-lm's
+ * semantics and order.
+ *
+ *   logits ─► processors: logit_bias → repetition → presence → frequency
+ *          ─► log-softmax
+ *          ─► filters:    top_p → min_p → XTC → top_k   (masked to -inf)
+ *          ─► temperature 0: argmax; else a categorical draw over logprobs / T
+ *
+ * Penalties look at the last `*_context` tokens of the row's history
+ * (prompt included). Each sampler owns its RNG, seeded per request, so the
+ * same seed gives the same tokens. Scratch is allocated once at init
+ * (vocab-sized): sampling allocates nothing. top_k and top_p use partial
+ * selection, never a full sort of the vocabulary in the common case.
+ */
+#ifndef OSP_SAMPLER_H
+#define OSP_SAMPLER_H
+
+#include <stdint.h>
+#include "core/core.h"
+
+typedef struct osp_bias {
+    int32_t token;
+    float bias;
+} osp_bias;
+
+typedef struct osp_sampler_params {
+    float temperature;          /* 0 = greedy */
+    float top_p;                /* applied when 0 < top_p < 1 */
+    float min_p;                /* applied when > 0 */
+    int32_t min_tokens_to_keep; /* for min_p, >= 1 */
+    int32_t top_k;              /* applied when 0 < top_k < vocab */
+    float xtc_probability;      /* applied when > 0 */
+    float xtc_threshold;        /* in [0, 0.5] */
+    float repetition_penalty;   /* applied when != 0 and != 1 */
+    int32_t repetition_context;
+    float presence_penalty;     /* applied when != 0 */
+    int32_t presence_context;
+    float frequency_penalty;    /* applied when != 0 */
+    int32_t frequency_context;
+    uint64_t seed;
+    const osp_bias *logit_bias; /* copied at init */
+    int32_t n_logit_bias;
+    const int32_t *xtc_exempt;  /* tokens XTC never removes (EOS, newline); copied */
+    int32_t n_xtc_exempt;
+} osp_sampler_params;
+
+/* mlx-lm's defaults: greedy, no filters, penalties off, context 20. */
+osp_sampler_params osp_sampler_defaults(void);
+
+typedef struct osp_sampler osp_sampler;
+
+/* Validates the parameters (ranges as mlx-lm checks them). */
+osp_status osp_sampler_new(const osp_sampler_params *p, int32_t vocab, osp_sampler **out);
+void osp_sampler_free(osp_sampler *s);
+
+/* Sample from logits[vocab] (modified in place) given the row's history
+ * (prompt + generated so far). Returns the token id. If logprobs is not
+ * NULL it receives log-softmax of the processed logits before filtering
+ * (what OpenAI-style logprobs report). */
+int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
+                           float *logprobs);
+
+/* The k largest values of x[n]: indices written to idx[k], sorted by
+ * decreasing value (ties: lower index first). O(n + k log k). */
+void osp_top_k_indices(const float *x, int64_t n, int32_t k, int32_t *idx, int32_t *scratch);
+
+/* A uniform double in [0, 1) from the sampler's stream. */
+double osp_sampler_uniform(osp_sampler *s);
+
+#endif

@@ -109,13 +109,17 @@ OSP_INLINE void mt_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
     for (int i = 0; i < 4; i++)
         for (int t = 0; t < NT; t++) acc[i][t] = _mm256_setzero_ps();
     if (fmt != OSP_DT_U32) {
-        const int64_t rs = cols * (fmt == OSP_DT_F32 ? 4 : 2);
+        const int64_t es = fmt == OSP_DT_F32 ? 4 : 2, rs = cols * es;
         const unsigned char *row[4];
         for (int i = 0; i < 4; i++) row[i] = (const unsigned char *)w->data + rr[i] * rs;
         int64_t c = 0;
         for (; c + 8 <= cols; c += 8) {
             for (int t = 0; t < NT; t++) xv[t] = _mm256_loadu_ps(x + t * cols + c);
             for (int i = 0; i < 4; i++) {
+                /* with 4 rows in flight the hardware prefetcher alone
+                 * leaves DRAM bandwidth unused */
+                if (((c * es) & 63) == 0)
+                    _mm_prefetch((const char *)row[i] + c * es + 512, _MM_HINT_T0);
                 __m256 wv = ld_dense(row[i], fmt, c);
                 for (int t = 0; t < NT; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
             }

@@ -109,12 +109,8 @@ static inline void quad_rows(int64_t r, int64_t r1, int64_t rr[4]) {
 /* Software prefetch distance (bytes ahead in each row) for the streaming
  * kernels: with 4 rows in flight the hardware prefetcher alone leaves
  * DRAM bandwidth unused. */
-#ifndef PF_DENSE
-#define PF_DENSE 512
-#endif
-#ifndef PF_BYTES
-#define PF_BYTES 256
-#endif
+#define PF_DENSE 512 /* dense and 8-bit rows */
+#define PF_Q4 256    /* 4-bit rows */
 
 /* ------------------------------------------- small n: rows x few tokens */
 
@@ -140,7 +136,7 @@ OSP_INLINE void mt_rows(const osp_weight *w, const qunpack *u, int64_t r, int64_
             const __mmask16 m = tail_mask(cols - c);
             for (int t = 0; t < NT; t++) xv[t] = _mm512_maskz_loadu_ps(m, x + t * cols + c);
             for (int i = 0; i < 4; i++) {
-                if (fmt != OSP_DT_F32 || (c & 16))
+                if (fmt == OSP_DT_F32 || (c & 16) == 0) /* once per line */
                     _mm_prefetch((const char *)row[i] + c * es + PF_DENSE, _MM_HINT_T0);
                 __m512 wv = ld_dense(row[i], fmt, c, m);
                 for (int t = 0; t < NT; t++) acc[i][t] = _mm512_fmadd_ps(wv, xv[t], acc[i][t]);
@@ -264,7 +260,7 @@ OSP_INLINE void q4_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
             const float *xb = xp + cx;
             const __m512i sidx = _mm512_add_epi32(lane_g, _mm512_set1_epi32((int)(b * 128 / G)));
             for (int i = 0; i < 4; i++) {
-                _mm_prefetch((const char *)p[i] + cx / 2 + PF_BYTES, _MM_HINT_T0);
+                _mm_prefetch((const char *)p[i] + cx / 2 + PF_Q4, _MM_HINT_T0);
                 __m512i v = _mm512_loadu_si512(p[i] + cx / 2);
                 __m512 vg = _mm512_mul_ps(_mm512_permutexvar_ps(v, tab), _mm512_loadu_ps(xb));
                 for (int k = 1; k < 8; k++)
@@ -310,6 +306,8 @@ OSP_INLINE void q8_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
             for (int j = 0; j < G; j += 16) {
                 __m512 xv = _mm512_loadu_ps(x + k0 + j);
                 for (int i = 0; i < 4; i++) {
+                    if (((k0 + j) & 63) == 0)
+                        _mm_prefetch((const char *)p[i] + k0 + j + PF_DENSE, _MM_HINT_T0);
                     __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p[i] + k0 + j)));
                     vg[i] = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(d), vg[i]);
                 }

@@ -65,6 +65,13 @@ osp_status osp_set_threads(int n_threads);
 osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx,
                            osp_session **out);
 void osp_session_free(osp_session *s);
+/* Precision of the session's forward passes. 0 (the default): reference
+ * precision, f32 activations everywhere (what `osprey logits` checks
+ * against the goldens). 1: production, activations quantized to int8 per
+ * block of 32 for matmuls with MLX 4/8-bit weights during decode (AVX-512
+ * VNNI); measured against the goldens by KL (README). */
+void osp_session_set_fast(osp_session *s, int fast);
+
 /* Forget everything in one row (position back to 0). */
 void osp_session_reset_row(osp_session *s, int32_t row);
 int32_t osp_session_row_pos(const osp_session *s, int32_t row);

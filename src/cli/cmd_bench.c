@@ -53,19 +53,21 @@ static double mem_bw_gbps(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json]\n");
+    fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
+                    "[--precise]\n  --precise: reference precision (f32 activations) instead of the production path\n");
     return 2;
 }
 
 int osp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int p = 512, n = 128, threads = 0, json = 0;
+    int p = 512, n = 128, threads = 0, json = 0, fast = 1;
     for (int i = 1; i < argc; i++) {
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--precise")) fast = 0;
         else return usage();
     }
     if (!model) model = osp_cli_default_model();
@@ -83,6 +85,7 @@ int osp_cmd_bench(int argc, char **argv) {
         rc = osp_cli_fail("bench");
         goto done;
     }
+    osp_session_set_fast(s, fast);
     /* warm the page cache and the thread pool */
     if (osp_forward(s, ids, 1, 0, logits) != OSP_OK) {
         rc = osp_cli_fail("bench");
@@ -112,14 +115,14 @@ int osp_cmd_bench(int argc, char **argv) {
     double pp = p / t_prefill, tg = n / t_decode;
     double dg = (double)in->decode_bytes * tg / 1e9;
     if (json) {
-        printf("{\"model\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
+        printf("{\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
                "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f}\n",
-               model, osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw, bw > 0 ? dg / bw : 0);
+               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw, bw > 0 ? dg / bw : 0);
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
-        printf("threads:      %d\n", osp_threads_count());
+        printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production (int8 activations for q4/q8)" : "reference (f32)");
         printf("prefill:      %d tokens, %.2f tok/s\n", p, pp);
         printf("decode:       %d tokens, %.2f tok/s\n", n, tg);
         printf("weights/step: %.1f MB -> %.2f GB/s\n", in->decode_bytes / 1e6, dg);

@@ -8,7 +8,7 @@
 #include "osprey.h"
 
 static int usage(void) {
-    fprintf(stderr, "usage: osprey generate [--model MODEL] --ids 1,2,3 [-n N] [-t THREADS]\n");
+    fprintf(stderr, "usage: osprey generate [--model MODEL] --ids 1,2,3 [-n N] [-t THREADS] [--precise]\n");
     return 2;
 }
 
@@ -21,12 +21,13 @@ static int argmax(const float *x, int n) {
 
 int osp_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL;
-    int n = 16, threads = 0;
+    int n = 16, threads = 0, fast = 1;
     for (int i = 1; i < argc; i++) {
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--ids") && i + 1 < argc) ids_s = argv[++i];
         else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) && i + 1 < argc) n = atoi(argv[++i]);
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precise")) fast = 0;
         else return usage();
     }
     if (!model) model = osp_cli_default_model();
@@ -54,7 +55,8 @@ int osp_cmd_generate(int argc, char **argv) {
     osp_session *s = NULL;
     float *logits = malloc(sizeof(float) * in->vocab);
     int rc = 0;
-    if (osp_session_new(m, 1, np + n, &s) != OSP_OK || osp_forward(s, ids, np, 0, logits) != OSP_OK) {
+    if (osp_session_new(m, 1, np + n, &s) == OSP_OK) osp_session_set_fast(s, fast);
+    if (!s || osp_forward(s, ids, np, 0, logits) != OSP_OK) {
         rc = osp_cli_fail("generate");
     } else {
         double t0 = osp_now_s();

@@ -12,14 +12,17 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey logits --model MODEL --input IN.safetensors --output OUT.safetensors "
-                    "[--mode prefill|decode|chunk:N] [-t THREADS]\n");
+                    "[--mode prefill|decode|chunk:N] [-t THREADS] [--fast]\n"
+                    "  --fast: the production path (int8 activations for 4/8-bit weights in decode) instead of\n"
+                    "          reference precision\n");
     return 2;
 }
 
-static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, float *out) {
+static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, int fast, float *out) {
     const osp_model_info *in = osp_model_get_info(m);
     osp_session *s;
     OSP_TRY(osp_session_new(m, 1, T, &s));
+    osp_session_set_fast(s, fast);
     osp_status rc = OSP_OK;
     for (int32_t t0 = 0; t0 < T && rc == OSP_OK; t0 += chunk) {
         int32_t n = T - t0 < chunk ? T - t0 : chunk;
@@ -31,13 +34,14 @@ static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, fl
 
 int osp_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *input = NULL, *output = NULL, *mode = "prefill";
-    int threads = 0;
+    int threads = 0, fast = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
         else if (!strcmp(argv[i], "--output") && i + 1 < argc) output = argv[++i];
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--fast")) fast = 1;
         else return usage();
     }
     if (!model || !input || !output) return usage();
@@ -69,7 +73,7 @@ int osp_cmd_logits(int argc, char **argv) {
     int32_t V = osp_model_get_info(m)->vocab;
     float *out = malloc(sizeof(float) * (size_t)T * V);
     int rc = 0;
-    if (!out || run(m, ids, T, chunk ? chunk : T, out) != OSP_OK) {
+    if (!out || run(m, ids, T, chunk ? chunk : T, fast, out) != OSP_OK) {
         rc = osp_cli_fail("logits");
     } else {
         osp_st_writer *w = osp_st_writer_new();

@@ -26,25 +26,43 @@ typedef struct mm_ctx {
     int64_t n;
     float *y;
     int64_t block;
+    const osp_q8act *acts; /* fast path: n prepared activations */
+    osp_q8act_fn q8;
 } mm_ctx;
 
 static void mm_task(void *p, int64_t t) {
     mm_ctx *c = p;
     int64_t r0 = t * c->block, r1 = r0 + c->block;
     if (r1 > c->w->rows) r1 = c->w->rows;
+    if (c->acts) {
+        for (int64_t i = 0; i < c->n; i++) c->q8(c->w, &c->acts[i], c->y + i * c->w->rows + r0, r0, r1);
+        return;
+    }
     c->ops->matmul(c->w, c->x, c->n, c->y + r0, c->w->rows, r0, r1);
 }
 
-void osp_matmul(const osp_ops *ops, const osp_weight *w, const float *x, int64_t n, float *y) {
+void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y) {
     int nt = osp_threads_count();
     /* ~8 blocks per thread: balance, and a short stall when a thread is
      * descheduled mid-block; 16-row aligned, at least 64 rows. */
     int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
     block = (block + 15) & ~(int64_t)15;
     if (block < 64) block = 64;
-    mm_ctx c = {ops, w, x, n, y, block};
+    mm_ctx c = {s->m->ops, w, x, n, y, block, NULL, NULL};
+    osp_q8act acts[OSP_FAST_MAX_N];
+    /* 8-bit weights stay on the f32 path: their matvec is memory-bound there
+     * already, and int8 activations cost them more accuracy (qwen3-q8 misses
+     * the goldens' KL bound by 27%). */
+    if (s->fast && n <= OSP_FAST_MAX_N && w->qbits == 4 && osp_q8act_supported(w) && s->sc.q8mem) {
+        for (int64_t i = 0; i < n; i++)
+            osp_q8act_prepare(&acts[i], x + i * w->cols, w, (char *)s->sc.q8mem + i * s->sc.q8stride);
+        c.acts = acts;
+        c.q8 = osp_q8act_matvec_fast();
+    }
     osp_parallel_for((w->rows + block - 1) / block, mm_task, &c);
 }
+
+void osp_session_set_fast(osp_session *s, int fast) { s->fast = fast != 0; }
 
 static void add_bias(float *y, const float *b, int64_t n, int64_t d) {
     if (!b) return;
@@ -59,6 +77,7 @@ static void scratch_free(osp_scratch *s, int n_layers) {
                   s->ple_tmp, s->ple_emb, s->router, s->top_w, s->moe_x, s->moe_out, s->moe_acc, s->moe_w};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) osp_free(v[i]);
     osp_free(s->ids);
+    osp_free(s->q8mem);
     osp_free(s->top_idx);
     osp_free(s->moe_rows);
     for (int i = 0; s->donor_k && i < n_layers; i++) {
@@ -92,6 +111,13 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
     A(x, N * H), A(xn, N * H), A(q, N * Q), A(k, N * KV), A(v, N * KV), A(att, N * HQ), A(tmp, N * HQ);
     A(g, N * I), A(u, N * I), A(scores, (size_t)B * c->n_heads * ((size_t)max_ctx + max_tok));
     A(hlast, (size_t)B * H), A(ids, N);
+    { /* prepared int8 activations for the fast path: the widest matmul input */
+        size_t cols = H > Q ? H : Q;
+        cols = I > cols ? I : cols;
+        if ((size_t)c->ple_dim > cols) cols = c->ple_dim;
+        s->q8stride = (osp_q8act_bytes((int64_t)cols) + 63) & ~(size_t)63;
+        ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * OSP_FAST_MAX_N)) != NULL;
+    }
     if (c->ple_dim) A(ple, N * NP), A(ple_tmp, N * c->ple_dim), A(ple_emb, NP);
     if (c->moe) {
         A(router, N * E), A(top_idx, N * K), A(top_w, N * K), A(moe_x, N * K * H), A(moe_out, N * H);
@@ -173,9 +199,9 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     const float *inv = sliding ? m->inv_freq_sliding : m->inv_freq_full;
 
     osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
-    osp_matmul(ops, &L->wq, sc->xn, N, sc->q);
-    osp_matmul(ops, &L->wk, sc->xn, N, sc->k);
-    osp_matmul(ops, &L->wv, sc->xn, N, sc->v);
+    osp_matmul(s, &L->wq, sc->xn, N, sc->q);
+    osp_matmul(s, &L->wk, sc->xn, N, sc->k);
+    osp_matmul(s, &L->wv, sc->xn, N, sc->v);
     add_bias(sc->q, L->bq, N, Hq * D);
     add_bias(sc->k, L->bk, N, Hkv * D);
     add_bias(sc->v, L->bv, N, Hkv * D);
@@ -202,7 +228,7 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     osp_attention(&a);
     osp_kv_write(s->kv, li, sc->k, sc->v, T);
 
-    osp_matmul(ops, &L->wo, sc->att, N, sc->tmp);
+    osp_matmul(s, &L->wo, sc->att, N, sc->tmp);
     add_bias(sc->tmp, L->bo, N, H);
     if (L->post_attn_norm) osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
@@ -217,13 +243,13 @@ static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
 
     osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
-    osp_matmul(ops, &L->wg, sc->xn, N, sc->g);
-    osp_matmul(ops, &L->wu, sc->xn, N, sc->u);
+    osp_matmul(s, &L->wg, sc->xn, N, sc->g);
+    osp_matmul(s, &L->wu, sc->xn, N, sc->u);
     add_bias(sc->g, L->bg, N, I);
     add_bias(sc->u, L->bu, N, I);
     if (c->act == OSP_ACT_SILU) ops->silu_mul(sc->g, sc->g, sc->u, N * I);
     else ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
-    osp_matmul(ops, &L->wd, sc->g, N, sc->tmp);
+    osp_matmul(s, &L->wd, sc->g, N, sc->tmp);
     add_bias(sc->tmp, L->bd, N, H);
     if (L->post_mlp_norm) osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
@@ -251,13 +277,13 @@ void osp_head(osp_session *s, const float *x, int32_t B, int32_t T, int all_logi
         osp_norm_rows(ops, sc->xn, x, m->final_norm, N, H, c->eps, add_one);
         for (int32_t b = 0; b < B; b++) {
             float *dst = logits + (int64_t)b * ld_rows * c->vocab;
-            osp_matmul(ops, &m->head, sc->xn + (int64_t)b * T * H, T, dst);
+            osp_matmul(s, &m->head, sc->xn + (int64_t)b * T * H, T, dst);
             if (c->final_softcap > 0) ops->softcap(dst, (int64_t)T * c->vocab, c->final_softcap);
         }
     } else {
         for (int32_t b = 0; b < B; b++)
             ops->rmsnorm(sc->hlast + b * H, x + ((int64_t)b * T + T - 1) * H, m->final_norm, H, c->eps, add_one);
-        osp_matmul(ops, &m->head, sc->hlast, B, logits);
+        osp_matmul(s, &m->head, sc->hlast, B, logits);
         if (c->final_softcap > 0) ops->softcap(logits, (int64_t)B * c->vocab, c->final_softcap);
     }
 }

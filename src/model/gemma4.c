@@ -225,7 +225,7 @@ static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
     int64_t NP = (int64_t)c->n_layers * c->ple_dim, P = c->ple_dim;
-    osp_matmul(m->ops, &m->ple_model_proj, sc->x, N, sc->ple);
+    osp_matmul(s, &m->ple_model_proj, sc->x, N, sc->ple);
     const float hs = 1.0f / sqrtf((float)c->hidden), r2 = 0.70710678118654752f;
     for (int64_t i = 0; i < N; i++) {
         float *row = sc->ple + i * NP;
@@ -251,7 +251,7 @@ static void moe_block(osp_session *s, const osp_layer *L, const float *xr, const
         ops->rmsnorm(n, xr + i * H, NULL, H, c->eps, 0);
         for (int64_t j = 0; j < H; j++) n[j] = n[j] * L->router_scale[j] * hs;
     }
-    osp_matmul(ops, &L->w_router, sc->moe_out, N, sc->router);
+    osp_matmul(s, &L->w_router, sc->moe_out, N, sc->router);
     for (int64_t i = 0; i < N; i++) {
         float *p = sc->router + i * E;
         ops->softmax(p, E);
@@ -282,10 +282,10 @@ static void moe_block(osp_session *s, const osp_layer *L, const float *xr, const
                     n++;
                 }
         if (!n) continue;
-        osp_matmul(ops, &L->ex_gate[e], sc->moe_x, n, sc->g);
-        osp_matmul(ops, &L->ex_up[e], sc->moe_x, n, sc->u);
+        osp_matmul(s, &L->ex_gate[e], sc->moe_x, n, sc->g);
+        osp_matmul(s, &L->ex_up[e], sc->moe_x, n, sc->u);
         ops->gelu_tanh_mul(sc->g, sc->g, sc->u, n * I);
-        osp_matmul(ops, &L->ex_down[e], sc->g, n, sc->moe_acc);
+        osp_matmul(s, &L->ex_down[e], sc->g, n, sc->moe_acc);
         for (int64_t r = 0; r < n; r++) ops->axpy(out + (int64_t)sc->moe_rows[r] * H, sc->moe_w[r], sc->moe_acc + r * H, H);
     }
 }
@@ -303,14 +303,14 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
 
     /* attention */
     osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
-    osp_matmul(ops, &L->wq, sc->xn, N, sc->q);
+    osp_matmul(s, &L->wq, sc->xn, N, sc->q);
     head_norm(ops, sc->q, L->q_norm, N, Hq, D, c->eps);
     head_rope(sc->q, T, B, Hq, (int32_t)D, inv, s->kv->pos);
     const float *k = sc->k, *v = sc->v;
     if (donor < 0) {
         float *kd = sc->donor_k[li] ? sc->donor_k[li] : sc->k, *vd = sc->donor_v[li] ? sc->donor_v[li] : sc->v;
-        osp_matmul(ops, &L->wk, sc->xn, N, kd);
-        if (L->wv.data) osp_matmul(ops, &L->wv, sc->xn, N, vd);
+        osp_matmul(s, &L->wk, sc->xn, N, kd);
+        if (L->wv.data) osp_matmul(s, &L->wv, sc->xn, N, vd);
         else memcpy(vd, kd, sizeof(float) * N * Hkv * D); /* K = V: raw k_proj output */
         head_norm(ops, kd, L->k_norm, N, Hkv, D, c->eps);
         head_rope(kd, T, B, Hkv, (int32_t)D, inv, s->kv->pos);
@@ -328,17 +328,17 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
                        .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
     osp_attention(&a);
     if (donor < 0 && !sc->donor_k[li]) osp_kv_write(s->kv, li, k, v, T); /* donors store after all layers */
-    osp_matmul(ops, &L->wo, sc->att, N, sc->tmp);
+    osp_matmul(s, &L->wo, sc->att, N, sc->tmp);
     osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
 
     /* MLP (+ experts) */
     int64_t I = L->intermediate;
     osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, 0);
-    osp_matmul(ops, &L->wg, sc->xn, N, sc->g);
-    osp_matmul(ops, &L->wu, sc->xn, N, sc->u);
+    osp_matmul(s, &L->wg, sc->xn, N, sc->g);
+    osp_matmul(s, &L->wu, sc->xn, N, sc->u);
     ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
-    osp_matmul(ops, &L->wd, sc->g, N, sc->tmp);
+    osp_matmul(s, &L->wd, sc->g, N, sc->tmp);
     if (c->moe) {
         osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm1, N, H, c->eps, 0);
         osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm2, N, H, c->eps, 0);
@@ -353,10 +353,10 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     /* per-layer input */
     if (c->ple_dim) {
         int64_t P = c->ple_dim, NP = (int64_t)c->n_layers * P;
-        osp_matmul(ops, &L->w_ple_gate, sc->x, N, sc->ple_tmp);
+        osp_matmul(s, &L->w_ple_gate, sc->x, N, sc->ple_tmp);
         for (int64_t i = 0; i < N; i++)
             ops->gelu_tanh_mul(sc->ple_tmp + i * P, sc->ple_tmp + i * P, sc->ple + i * NP + li * P, P);
-        osp_matmul(ops, &L->w_ple_proj, sc->ple_tmp, N, sc->tmp);
+        osp_matmul(s, &L->w_ple_proj, sc->ple_tmp, N, sc->tmp);
         osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_ple_norm, N, H, c->eps, 0);
         for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
     }

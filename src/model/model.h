@@ -11,6 +11,7 @@
 #define OSP_MODEL_H
 
 #include "backend/ops.h"
+#include "backend/q8act.h"
 #include "config.h"
 #include "kv/kv.h"
 #include "osprey.h"
@@ -80,10 +81,15 @@ typedef struct osp_scratch {
     float *moe_x, *moe_out, *moe_acc;      /* [N, hidden] */
     int32_t *moe_rows;                     /* [N] tokens routed to one expert */
     float *moe_w;                          /* [N] their weights */
+    void *q8mem;                           /* OSP_FAST_MAX_N prepared int8 activations (fast path) */
+    size_t q8stride;
 } osp_scratch;
+
+#define OSP_FAST_MAX_N 8 /* the int8-activation path serves matmuls of up to this many tokens */
 
 struct osp_session {
     const osp_model *m;
+    int fast; /* production precision: int8 activations for 4/8-bit weights in decode */
     osp_kv *kv;
     osp_scratch sc;
 };
@@ -107,8 +113,9 @@ void osp_norm_rows(const osp_ops *ops, float *y, const float *x, const float *w,
 void osp_embed_rows(const osp_model *m, const osp_weight *e, float scale, const int32_t *ids, int64_t n, float *x);
 void osp_head(osp_session *s, const float *x, int32_t B, int32_t T, int all_logits, float *logits, int64_t ld_rows);
 
-/* y[n, w->rows] = x[n, w->cols] · Wᵀ on the thread pool. */
-void osp_matmul(const osp_ops *ops, const osp_weight *w, const float *x, int64_t n, float *y);
+/* y[n, w->rows] = x[n, w->cols] · Wᵀ on the thread pool; the session's
+ * precision mode picks the kernel (see osp_session_set_fast). */
+void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y);
 
 /* Fill inv_freq[head_dim/2] for a RoPE configuration (HF semantics, f32). */
 void osp_rope_inv_freq(const osp_rope *r, int32_t head_dim, float *inv_freq);

@@ -1,0 +1,77 @@
+/* The production path (int8 activations for MLX 4/8-bit weights, see
+ * backend/q8act.h) against the goldens, with the goldens' second-tier
+ * bounds: per-position KL(ref || ours) of the softmaxed logits <= 1e-3 on
+ * average and <= 1e-2 at worst, and the same top-1 token wherever the
+ * reference's top-2 margin exceeds 0.05. Decode mode (one token per step)
+ * and chunks of 4, the shapes the fast path serves. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include "golden.h"
+#include "osprey.h"
+
+static double kl(const float *ref, const float *got, int32_t V) {
+    double mr = -1e30, mg = -1e30, sr = 0, sg = 0, k = 0;
+    for (int32_t i = 0; i < V; i++) mr = fmax(mr, ref[i]), mg = fmax(mg, got[i]);
+    for (int32_t i = 0; i < V; i++) sr += exp(ref[i] - mr), sg += exp(got[i] - mg);
+    for (int32_t i = 0; i < V; i++) {
+        double lp = ref[i] - mr - log(sr), lq = got[i] - mg - log(sg);
+        k += exp(lp) * (lp - lq);
+    }
+    return k;
+}
+
+static void check_model(const char *name, int32_t chunk) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "data/goldens/%s", name);
+    osp_model *m;
+    golden g;
+    if (osp_model_load(dir, &m) != OSP_OK) fail_msg("%s", osp_last_error());
+    assert_int_equal(golden_load(dir, &g), 0);
+    int32_t V = g.vocab;
+    osp_session *s;
+    assert_int_equal(osp_session_new(m, 1, g.T, &s), OSP_OK);
+    osp_session_set_fast(s, 1);
+    float *out = malloc(sizeof(float) * g.T * V);
+    for (int32_t t0 = 0; t0 < g.T; t0 += chunk) {
+        int32_t n = g.T - t0 < chunk ? g.T - t0 : chunk;
+        assert_int_equal(osp_forward(s, g.ids + t0, n, 1, out + (int64_t)t0 * V), OSP_OK);
+    }
+    double sum = 0, worst = 0, maxerr = 0;
+    int top1_bad = 0;
+    for (int32_t t = 0; t < g.T; t++) {
+        const float *r = g.logits + (int64_t)t * V, *o = out + (int64_t)t * V;
+        double k = kl(r, o, V);
+        sum += k;
+        worst = fmax(worst, k);
+        int a = argmax_f(r, V), b = argmax_f(o, V);
+        float second = -INFINITY;
+        for (int32_t i = 0; i < V; i++)
+            if (i != a) second = fmaxf(second, r[i]);
+        if (a != b && r[a] - second > 0.05f) top1_bad++;
+        for (int32_t i = 0; i < V; i++) maxerr = fmax(maxerr, fabs((double)r[i] - o[i]));
+    }
+    printf("  %-16s chunk %d: KL mean %.2e, max %.2e; max |dlogit| %.3g; top-1 mismatches %d\n", name, chunk, sum / g.T,
+           worst, maxerr, top1_bad);
+    if (sum / g.T > 1e-3 || worst > 1e-2 || top1_bad)
+        fail_msg("%s: KL mean %.3g max %.3g, top-1 mismatches %d", name, sum / g.T, worst, top1_bad);
+    free(out);
+    osp_session_free(s);
+    golden_free(&g);
+    osp_model_free(m);
+}
+
+static void test_fast(void **st) {
+    (void)st;
+    const char *models[] = {"llama3-q4", "qwen3-q8", "gemma3-q4", "gemma4-e-q4", "gemma4-dense-q4"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        check_model(models[i], 1);
+        check_model(models[i], 4);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fast)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -50,6 +50,10 @@ typedef struct osp_model_info {
     int32_t quant_bits;         /* 0 when dense */
     int32_t quant_group;
     const char *dtype;          /* dtype of dense weights, e.g. "BF16" */
+    const char *dir;            /* the resolved model folder */
+    const int32_t *eos_ids;     /* config.json eos_token_id (a number or a list) */
+    int32_t n_eos;
+    int32_t bos_id;             /* -1 if none */
 } osp_model_info;
 
 /* Load a model folder (config.json + safetensors, sharded or not) or a
@@ -81,6 +85,81 @@ int32_t osp_session_row_pos(const osp_session *s, int32_t row);
  * [B, T, vocab] when all_logits != 0, else [B, vocab] (last position). */
 osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok,
                        int all_logits, float *logits);
+
+/* ---- text ---- */
+
+typedef struct osp_tokenizer osp_tokenizer;
+/* A folder with tokenizer.json (+ tokenizer_config.json), or the file. */
+osp_status osp_tokenizer_load(const char *path, osp_tokenizer **out);
+void osp_tokenizer_free(osp_tokenizer *t);
+
+/* ---- generation ---- */
+
+typedef struct osp_bias {
+    int32_t token;
+    float bias;
+} osp_bias;
+
+/* Sampling, with mlx-lm's semantics and order: logit_bias -> repetition ->
+ * presence -> frequency penalties (each over the last *_context tokens,
+ * prompt included); then top_p -> min_p -> XTC -> top_k; then temperature
+ * (0 = greedy argmax) and a categorical draw from a per-request RNG. */
+typedef struct osp_sampler_params {
+    float temperature;          /* 0 = greedy */
+    float top_p;                /* applied when 0 < top_p < 1 */
+    float min_p;                /* applied when > 0 */
+    int32_t min_tokens_to_keep; /* for min_p, >= 1 */
+    int32_t top_k;              /* applied when 0 < top_k < vocab */
+    float xtc_probability;      /* applied when > 0 */
+    float xtc_threshold;        /* in [0, 0.5] */
+    float repetition_penalty;   /* applied when != 0 and != 1 */
+    int32_t repetition_context;
+    float presence_penalty;     /* applied when != 0 */
+    int32_t presence_context;
+    float frequency_penalty;    /* applied when != 0 */
+    int32_t frequency_context;
+    uint64_t seed;
+    const osp_bias *logit_bias; /* copied at init */
+    int32_t n_logit_bias;
+    const int32_t *xtc_exempt;  /* tokens XTC never removes (EOS, newline); copied */
+    int32_t n_xtc_exempt;
+} osp_sampler_params;
+
+typedef struct osp_gen_params {
+    osp_sampler_params sampler;
+    int32_t max_tokens;          /* <= 0: until a stop or the end of the context */
+    const char *const *stop;     /* stop strings: never part of the output */
+    int32_t n_stop;
+    const int32_t *eos;          /* stop tokens: end the stream, not emitted */
+    int32_t n_eos;
+    int skip_special;            /* leave special tokens out of the text */
+} osp_gen_params;
+
+typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELLED } osp_finish;
+
+typedef struct osp_gen_stats {
+    int32_t n_prompt, n_generated;
+    double ttft_s;               /* start to the first token */
+    double prefill_tok_s, decode_tok_s;
+    osp_finish finish;
+} osp_gen_stats;
+
+/* Called once per generated token with the text that became final (may be
+ * empty: incomplete UTF-8 or a possible stop string is held back), and once
+ * more at the end with token -1 and the rest. Return non-zero to cancel. */
+typedef int (*osp_gen_cb)(void *user, int32_t token, const char *text, size_t len);
+
+/* Defaults: mlx-lm's sampler defaults (greedy), overridden by the model's
+ * generation_config.json (temperature, top_p, top_k, min_p,
+ * repetition_penalty, do_sample=false -> greedy); eos = config.json ∪
+ * generation_config.json ∪ the tokenizer's eos. eos_buf holds up to 32 ids. */
+osp_status osp_gen_defaults(const osp_model *m, const osp_tokenizer *tok, osp_gen_params *p, int32_t *eos_buf);
+
+/* Generate on row 0 of a one-row session, continuing from its position:
+ * prefill the prompt, then sample until an eos token, a stop string,
+ * max_tokens or the context limit. */
+osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
+                        const osp_gen_params *p, osp_gen_cb cb, void *user, osp_gen_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -17,32 +17,7 @@
 
 #include <stdint.h>
 #include "core/core.h"
-
-typedef struct osp_bias {
-    int32_t token;
-    float bias;
-} osp_bias;
-
-typedef struct osp_sampler_params {
-    float temperature;          /* 0 = greedy */
-    float top_p;                /* applied when 0 < top_p < 1 */
-    float min_p;                /* applied when > 0 */
-    int32_t min_tokens_to_keep; /* for min_p, >= 1 */
-    int32_t top_k;              /* applied when 0 < top_k < vocab */
-    float xtc_probability;      /* applied when > 0 */
-    float xtc_threshold;        /* in [0, 0.5] */
-    float repetition_penalty;   /* applied when != 0 and != 1 */
-    int32_t repetition_context;
-    float presence_penalty;     /* applied when != 0 */
-    int32_t presence_context;
-    float frequency_penalty;    /* applied when != 0 */
-    int32_t frequency_context;
-    uint64_t seed;
-    const osp_bias *logit_bias; /* copied at init */
-    int32_t n_logit_bias;
-    const int32_t *xtc_exempt;  /* tokens XTC never removes (EOS, newline); copied */
-    int32_t n_xtc_exempt;
-} osp_sampler_params;
+#include "osprey.h" /* osp_sampler_params, osp_bias */
 
 /* mlx-lm's defaults: greedy, no filters, penalties off, context 20. */
 osp_sampler_params osp_sampler_defaults(void);

@@ -267,6 +267,10 @@ static void fill_info(osp_model *m) {
     in->vocab = c->vocab;
     in->max_ctx = c->max_pos;
     in->sliding_window = c->sliding_window;
+    in->dir = m->dir;
+    in->eos_ids = c->eos_ids;
+    in->n_eos = c->n_eos;
+    in->bos_id = c->bos_id;
     for (int i = 0; i < c->n_layers; i++) {
         in->n_sliding_layers += c->layer_sliding[i];
         if (c->layer_kv_donor[i] >= 0) { /* shares its donor's cache */

@@ -79,6 +79,8 @@ void osp_session_set_fast(osp_session *s, int fast);
 /* Forget everything in one row (position back to 0). */
 void osp_session_reset_row(osp_session *s, int32_t row);
 int32_t osp_session_row_pos(const osp_session *s, int32_t row);
+/* Bytes of KV cache the session allocated (all rows, all layers). */
+size_t osp_session_kv_bytes(const osp_session *s);
 
 /* Run T new tokens for each of the session's B rows: ids is [B, T]
  * (row-major). Each row continues at its own position. logits receives

@@ -118,8 +118,23 @@ static void check_greedy(fixture *f) {
     osp_session_free(s);
 }
 
+/* What inspect reports (per-token bytes of full layers, fixed bytes of
+ * sliding rings, nothing for KV-shared layers) is what a session allocates. */
+static void check_kv_bytes(fixture *f) {
+    const osp_model_info *in = osp_model_get_info(f->m);
+    for (int32_t rows = 1; rows <= 3; rows += 2) {
+        int32_t ctx = 100; /* longer than every window here */
+        osp_session *s;
+        assert_int_equal(osp_session_new(f->m, rows, ctx, &s), OSP_OK);
+        size_t want = (size_t)rows * ((size_t)in->kv_bytes_per_token * ctx + (size_t)in->kv_bytes_sliding);
+        assert_int_equal(osp_session_kv_bytes(s), want);
+        osp_session_free(s);
+    }
+}
+
 static void test_model(void **state) {
     fixture *f = *state;
+    check_kv_bytes(f);
     int32_t chunks[] = {f->g.T, 1, 3, 7, 16};
     for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) check_chunked(f, chunks[i]);
     check_batched(f, 5, 1);

@@ -176,6 +176,8 @@ void osp_session_free(osp_session *s) {
 
 void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv, row); }
 
+size_t osp_session_kv_bytes(const osp_session *s) { return osp_kv_bytes(s->kv); }
+
 int32_t osp_session_row_pos(const osp_session *s, int32_t row) {
     return row >= 0 && row < s->kv->n_rows ? s->kv->pos[row] : -1;
 }

@@ -1,81 +1,168 @@
-/* osprey generate: greedy continuation of a list of token ids (text
- * arrives with the tokenizer). */
+/* osprey generate: one completion, streamed to stdout; timings to stderr.
+ * --prompt TEXT encodes the text (with the tokenizer's special tokens, or
+ * through the model's chat template with --chat); --ids gives token ids
+ * directly and prints the generated ids. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
 #include "core/core.h"
 #include "osprey.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 static int usage(void) {
-    fprintf(stderr, "usage: osprey generate [--model MODEL] --ids 1,2,3 [-n N] [-t THREADS] [--precise]\n");
+    fprintf(stderr,
+            "usage: osprey generate [--model MODEL] (--prompt TEXT | --ids 1,2,3) [--chat] [--system TEXT]\n"
+            "         [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--repeat-penalty R] [--seed S]\n"
+            "         [--stop STR]... [-t THREADS] [--precise]\n"
+            "  --chat     render the prompt (and --system) through the model's chat template\n"
+            "  defaults:  the model's generation_config.json, else greedy; -n 256\n");
     return 2;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+static int print_text(void *user, int32_t token, const char *text, size_t len) {
+    (void)token;
+    int *ids_mode = user;
+    if (*ids_mode) {
+        if (token >= 0) printf(ids_mode[1]++ ? ",%d" : "%d", token);
+    } else {
+        fwrite(text, 1, len, stdout);
+    }
+    fflush(stdout);
+    return 0;
 }
 
-int osp_cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *ids_s = NULL;
-    int n = 16, threads = 0, fast = 1;
-    for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--ids") && i + 1 < argc) ids_s = argv[++i];
-        else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) && i + 1 < argc) n = atoi(argv[++i]);
-        else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--precise")) fast = 0;
-        else return usage();
-    }
-    if (!model) model = osp_cli_default_model();
-    if (!model || !ids_s || n < 0) return usage();
+static int32_t *parse_ids(const char *s, int *n) {
     int cap = 1;
-    for (const char *p = ids_s; *p; p++) cap += *p == ',';
+    for (const char *p = s; *p; p++) cap += *p == ',';
     int32_t *ids = malloc(sizeof(int32_t) * cap);
-    int np = 0;
-    for (char *p = (char *)ids_s, *end; *p; p = end + (*end == ',')) {
+    *n = 0;
+    for (char *p = (char *)s, *end; *p; p = end + (*end == ',')) {
         long v = strtol(p, &end, 10);
         if (end == p || (*end && *end != ',')) {
             free(ids);
-            fprintf(stderr, "osprey generate: --ids must be comma-separated integers\n");
-            return 2;
+            return NULL;
         }
-        ids[np++] = (int32_t)v;
+        ids[(*n)++] = (int32_t)v;
     }
+    return ids;
+}
+
+/* Encode `prompt` as a chat turn (with an optional system turn) through the template. */
+static osp_status chat_prompt(const char *dir, const osp_tokenizer *tok, const char *system, const char *prompt,
+                              int32_t **ids, size_t *n) {
+    osp_chat_template *ct;
+    OSP_TRY(osp_chat_template_load(dir, NULL, &ct));
+    json_t *msgs = json_array();
+    if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+    char *text = NULL;
+    size_t len = 0;
+    osp_status rc = osp_chat_template_render(ct, msgs, NULL, 1, NULL, NULL, &text, &len);
+    if (rc == OSP_OK) rc = osp_tokenizer_encode_alloc(tok, text, len, 0, ids, n);
+    osp_free(text);
+    json_decref(msgs);
+    osp_chat_template_free(ct);
+    return rc;
+}
+
+int osp_cmd_generate(int argc, char **argv) {
+    const char *model = NULL, *ids_s = NULL, *prompt = NULL, *system = NULL;
+    const char *stops[16];
+    int n = 256, threads = 0, fast = 1, chat = 0, n_stop = 0;
+    float temp = -1, top_p = -1, min_p = -1, rep = -1;
+    int top_k = -1;
+    long long seed = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(name) (!strcmp(a, name) && v && (i++, 1))
+        if (OPT("--model") || OPT("-m")) model = v;
+        else if (OPT("--ids")) ids_s = v;
+        else if (OPT("--prompt") || OPT("-p")) prompt = v;
+        else if (OPT("--system")) system = v;
+        else if (OPT("-n") || OPT("--max-tokens")) n = atoi(v);
+        else if (OPT("--temp") || OPT("--temperature")) temp = (float)atof(v);
+        else if (OPT("--top-p")) top_p = (float)atof(v);
+        else if (OPT("--top-k")) top_k = atoi(v);
+        else if (OPT("--min-p")) min_p = (float)atof(v);
+        else if (OPT("--repeat-penalty")) rep = (float)atof(v);
+        else if (OPT("--seed")) seed = atoll(v);
+        else if (OPT("--stop") && n_stop < 16) stops[n_stop++] = v;
+        else if (OPT("-t") || OPT("--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--chat")) chat = 1;
+        else if (!strcmp(a, "--precise")) fast = 0;
+        else return usage();
+#undef OPT
+    }
+    if (!model) model = osp_cli_default_model();
+    if (!model || (!ids_s == !prompt) || n < 0) return usage();
     osp_set_threads(threads);
-    osp_model *m;
-    if (osp_model_load(model, &m) != OSP_OK) {
-        free(ids);
-        return osp_cli_fail("generate");
-    }
-    const osp_model_info *in = osp_model_get_info(m);
+    osp_model *m = NULL;
+    osp_tokenizer *tok = NULL;
     osp_session *s = NULL;
-    float *logits = malloc(sizeof(float) * in->vocab);
-    int rc = 0;
-    if (osp_session_new(m, 1, np + n, &s) == OSP_OK) osp_session_set_fast(s, fast);
-    if (!s || osp_forward(s, ids, np, 0, logits) != OSP_OK) {
-        rc = osp_cli_fail("generate");
-    } else {
-        double t0 = osp_now_s();
-        for (int i = 0; i < n; i++) {
-            int32_t tok = argmax(logits, in->vocab);
-            printf(i ? ",%d" : "%d", tok);
-            fflush(stdout);
-            if (i + 1 < n && osp_forward(s, &tok, 1, 0, logits) != OSP_OK) {
-                rc = osp_cli_fail("generate");
-                break;
-            }
+    int32_t *ids = NULL, eos[32];
+    int rc = 0, np = 0;
+    if (osp_model_load(model, &m) != OSP_OK) return osp_cli_fail("generate");
+    const osp_model_info *in = osp_model_get_info(m);
+    if (osp_tokenizer_load(in->dir, &tok) != OSP_OK) {
+        if (prompt) {
+            rc = osp_cli_fail("generate");
+            goto done;
         }
-        printf("\n");
-        double dt = osp_now_s() - t0;
-        if (n > 1) fprintf(stderr, "decode: %d tokens, %.2f tok/s\n", n, (n - 1) / dt);
+        tok = NULL; /* --ids works without a tokenizer */
     }
-    free(logits);
-    free(ids);
+    if (ids_s) {
+        if (!(ids = parse_ids(ids_s, &np)) || np == 0) {
+            fprintf(stderr, "osprey generate: --ids must be comma-separated integers\n");
+            rc = 2;
+            goto done;
+        }
+    } else {
+        size_t nn = 0;
+        osp_status st = chat ? chat_prompt(in->dir, tok, system, prompt, &ids, &nn)
+                             : osp_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 1, &ids, &nn);
+        if (st != OSP_OK) {
+            rc = osp_cli_fail("generate");
+            goto done;
+        }
+        np = (int)nn;
+    }
+    osp_gen_params gp;
+    osp_gen_defaults(m, tok, &gp, eos);
+    if (ids_s) gp.sampler.temperature = 0; /* ids mode: greedy unless asked */
+    if (temp >= 0) gp.sampler.temperature = temp;
+    if (top_p >= 0) gp.sampler.top_p = top_p;
+    if (top_k >= 0) gp.sampler.top_k = top_k;
+    if (min_p >= 0) gp.sampler.min_p = min_p;
+    if (rep >= 0) gp.sampler.repetition_penalty = rep;
+    gp.sampler.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(osp_now_s() * 1e6);
+    gp.max_tokens = n;
+    gp.stop = stops;
+    gp.n_stop = n_stop;
+    if (ids_s) gp.n_eos = 0; /* ids mode prints exactly n ids */
+    if (osp_session_new(m, 1, np + n + 1, &s) != OSP_OK) {
+        rc = osp_cli_fail("generate");
+        goto done;
+    }
+    osp_session_set_fast(s, fast);
+    int mode[2] = {ids_s != NULL, 0};
+    osp_gen_stats st;
+    if (osp_generate(s, ids_s ? NULL : tok, ids, np, &gp, print_text, mode, &st) != OSP_OK) {
+        rc = osp_cli_fail("generate");
+        goto done;
+    }
+    printf("\n");
+    fflush(stdout);
+    static const char *FIN[] = {"stop", "length", "cancelled"};
+    fprintf(stderr, "prompt %d tokens, %.1f tok/s; generated %d tokens, %.2f tok/s; first token after %.3f s; finish: %s\n",
+            st.n_prompt, st.prefill_tok_s, st.n_generated, st.decode_tok_s, st.ttft_s, FIN[st.finish]);
+done:
+    if (ids_s) free(ids);
+    else osp_free(ids);
     osp_session_free(s);
+    osp_tokenizer_free(tok);
     osp_model_free(m);
     return rc;
 }

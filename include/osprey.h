@@ -143,6 +143,8 @@ typedef struct osp_gen_stats {
     int32_t n_prompt, n_generated;
     double ttft_s;               /* start to the first token */
     double prefill_tok_s, decode_tok_s;
+    double forward_s;            /* time in the decode forward passes */
+    double loop_s;               /* time in sampling, detokenizing, stop strings and callbacks */
     osp_finish finish;
 } osp_gen_stats;
 

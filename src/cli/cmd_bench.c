@@ -9,6 +9,7 @@
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "osprey.h"
+#include "text/tokenizer.h"
 
 typedef struct triad { float *a, *b, *c; int64_t n, block; } triad;
 
@@ -98,27 +99,48 @@ int osp_cmd_bench(int argc, char **argv) {
         goto done;
     }
     double t_prefill = osp_now_s() - t0;
-    int32_t tok = 0;
+    int32_t next = 0;
     t0 = osp_now_s();
     for (int i = 0; i < n; i++) {
         int best = 0;
         for (int j = 1; j < in->vocab; j++)
             if (logits[j] > logits[best]) best = j;
-        tok = best;
-        if (osp_forward(s, &tok, 1, 0, logits) != OSP_OK) {
+        next = best;
+        if (osp_forward(s, &next, 1, 0, logits) != OSP_OK) {
             rc = osp_cli_fail("bench");
             goto done;
         }
     }
     double t_decode = osp_now_s() - t0;
+    /* The generation loop with the model's own sampling defaults, to measure
+     * what sampling, detokenizing, stop strings and callbacks add per token. */
+    double loop_pct = -1;
+    osp_tokenizer *tok = NULL;
+    if (osp_tokenizer_load(in->dir, &tok) == OSP_OK) {
+        int32_t eos[32];
+        osp_gen_params gp;
+        osp_gen_stats gs;
+        const char *stops[] = {"\n\n\n\n"};
+        osp_gen_defaults(m, tok, &gp, eos);
+        if (gp.sampler.temperature == 0) gp.sampler.temperature = 1.0f, gp.sampler.top_k = 64, gp.sampler.top_p = 0.95f;
+        gp.sampler.seed = 1;
+        gp.max_tokens = n;
+        gp.n_eos = 0; /* run all n tokens */
+        gp.stop = stops;
+        gp.n_stop = 1;
+        osp_session_reset_row(s, 0);
+        if (osp_generate(s, tok, ids, p < 16 ? p : 16, &gp, NULL, NULL, &gs) == OSP_OK && gs.forward_s > 0)
+            loop_pct = 100.0 * gs.loop_s / gs.forward_s;
+        osp_tokenizer_free(tok);
+    }
     double bw = mem_bw_gbps();
     double pp = p / t_prefill, tg = n / t_decode;
     double dg = (double)in->decode_bytes * tg / 1e9;
     if (json) {
         printf("{\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
-               "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f}\n",
-               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw, bw > 0 ? dg / bw : 0);
+               "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f,\"loop_overhead_pct\":%.3f}\n",
+               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw, bw > 0 ? dg / bw : 0, loop_pct);
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
@@ -128,6 +150,8 @@ int osp_cmd_bench(int argc, char **argv) {
         printf("weights/step: %.1f MB -> %.2f GB/s\n", in->decode_bytes / 1e6, dg);
         printf("memory bw:    %.2f GB/s (triad, same run)\n", bw);
         printf("ratio:        %.1f%% of measured memory bandwidth\n", bw > 0 ? 100 * dg / bw : 0);
+        if (loop_pct >= 0)
+            printf("loop:         sampling + detokenizing + stop strings = %.2f%% of the decode forward time\n", loop_pct);
     }
 done:
     free(ids);

@@ -113,6 +113,7 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
     int done = 0;
     const char *text;
     size_t len;
+    double tl = osp_now_s(); /* start of this step's loop work */
     while (rc == OSP_OK && !done) {
         int32_t tok_id = osp_sampler_sample(g.sampler, g.logits, g.hist, nh, NULL);
         if (st->n_generated == 0) t_first = osp_now_s();
@@ -141,8 +142,13 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
             st->finish = OSP_FINISH_LENGTH;
             break;
         }
+        double tf = osp_now_s();
+        st->loop_s += tf - tl;
         rc = osp_forward(s, &tok_id, 1, 0, g.logits);
+        tl = osp_now_s();
+        st->forward_s += tl - tf;
     }
+    st->loop_s += osp_now_s() - tl;
     if (rc == OSP_OK && !done && st->finish != OSP_FINISH_CANCELLED) { /* the text still held back */
         const char *emit = "";
         size_t emit_len = 0;

@@ -179,9 +179,9 @@ static void apply_processors(osp_sampler *s, float *l, const int32_t *h, int64_t
 static void log_softmax(float *l, int32_t n) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-    double sum = 0;
-    for (int32_t i = 0; i < n; i++) sum += exp((double)l[i] - mx);
-    float lse = mx + (float)log(sum);
+    float sum = 0; /* f32 terms in [0, 1], vectorizable */
+    for (int32_t i = 0; i < n; i++) sum += expf(l[i] - mx);
+    float lse = mx + logf(sum);
     for (int32_t i = 0; i < n; i++) l[i] -= lse;
 }
 
@@ -196,6 +196,31 @@ static int32_t argmax(const float *x, int32_t n) {
 
 /* Keep the most likely tokens while the probability mass strictly above
  * each is < top_p (mlx-lm: ascending cumulative mass > 1 - top_p). */
+/* Number of tokens top_p keeps (they are the first ones in s->idx, sorted);
+ * V when it keeps everything. */
+static int32_t top_p_count(osp_sampler *s, const float *lp) {
+    int32_t V = s->vocab, m = V < 64 ? V : 64;
+    for (;;) {
+        osp_top_k_indices(lp, V, m, s->idx, s->idx2);
+        double above = 0;
+        for (int32_t i = 0; i < m; i++) {
+            if (above >= s->p.top_p) return i;
+            above += exp((double)lp[s->idx[i]]);
+        }
+        if (m == V) return V;
+        m = m * 8 < V ? m * 8 : V;
+    }
+}
+
+/* Keep the first `keep` tokens of s->idx, mask the rest. */
+static void keep_first(osp_sampler *s, float *lp, int32_t keep) {
+    if (keep >= s->vocab) return;
+    next_stamp(s);
+    for (int32_t i = 0; i < keep; i++) s->mark[s->idx[i]] = s->stamp;
+    for (int32_t i = 0; i < s->vocab; i++)
+        if (s->mark[i] != s->stamp) lp[i] = -INFINITY;
+}
+
 static void filter_top_p(osp_sampler *s, float *lp) {
     int32_t V = s->vocab, m = V < 256 ? V : 256;
     for (;;) {
@@ -295,7 +320,14 @@ int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history
     log_softmax(logits, V);
     if (logprobs) memcpy(logprobs, logits, sizeof(float) * V);
     if (p->temperature == 0) return argmax(logits, V);
-    if (p->top_p > 0 && p->top_p < 1) filter_top_p(s, logits);
+    int use_top_p = p->top_p > 0 && p->top_p < 1, use_top_k = p->top_k > 0 && p->top_k < V;
+    if (use_top_p && use_top_k && !(p->min_p > 0) && !(p->xtc_probability > 0)) {
+        /* both keep a prefix of the same order: one selection serves both */
+        int32_t keep = top_p_count(s, logits);
+        keep_first(s, logits, keep < p->top_k ? keep : p->top_k);
+        return categorical(s, logits);
+    }
+    if (use_top_p) filter_top_p(s, logits);
     if (p->min_p > 0) filter_min_p(s, logits);
     if (p->xtc_probability > 0) filter_xtc(s, logits);
     if (p->top_k > 0 && p->top_k < V) filter_top_k(s, logits);

@@ -17,12 +17,21 @@ static void attn_task(void *p, int64_t task) {
         int32_t p = pos0 + t;
         int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         int32_t n = p - lo + 1;
-        for (int32_t j = lo; j <= p; j++) {
-            const float *kp = j >= pos0 ? a->k + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
-                                        : osp_kv_at(L, L->k, b, hk, j);
-            float s = ops->dot(q, kp, D) * a->scale;
-            if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-            sc[j - lo] = s;
+        /* cached positions [lo, pos0): contiguous runs of slots, one matvec each */
+        int32_t cend = p < pos0 ? p + 1 : pos0;
+        for (int32_t j = lo; j < cend;) {
+            int32_t slot = osp_kv_slot(L, j), run = cend - j;
+            if (slot + run > L->cap) run = L->cap - slot; /* a ring wraps */
+            osp_weight kw = {.dtype = OSP_DT_F32, .rows = run, .cols = D,
+                             .data = osp_kv_at(L, L->k, b, hk, j)};
+            ops->matmul(&kw, q, 1, sc + (j - lo), run, 0, run);
+            j += run;
+        }
+        for (int32_t j = cend > lo ? cend : lo; j <= p; j++) /* this chunk's own positions */
+            sc[j - lo] = ops->dot(q, a->k + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D, D);
+        for (int32_t i = 0; i < n; i++) {
+            float v = sc[i] * a->scale;
+            sc[i] = a->softcap > 0 ? a->softcap * tanhf(v / a->softcap) : v;
         }
         ops->softmax(sc, n);
         float *o = a->out + row * Hq * D + (int64_t)h * D;

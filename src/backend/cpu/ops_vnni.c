@@ -67,8 +67,8 @@ static inline __attribute__((always_inline)) void rows_kernel(const int bits, co
             int64_t end = ch + cps < nch ? ch + cps : nch;
             for (int64_t j = 0; ch < end; ch++, j++) {
                 __m512i qa = load_codes(rowa, ch, full, C, cc, bits), qb = load_codes(rowb, ch, full, C, cc, bits);
-                _mm_prefetch((const char *)(rowa + ch * 64 + 2048), _MM_HINT_T0);
-                _mm_prefetch((const char *)(rowb + ch * 64 + 2048), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rowa + ch * 64 + 4096), _MM_HINT_T0);
+                _mm_prefetch((const char *)(rowb + ch * 64 + 4096), _MM_HINT_T0);
                 const __m512i nxs = _mm512_load_si512(a->nxs + ch * 16);
                 const __m512i xa = _mm512_load_si512(a->xs + ch * (bits == 4 ? 128 : 64));
                 const __m512i xb = bits == 4 ? _mm512_load_si512(a->xs + ch * 128 + 64) : xa;

@@ -37,7 +37,13 @@ typedef struct osp_ops {
     void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
     /* x = cap * tanh(x / cap) */
     void (*softcap)(float *x, int64_t n, float cap);
+    /* y[d] += sum_j w[j] * rows[j * stride + d] for d < dim, j < n
+     * (attention's probability-weighted sum of V rows). */
+    void (*wsum)(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);
 } osp_ops;
+
+/* Vectorized wsum (AVX-512F), used by every x86 table on CPUs that have it. */
+void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);
 
 const osp_ops *osp_ops_scalar(void);
 const osp_ops *osp_ops_avx2(void);   /* NULL when not compiled in */

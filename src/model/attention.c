@@ -36,11 +36,14 @@ static void attn_task(void *p, int64_t task) {
         ops->softmax(sc, n);
         float *o = a->out + row * Hq * D + (int64_t)h * D;
         memset(o, 0, sizeof(float) * D);
-        for (int32_t j = lo; j <= p; j++) {
-            const float *vp = j >= pos0 ? a->v + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D
-                                        : osp_kv_at(L, L->v, b, hk, j);
-            ops->axpy(o, sc[j - lo], vp, D);
+        for (int32_t j = lo; j < cend;) { /* cached runs of V slots */
+            int32_t slot = osp_kv_slot(L, j), run = cend - j;
+            if (slot + run > L->cap) run = L->cap - slot;
+            ops->wsum(o, sc + (j - lo), osp_kv_at(L, L->v, b, hk, j), run, D, D);
+            j += run;
         }
+        for (int32_t j = cend > lo ? cend : lo; j <= p; j++)
+            ops->axpy(o, sc[j - lo], a->v + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D, D);
     }
 }
 

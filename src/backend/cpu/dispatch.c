@@ -24,6 +24,10 @@ const osp_ops *osp_ops_get(void) {
     if (has_avx512() && osp_ops_avx512()) best = osp_ops_avx512();
     if (want && strcmp(want, "scalar") == 0) best = osp_ops_scalar();
     else if (want && strcmp(want, "avx2") == 0 && has_avx2() && osp_ops_avx2()) best = osp_ops_avx2();
-    chosen = best;
+    /* Entries a variant leaves out fall back (vectorized where the CPU can). */
+    static osp_ops table;
+    table = *best;
+    if (!table.wsum) table.wsum = has_avx512() && best != osp_ops_scalar() ? osp_wsum_avx512 : osp_ops_scalar()->wsum;
+    chosen = &table;
     return chosen;
 }

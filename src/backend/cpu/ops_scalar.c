@@ -101,10 +101,15 @@ static void softcap(float *x, int64_t n, float cap) {
     for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
+static void wsum(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t d = 0; d < dim; d++) y[d] += w[j] * rows[j * stride + d];
+}
+
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
-    .softcap = softcap,
+    .softcap = softcap, .wsum = wsum,
 };
 
 const osp_ops *osp_ops_scalar(void) { return &OPS; }

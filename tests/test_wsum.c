@@ -1,0 +1,39 @@
+/* The attention weighted-sum kernel against its scalar twin. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include "backend/ops.h"
+
+static void test_wsum(void **st) {
+    (void)st;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) skip();
+    uint64_t r = 99;
+    const int64_t dims[] = {1, 15, 16, 17, 64, 80, 128, 200, 256, 512};
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (int64_t n = 0; n <= 37; n += 6) {
+            int64_t dim = dims[di], stride = dim + (n % 3);
+            float *w = malloc(sizeof(float) * (n + 1)), *rows = malloc(sizeof(float) * (n * stride + 1));
+            float *a = malloc(sizeof(float) * dim), *b = malloc(sizeof(float) * dim);
+            for (int64_t i = 0; i < n; i++) w[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 16777216.0f;
+            for (int64_t i = 0; i < n * stride; i++)
+                rows[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 8388608.0f - 1;
+            for (int64_t d = 0; d < dim; d++) a[d] = b[d] = (float)d * 0.01f;
+            osp_ops_scalar()->wsum(a, w, rows, n, stride, dim);
+            osp_wsum_avx512(b, w, rows, n, stride, dim);
+            for (int64_t d = 0; d < dim; d++) {
+                double mag = fabs(d * 0.01);
+                for (int64_t j = 0; j < n; j++) mag += fabs(w[j] * rows[j * stride + d]);
+                if (fabs(a[d] - b[d]) > 1e-5 * mag + 1e-7) fail_msg("dim %ld n %ld d %ld: %g vs %g", (long)dim, (long)n, (long)d, b[d], a[d]);
+            }
+            free(w), free(rows), free(a), free(b);
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -8,53 +8,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "core/fs.h"
 #include "model.h"
 
-static int is_dir(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* A Hugging Face cache repo folder (models--ORG--NAME) resolves to the
- * snapshot named by refs/main, else the only (or last listed) snapshot. */
+/* A model folder, or a Hugging Face cache repo folder resolved to its snapshot. */
 static osp_status resolve_dir(const char *path, char *out, size_t n) {
     char p[4096];
     snprintf(p, sizeof p, "%s/config.json", path);
-    if (is_file(p)) {
+    if (osp_is_file(p)) {
         snprintf(out, n, "%s", path);
         return OSP_OK;
     }
-    snprintf(p, sizeof p, "%s/snapshots", path);
-    if (is_dir(p)) {
-        char ref[256] = "";
-        snprintf(p, sizeof p, "%s/refs/main", path);
-        FILE *f = fopen(p, "r");
-        if (f) {
-            if (fgets(ref, sizeof ref, f)) ref[strcspn(ref, "\r\n")] = 0;
-            fclose(f);
-        }
-        if (ref[0] && !strchr(ref, '/')) {
-            snprintf(out, n, "%s/snapshots/%s", path, ref);
-            if (is_dir(out)) return OSP_OK;
-        }
-        snprintf(p, sizeof p, "%s/snapshots", path);
-        DIR *d = opendir(p);
-        struct dirent *de;
-        int found = 0;
-        while (d && (de = readdir(d))) {
-            if (de->d_name[0] == '.') continue;
-            snprintf(out, n, "%s/snapshots/%s", path, de->d_name);
-            found = 1;
-        }
-        if (d) closedir(d);
-        if (found) return OSP_OK;
-    }
-    if (!is_dir(path)) return osp_err(OSP_ERR_IO, "%s: no such model folder", path);
+    if (osp_hf_snapshot(path, out, n)) return OSP_OK;
+    if (!osp_is_dir(path)) return osp_err(OSP_ERR_IO, "%s: no such model folder", path);
     return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder or Hugging Face cache repo)", path);
 }
 

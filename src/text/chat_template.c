@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "core/fs.h"
 #include "text/chat_template.h"
 
 #define MAX_TEMPLATE_FILE ((size_t)16 << 20)
@@ -27,16 +28,6 @@ static char *dup_str(const char *s) {
     char *d = osp_malloc(OSP_POOL_MISC, n + 1);
     if (d) memcpy(d, s, n + 1);
     return d;
-}
-
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-static int is_dir(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
 static osp_status read_file(const char *path, char **out, size_t *len) {
@@ -72,32 +63,9 @@ static osp_status read_file(const char *path, char **out, size_t *len) {
     return OSP_OK;
 }
 
-/* A Hugging Face cache repo folder (models--ORG--NAME) resolves to the
- * snapshot named by refs/main, else the last snapshot listed. */
+/* A Hugging Face cache repo folder resolves to its snapshot; else the path. */
 static void resolve_dir(const char *path, char *out, size_t n) {
-    char p[4096];
-    snprintf(out, n, "%s", path);
-    snprintf(p, sizeof p, "%s/snapshots", path);
-    if (!is_dir(p)) return;
-    char ref[256] = "";
-    snprintf(p, sizeof p, "%s/refs/main", path);
-    FILE *f = fopen(p, "r");
-    if (f) {
-        if (fgets(ref, sizeof ref, f)) ref[strcspn(ref, "\r\n")] = 0;
-        fclose(f);
-    }
-    if (ref[0] && !strchr(ref, '/')) {
-        snprintf(p, sizeof p, "%s/snapshots/%s", path, ref);
-        if (is_dir(p)) { snprintf(out, n, "%s", p); return; }
-    }
-    snprintf(p, sizeof p, "%s/snapshots", path);
-    DIR *d = opendir(p);
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(out, n, "%s/snapshots/%s", path, de->d_name);
-    }
-    if (d) closedir(d);
+    if (!osp_hf_snapshot(path, out, n)) snprintf(out, n, "%s", path);
 }
 
 static osp_status add_named(osp_chat_template *ct, const char *name, const char *src, size_t len,
@@ -165,10 +133,10 @@ static osp_status load_into(osp_chat_template *ct, const char *model_dir, const 
     json_t *cfg = NULL;
     osp_status st = OSP_OK;
     if (model_dir) {
-        if (!is_dir(model_dir)) return osp_err(OSP_ERR_IO, "%s: no such model folder", model_dir);
+        if (!osp_is_dir(model_dir)) return osp_err(OSP_ERR_IO, "%s: no such model folder", model_dir);
         resolve_dir(model_dir, dir, sizeof dir);
         snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
-        if (is_file(p)) OSP_TRY(load_json(p, &cfg));
+        if (osp_is_file(p)) OSP_TRY(load_json(p, &cfg));
     }
     if (cfg) {
         int seen_bos = 0, seen_eos = 0;
@@ -176,7 +144,7 @@ static osp_status load_into(osp_chat_template *ct, const char *model_dir, const 
         if (st == OSP_OK) st = read_token(cfg, "eos_token", &ct->eos, &seen_eos, p);
         char sp[4200];
         snprintf(sp, sizeof sp, "%s/special_tokens_map.json", dir);
-        if (st == OSP_OK && (!seen_bos || !seen_eos) && is_file(sp)) {
+        if (st == OSP_OK && (!seen_bos || !seen_eos) && osp_is_file(sp)) {
             json_t *map;
             st = load_json(sp, &map);
             if (st == OSP_OK) {
@@ -195,13 +163,13 @@ static osp_status load_into(osp_chat_template *ct, const char *model_dir, const 
     if (!file && model_dir) {
         snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
         snprintf(cjson, sizeof cjson, "%s/chat_template.json", dir);
-        if (is_file(jinja)) file = jinja;
+        if (osp_is_file(jinja)) file = jinja;
     }
     if (file) {
         st = read_file(file, &src, &len);
         if (st == OSP_OK) st = add_named(ct, "default", src, len, file);
         osp_free(src);
-    } else if (model_dir && is_file(cjson)) {
+    } else if (model_dir && osp_is_file(cjson)) {
         json_t *j;
         st = load_json(cjson, &j);
         if (st == OSP_OK) {

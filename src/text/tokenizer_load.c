@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fs.h"
 #include <sys/stat.h>
 #include "text/tokenizer_internal.h"
 
@@ -635,16 +636,6 @@ osp_status osp_tokenizer_load_json(const char *json, size_t json_len, const char
 
 /* ---- files ---- */
 
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-static int is_dir(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
 static osp_status read_file(const char *path, char **buf, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) return osp_err(OSP_ERR_IO, "%s: cannot open", path);
@@ -667,49 +658,22 @@ static osp_status read_file(const char *path, char **buf, size_t *n) {
     return OSP_OK;
 }
 
-/* A Hugging Face cache repo folder resolves to refs/main's snapshot, else
- * the last snapshot listed. */
-static int resolve_cache(const char *path, char *out, size_t n) {
-    char p[4096], ref[256] = "";
-    snprintf(p, sizeof p, "%s/refs/main", path);
-    FILE *f = fopen(p, "r");
-    if (f) {
-        if (fgets(ref, sizeof ref, f)) ref[strcspn(ref, "\r\n")] = 0;
-        fclose(f);
-    }
-    if (ref[0] && !strchr(ref, '/')) {
-        snprintf(out, n, "%s/snapshots/%s", path, ref);
-        if (is_dir(out)) return 1;
-    }
-    snprintf(p, sizeof p, "%s/snapshots", path);
-    DIR *d = opendir(p);
-    int found = 0;
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(out, n, "%s/snapshots/%s", path, de->d_name);
-        found = 1;
-    }
-    if (d) closedir(d);
-    return found;
-}
-
 osp_status osp_tokenizer_load(const char *path, osp_tokenizer **out) {
     *out = NULL;
     if (!path || !*path) return osp_err(OSP_ERR_INVALID, "tokenizer: no path given");
     char dir[4096], jpath[4096 + 32], cpath[4096 + 32];
-    if (is_file(path)) {
+    if (osp_is_file(path)) {
         snprintf(jpath, sizeof jpath, "%s", path);
         snprintf(dir, sizeof dir, "%s", path);
         char *slash = strrchr(dir, '/');
         if (slash) *slash = 0;
         else snprintf(dir, sizeof dir, ".");
-    } else if (is_dir(path)) {
+    } else if (osp_is_dir(path)) {
         snprintf(dir, sizeof dir, "%s", path);
         snprintf(jpath, sizeof jpath, "%s/tokenizer.json", dir);
-        if (!is_file(jpath) && resolve_cache(path, dir, sizeof dir))
+        if (!osp_is_file(jpath) && osp_hf_snapshot(path, dir, sizeof dir))
             snprintf(jpath, sizeof jpath, "%s/tokenizer.json", dir);
-        if (!is_file(jpath)) return osp_err(OSP_ERR_IO, "%s: no tokenizer.json in this folder", path);
+        if (!osp_is_file(jpath)) return osp_err(OSP_ERR_IO, "%s: no tokenizer.json in this folder", path);
     } else {
         return osp_err(OSP_ERR_IO, "%s: no such file or folder", path);
     }
@@ -718,7 +682,7 @@ osp_status osp_tokenizer_load(const char *path, osp_tokenizer **out) {
     size_t jn = 0, cn = 0;
     OSP_TRY(read_file(jpath, &json, &jn));
     osp_status st = OSP_OK;
-    if (is_file(cpath)) st = read_file(cpath, &cfg, &cn);
+    if (osp_is_file(cpath)) st = read_file(cpath, &cfg, &cn);
     if (st == OSP_OK) st = osp_tokenizer_load_json(json, jn, cfg, cn, jpath, out);
     osp_free(json);
     osp_free(cfg);

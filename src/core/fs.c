@@ -1,0 +1,42 @@
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "fs.h"
+
+int osp_is_file(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int osp_is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+int osp_hf_snapshot(const char *repo, char *out, size_t n) {
+    char p[4096], ref[256] = "";
+    snprintf(p, sizeof p, "%s/snapshots", repo);
+    if (!osp_is_dir(p)) return 0;
+    snprintf(p, sizeof p, "%s/refs/main", repo);
+    FILE *f = fopen(p, "r");
+    if (f) {
+        if (fgets(ref, sizeof ref, f)) ref[strcspn(ref, "\r\n")] = 0;
+        fclose(f);
+    }
+    if (ref[0] && !strchr(ref, '/') && strcmp(ref, "..") != 0) {
+        snprintf(out, n, "%s/snapshots/%s", repo, ref);
+        if (osp_is_dir(out)) return 1;
+    }
+    snprintf(p, sizeof p, "%s/snapshots", repo);
+    DIR *d = opendir(p);
+    int found = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(out, n, "%s/snapshots/%s", repo, de->d_name);
+        found = 1;
+    }
+    if (d) closedir(d);
+    return found;
+}

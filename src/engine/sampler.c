@@ -95,10 +95,10 @@ double osp_sampler_uniform(osp_sampler *s) {
 
 /* ---- partial selection ---- */
 
-/* Total order: larger value first, then lower index; NaN as -inf. */
+/* Total order: larger value first, then lower index. Callers pass no NaN
+ * (osp_sampler_sample turns NaN logits into -inf first). */
 static inline int before(const float *x, int32_t a, int32_t b) {
-    float va = isnan(x[a]) ? -INFINITY : x[a], vb = isnan(x[b]) ? -INFINITY : x[b];
-    return va > vb || (va == vb && a < b);
+    return x[a] > x[b] || (x[a] == x[b] && a < b);
 }
 
 static int cmp_before(const void *a, const void *b, void *x) {
@@ -110,9 +110,39 @@ static void sort_idx(const float *x, int32_t *v, int32_t n) {
     qsort_r(v, (size_t)n, sizeof *v, cmp_before, (void *)x);
 }
 
+/* Min-heap (by the total order) of the k best so far: one comparison
+ * rejects most elements, so small k costs about one pass over x. */
+static void heap_down(const float *x, int32_t *h, int32_t k, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && before(x, h[w], h[l])) w = l; /* h[w] must be the worst: "after" the others */
+        if (r < k && before(x, h[w], h[r])) w = r;
+        if (w == i) return;
+        int32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static void top_k_heap(const float *x, int64_t n, int32_t k, int32_t *idx) {
+    for (int32_t i = 0; i < k; i++) idx[i] = i;
+    for (int32_t i = k / 2 - 1; i >= 0; i--) heap_down(x, idx, k, i);
+    for (int64_t i = k; i < n; i++) {
+        if (!before(x, (int32_t)i, idx[0])) continue; /* not better than the worst kept */
+        idx[0] = (int32_t)i;
+        heap_down(x, idx, k, 0);
+    }
+    sort_idx(x, idx, k);
+}
+
 void osp_top_k_indices(const float *x, int64_t n, int32_t k, int32_t *idx, int32_t *v) {
     if (k <= 0) return;
     if (k > n) k = (int32_t)n;
+    if (k <= 512) {
+        top_k_heap(x, n, k, idx);
+        return;
+    }
     for (int32_t i = 0; i < n; i++) v[i] = i;
     /* quickselect: afterwards v[0..k) holds the k first in the total order */
     int32_t lo = 0, hi = (int32_t)n - 1;
@@ -178,7 +208,10 @@ static void apply_processors(osp_sampler *s, float *l, const int32_t *h, int64_t
 
 static void log_softmax(float *l, int32_t n) {
     float mx = -INFINITY;
-    for (int32_t i = 0; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(l[i])) l[i] = -INFINITY;
+        mx = l[i] > mx ? l[i] : mx;
+    }
     float sum = 0; /* f32 terms in [0, 1], vectorizable */
     for (int32_t i = 0; i < n; i++) sum += expf(l[i] - mx);
     float lse = mx + logf(sum);
@@ -196,10 +229,12 @@ static int32_t argmax(const float *x, int32_t n) {
 
 /* Keep the most likely tokens while the probability mass strictly above
  * each is < top_p (mlx-lm: ascending cumulative mass > 1 - top_p). */
-/* Number of tokens top_p keeps (they are the first ones in s->idx, sorted);
- * V when it keeps everything. */
-static int32_t top_p_count(osp_sampler *s, const float *lp) {
+/* Number of tokens top_p keeps (they are the first ones in s->idx, sorted),
+ * or `limit` when it keeps at least that many (then only the first `limit`
+ * are selected: top_k will cut there anyway). */
+static int32_t top_p_count(osp_sampler *s, const float *lp, int32_t limit) {
     int32_t V = s->vocab, m = V < 64 ? V : 64;
+    if (m > limit) m = limit;
     for (;;) {
         osp_top_k_indices(lp, V, m, s->idx, s->idx2);
         double above = 0;
@@ -207,19 +242,11 @@ static int32_t top_p_count(osp_sampler *s, const float *lp) {
             if (above >= s->p.top_p) return i;
             above += exp((double)lp[s->idx[i]]);
         }
-        if (m == V) return V;
-        m = m * 8 < V ? m * 8 : V;
+        if (m >= limit) return limit;
+        m = m * 8 < limit ? m * 8 : limit;
     }
 }
 
-/* Keep the first `keep` tokens of s->idx, mask the rest. */
-static void keep_first(osp_sampler *s, float *lp, int32_t keep) {
-    if (keep >= s->vocab) return;
-    next_stamp(s);
-    for (int32_t i = 0; i < keep; i++) s->mark[s->idx[i]] = s->stamp;
-    for (int32_t i = 0; i < s->vocab; i++)
-        if (s->mark[i] != s->stamp) lp[i] = -INFINITY;
-}
 
 static void filter_top_p(osp_sampler *s, float *lp) {
     int32_t V = s->vocab, m = V < 256 ? V : 256;
@@ -312,6 +339,20 @@ static int32_t categorical(osp_sampler *s, const float *lp) {
     return last >= 0 ? last : argmax(lp, V);
 }
 
+/* Categorical draw restricted to the tokens idx[0..n) (already sorted by
+ * decreasing logprob, so idx[0] holds the maximum). */
+static int32_t categorical_among(osp_sampler *s, const float *lp, const int32_t *idx, int32_t n) {
+    float inv_t = 1.0f / s->p.temperature, mx = lp[idx[0]] * inv_t;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += s->probs[i] = expf(lp[idx[i]] * inv_t - mx);
+    double u = osp_sampler_uniform(s) * sum, c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        c += s->probs[i];
+        if (u < c) return idx[i];
+    }
+    return idx[n - 1];
+}
+
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs) {
     const osp_sampler_params *p = &s->p;
@@ -323,9 +364,8 @@ int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history
     int use_top_p = p->top_p > 0 && p->top_p < 1, use_top_k = p->top_k > 0 && p->top_k < V;
     if (use_top_p && use_top_k && !(p->min_p > 0) && !(p->xtc_probability > 0)) {
         /* both keep a prefix of the same order: one selection serves both */
-        int32_t keep = top_p_count(s, logits);
-        keep_first(s, logits, keep < p->top_k ? keep : p->top_k);
-        return categorical(s, logits);
+        int32_t keep = top_p_count(s, logits, p->top_k);
+        return categorical_among(s, logits, s->idx, keep);
     }
     if (use_top_p) filter_top_p(s, logits);
     if (p->min_p > 0) filter_min_p(s, logits);

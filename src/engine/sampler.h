@@ -35,8 +35,8 @@ void osp_sampler_free(osp_sampler *s);
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs);
 
-/* The k largest values of x[n]: indices written to idx[k], sorted by
- * decreasing value (ties: lower index first). O(n + k log k). */
+/* The k largest values of x[n] (no NaN): indices written to idx[k], sorted
+ * by decreasing value (ties: lower index first). O(n + k log k). */
 void osp_top_k_indices(const float *x, int64_t n, int32_t k, int32_t *idx, int32_t *scratch);
 
 /* A uniform double in [0, 1) from the sampler's stream. */

@@ -59,6 +59,13 @@ void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, 
         c.acts = acts;
         c.q8 = osp_q8act_matvec_fast();
     }
+    /* Small matmuls (tiny models, the per-layer-input projections) cost less
+     * than waking the pool: run them on this thread. */
+    if (w->rows * osp_weight_row_bytes(w) * n < (256 << 10)) {
+        c.block = w->rows;
+        mm_task(&c, 0);
+        return;
+    }
     osp_parallel_for((w->rows + block - 1) / block, mm_task, &c);
 }
 

@@ -208,6 +208,61 @@ static void test_filter_order(void **st) {
     check(sp, q);
 }
 
+/* top_p + top_k over a large vocabulary (the candidate pre-filter path):
+ * p ∝ exp(-rank / 6) on 1000 shuffled tokens. */
+static void test_top_p_top_k_large(void **st) {
+    (void)st;
+    enum { V = 1000 };
+    static double p[V], q[V];
+    static int perm[V], counts[V];
+    for (int i = 0; i < V; i++) perm[i] = i;
+    for (int i = V - 1; i > 0; i--) {
+        int j = (int)(urand() * (i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int r = 0; r < V; r++) p[perm[r]] = exp(-r / 6.0);
+    normalise(p, V);
+    const float tps[] = {0.5f, 0.9f, 0.99f};
+    const int tks[] = {8, 40, 500};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            double above = 0;
+            int keep = 0;
+            while (keep < V && above < tps[a]) above += p[perm[keep++]];
+            if (keep > tks[b]) keep = tks[b];
+            memset(q, 0, sizeof q);
+            for (int r = 0; r < keep; r++) q[perm[r]] = p[perm[r]];
+            normalise(q, V);
+            osp_sampler_params sp = osp_sampler_defaults();
+            sp.seed = 21 + a * 3 + b;
+            sp.temperature = 1;
+            sp.top_p = tps[a];
+            sp.top_k = tks[b];
+            osp_sampler *s = mk(sp, V);
+            static float l0[V], l[V];
+            set_logits(l0, p, V);
+            const int nd = 40000;
+            memset(counts, 0, sizeof counts);
+            for (int d = 0; d < nd; d++) {
+                memcpy(l, l0, sizeof l);
+                counts[osp_sampler_sample(s, l, NULL, 0, NULL)]++;
+            }
+            osp_sampler_free(s);
+            /* chi-square with the cells expected below 5 pooled into one */
+            int bad = 0;
+            double x = 0, pool_e = 0, pool_c = 0;
+            for (int i = 0; i < V; i++) {
+                double e = q[i] * nd;
+                if (q[i] == 0) bad += counts[i] != 0;
+                else if (e < 5) pool_e += e, pool_c += counts[i];
+                else x += (counts[i] - e) * (counts[i] - e) / e;
+            }
+            if (pool_e > 0) x += (pool_c - pool_e) * (pool_c - pool_e) / (pool_e > 1 ? pool_e : 1);
+            /* at most ~60 cells: 150 is far in the tail; a wrong support or weighting gives thousands */
+            if (bad || x > 150) fail_msg("top_p %.2f top_k %d: support violations %d, chi2 %.1f", tps[a], tks[b], bad, x);
+        }
+}
+
 static void test_xtc(void **st) {
     (void)st;
     double p[4] = {0.5, 0.3, 0.15, 0.05};
@@ -305,7 +360,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),      cmocka_unit_test(test_seed),         cmocka_unit_test(test_temperature),
         cmocka_unit_test(test_top_k),       cmocka_unit_test(test_top_p),        cmocka_unit_test(test_min_p),
-        cmocka_unit_test(test_filter_order), cmocka_unit_test(test_xtc),         cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_filter_order), cmocka_unit_test(test_xtc),
+        cmocka_unit_test(test_top_p_top_k_large),         cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_top_k_indices), cmocka_unit_test(test_bad_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

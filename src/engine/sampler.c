@@ -125,6 +125,18 @@ static void heap_down(const float *x, int32_t *h, int32_t k, int32_t i) {
     }
 }
 
+/* The k best among the candidate indices cand[0..n), sorted, into idx. */
+static void top_k_among(const float *x, const int32_t *cand, int32_t n, int32_t k, int32_t *idx) {
+    for (int32_t i = 0; i < k; i++) idx[i] = cand[i];
+    for (int32_t i = k / 2 - 1; i >= 0; i--) heap_down(x, idx, k, i);
+    for (int32_t i = k; i < n; i++) {
+        if (!before(x, cand[i], idx[0])) continue;
+        idx[0] = cand[i];
+        heap_down(x, idx, k, 0);
+    }
+    sort_idx(x, idx, k);
+}
+
 static void top_k_heap(const float *x, int64_t n, int32_t k, int32_t *idx) {
     for (int32_t i = 0; i < k; i++) idx[i] = i;
     for (int32_t i = k / 2 - 1; i >= 0; i--) heap_down(x, idx, k, i);
@@ -364,6 +376,28 @@ int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history
     int use_top_p = p->top_p > 0 && p->top_p < 1, use_top_k = p->top_k > 0 && p->top_k < V;
     if (use_top_p && use_top_k && !(p->min_p > 0) && !(p->xtc_probability > 0)) {
         /* both keep a prefix of the same order: one selection serves both */
+        /* A token top_p keeps has p >= (1 - top_p) / V (the mass at and below
+         * it exceeds 1 - top_p, and it is the largest there): select among those. */
+        float thr = logf((1.0f - p->top_p) / (float)V) - 1e-3f;
+        int32_t nc = 0;
+        for (int32_t i = 0; i < V; i++) {
+            s->idx2[nc] = i;
+            nc += logits[i] >= thr;
+        }
+        if (nc > 0 && nc < V / 2) {
+            int32_t k = p->top_k < nc ? p->top_k : nc;
+            top_k_among(logits, s->idx2, nc, k, s->idx);
+            double above = 0;
+            int32_t keep = k;
+            for (int32_t i = 0; i < k; i++) {
+                if (above >= p->top_p) {
+                    keep = i;
+                    break;
+                }
+                above += exp((double)logits[s->idx[i]]);
+            }
+            return categorical_among(s, logits, s->idx, keep);
+        }
         int32_t keep = top_p_count(s, logits, p->top_k);
         return categorical_among(s, logits, s->idx, keep);
     }

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sampler.h"
+#include "backend/ops.h"
 
 struct osp_sampler {
     osp_sampler_params p;
@@ -365,11 +366,47 @@ static int32_t categorical_among(osp_sampler *s, const float *lp, const int32_t 
     return idx[n - 1];
 }
 
+/* top_p then top_k, the common configuration, without logprobs: the
+ * probabilities come from the backend's vectorized softmax; a token top_p
+ * keeps has p >= (1 - top_p) / V (the mass at and below it exceeds
+ * 1 - top_p and it is the largest there), so only those are ranked. */
+static int32_t sample_top_p_k(osp_sampler *s, const float *logits) {
+    int32_t V = s->vocab;
+    const osp_sampler_params *p = &s->p;
+    memcpy(s->probs, logits, sizeof(float) * V);
+    osp_ops_get()->softmax(s->probs, V);
+    float thr = (1.0f - p->top_p) / (float)V * 0.999f;
+    int32_t nc = 0;
+    for (int32_t i = 0; i < V; i++) {
+        s->idx2[nc] = i;
+        nc += s->probs[i] >= thr;
+    }
+    if (nc <= 0) return -1;
+    int32_t k = p->top_k < nc ? p->top_k : nc;
+    top_k_among(s->probs, s->idx2, nc, k, s->idx);
+    double above = 0;
+    int32_t keep = k;
+    for (int32_t i = 0; i < k; i++) {
+        if (above >= p->top_p) {
+            keep = i;
+            break;
+        }
+        above += s->probs[s->idx[i]];
+    }
+    return categorical_among(s, logits, s->idx, keep);
+}
+
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs) {
     const osp_sampler_params *p = &s->p;
     int32_t V = s->vocab;
     apply_processors(s, logits, history, n_history);
+    if (!logprobs && p->temperature > 0 && p->top_p > 0 && p->top_p < 1 && p->top_k > 0 && p->top_k < V &&
+        !(p->min_p > 0) && !(p->xtc_probability > 0)) {
+        for (int32_t i = 0; i < V; i++) logits[i] = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN */
+        int32_t t = sample_top_p_k(s, logits);
+        if (t >= 0) return t;
+    }
     log_softmax(logits, V);
     if (logprobs) memcpy(logprobs, logits, sizeof(float) * V);
     if (p->temperature == 0) return argmax(logits, V);

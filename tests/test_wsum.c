@@ -33,7 +33,24 @@ static void test_wsum(void **st) {
         }
 }
 
+static void test_select_ge(void **st) {
+    (void)st;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) skip();
+    uint64_t r = 7;
+    for (int32_t n = 0; n < 300; n += 7) {
+        float *x = malloc(sizeof(float) * (n + 1));
+        int32_t *a = malloc(sizeof(int32_t) * (n + 16)), *b = malloc(sizeof(int32_t) * (n + 16));
+        for (int32_t i = 0; i < n; i++) x[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 16777216.0f;
+        if (n > 3) x[2] = NAN, x[3] = 0.5f; /* NaN never passes; equality passes */
+        int32_t ca = osp_ops_scalar()->select_ge(a, x, n, 0.5f), cb = osp_select_ge_avx512(b, x, n, 0.5f);
+        assert_int_equal(ca, cb);
+        assert_memory_equal(a, b, sizeof(int32_t) * ca);
+        free(x), free(a), free(b);
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum), cmocka_unit_test(test_select_ge)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -376,11 +376,7 @@ static int32_t sample_top_p_k(osp_sampler *s, const float *logits) {
     memcpy(s->probs, logits, sizeof(float) * V);
     osp_ops_get()->softmax(s->probs, V);
     float thr = (1.0f - p->top_p) / (float)V * 0.999f;
-    int32_t nc = 0;
-    for (int32_t i = 0; i < V; i++) {
-        s->idx2[nc] = i;
-        nc += s->probs[i] >= thr;
-    }
+    int32_t nc = osp_ops_get()->select_ge(s->idx2, s->probs, V, thr);
     if (nc <= 0) return -1;
     int32_t k = p->top_k < nc ? p->top_k : nc;
     top_k_among(s->probs, s->idx2, nc, k, s->idx);
@@ -403,7 +399,8 @@ int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history
     apply_processors(s, logits, history, n_history);
     if (!logprobs && p->temperature > 0 && p->top_p > 0 && p->top_p < 1 && p->top_k > 0 && p->top_k < V &&
         !(p->min_p > 0) && !(p->xtc_probability > 0)) {
-        for (int32_t i = 0; i < V; i++) logits[i] = logits[i] == logits[i] ? logits[i] : -INFINITY; /* NaN */
+        /* NaN probabilities never pass the candidate threshold; if nothing
+         * passes, the general path below (which cleans NaN) takes over */
         int32_t t = sample_top_p_k(s, logits);
         if (t >= 0) return t;
     }

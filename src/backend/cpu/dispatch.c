@@ -27,7 +27,9 @@ const osp_ops *osp_ops_get(void) {
     /* Entries a variant leaves out fall back (vectorized where the CPU can). */
     static osp_ops table;
     table = *best;
-    if (!table.wsum) table.wsum = has_avx512() && best != osp_ops_scalar() ? osp_wsum_avx512 : osp_ops_scalar()->wsum;
+    int vec = has_avx512() && best != osp_ops_scalar();
+    if (!table.wsum) table.wsum = vec ? osp_wsum_avx512 : osp_ops_scalar()->wsum;
+    if (!table.select_ge) table.select_ge = vec ? osp_select_ge_avx512 : osp_ops_scalar()->select_ge;
     chosen = &table;
     return chosen;
 }

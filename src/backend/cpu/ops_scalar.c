@@ -106,10 +106,17 @@ static void wsum(float *y, const float *w, const float *rows, int64_t n, int64_t
         for (int64_t d = 0; d < dim; d++) y[d] += w[j] * rows[j * stride + d];
 }
 
+static int32_t select_ge(int32_t *idx, const float *x, int32_t n, float thr) {
+    int32_t c = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] >= thr) idx[c++] = i;
+    return c;
+}
+
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
-    .softcap = softcap, .wsum = wsum,
+    .softcap = softcap, .wsum = wsum, .select_ge = select_ge,
 };
 
 const osp_ops *osp_ops_scalar(void) { return &OPS; }

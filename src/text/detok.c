@@ -14,6 +14,7 @@ struct osp_detok {
     int first; /* the window starts the text */
     tk_ivec win;
     tk_buf out;
+    tk_decode_scratch *scratch; /* reused by every push: no allocation per token */
 };
 
 osp_status osp_detok_new(const osp_tokenizer *t, int skip_special, osp_detok **out) {
@@ -28,6 +29,7 @@ osp_status osp_detok_new(const osp_tokenizer *t, int skip_special, osp_detok **o
     d->first = 1;
     osp_status st = tk_ivec_reserve(&d->win, 16);
     if (st == OSP_OK) st = tk_buf_reserve(&d->out, 256);
+    if (st == OSP_OK && !(d->scratch = tk_decode_scratch_new())) st = osp_err(OSP_ERR_NOMEM, "detok: out of memory");
     if (st != OSP_OK) {
         osp_detok_free(d);
         return st;
@@ -40,6 +42,7 @@ void osp_detok_free(osp_detok *d) {
     if (!d) return;
     tk_ivec_free(&d->win);
     tk_buf_free(&d->out);
+    tk_decode_scratch_free(d->scratch);
     osp_free(d);
 }
 
@@ -60,7 +63,7 @@ osp_status osp_detok_push(osp_detok *d, int32_t id, const char **text, size_t *l
     if (d->skip_special && osp_tokenizer_is_special(t, id)) return OSP_OK;
     OSP_TRY(tk_ivec_push(&d->win, id));
     int pending;
-    OSP_TRY(tk_decode_ids(t, d->win.p, d->win.n, d->first, &d->out, &pending));
+    OSP_TRY(tk_decode_ids_s(t, d->win.p, d->win.n, d->first, &d->out, &pending, d->scratch));
     if (pending || d->out.n == 0) return OSP_OK;
     d->win.n = 0;
     d->first = 0;
@@ -72,7 +75,7 @@ osp_status osp_detok_push(osp_detok *d, int32_t id, const char **text, size_t *l
 osp_status osp_detok_flush(osp_detok *d, const char **text, size_t *len) {
     *text = "";
     *len = 0;
-    if (d->win.n) OSP_TRY(tk_decode_ids(d->t, d->win.p, d->win.n, d->first, &d->out, NULL));
+    if (d->win.n) OSP_TRY(tk_decode_ids_s(d->t, d->win.p, d->win.n, d->first, &d->out, NULL, d->scratch));
     else d->out.n = 0;
     d->win.n = 0;
     d->first = 1;

@@ -304,14 +304,45 @@ static osp_status metaspace(tk_arena *ar, const tk_dec *d, const dlist *in, dlis
     return OSP_OK;
 }
 
+struct tk_decode_scratch {
+    tk_arena ar;
+    dlist a, b;
+    tk_rx rx;
+    tk_spans sp;
+};
+
+tk_decode_scratch *tk_decode_scratch_new(void) { return osp_calloc(OSP_POOL_MISC, sizeof(tk_decode_scratch)); }
+
+void tk_decode_scratch_free(tk_decode_scratch *s) {
+    if (!s) return;
+    osp_free(s->a.p);
+    osp_free(s->b.p);
+    osp_free(s->sp.p);
+    tk_rx_free(&s->rx);
+    tk_arena_free(&s->ar);
+    osp_free(s);
+}
+
 osp_status tk_decode_ids(const osp_tokenizer *t, const int32_t *ids, size_t n, int first, tk_buf *out,
                          int *pending) {
+    tk_decode_scratch *s = tk_decode_scratch_new();
+    if (!s) return osp_err(OSP_ERR_NOMEM, "tokenizer: out of memory");
+    osp_status st = tk_decode_ids_s(t, ids, n, first, out, pending, s);
+    tk_decode_scratch_free(s);
+    return st;
+}
+
+osp_status tk_decode_ids_s(const osp_tokenizer *t, const int32_t *ids, size_t n, int first, tk_buf *out,
+                           int *pending, tk_decode_scratch *scr) {
     out->n = 0;
     if (pending) *pending = 0;
-    tk_arena ar = {0};
-    dlist a = {0}, b = {0};
-    tk_rx rx = {0};
-    tk_spans sp = {0};
+    tk_arena_reset(&scr->ar);
+    scr->a.n = scr->b.n = scr->sp.n = 0;
+    /* the lists swap roles below: work on copies, store them back at the end */
+    tk_arena ar = scr->ar;
+    dlist a = scr->a, b = scr->b;
+    tk_rx rx = scr->rx;
+    tk_spans sp = scr->sp;
     osp_status st = OSP_OK;
     for (size_t i = 0; i < n && st == OSP_OK; i++) {
         size_t len;
@@ -348,10 +379,10 @@ osp_status tk_decode_ids(const osp_tokenizer *t, const int32_t *ids, size_t n, i
 done:
     if (st == OSP_OK) st = tk_buf_reserve(out, 0);
     if (st == OSP_OK) out->p[out->n] = 0;
-    osp_free(a.p);
-    osp_free(b.p);
-    osp_free(sp.p);
-    tk_rx_free(&rx);
-    tk_arena_free(&ar);
+    scr->ar = ar;
+    scr->a = a;
+    scr->b = b;
+    scr->rx = rx;
+    scr->sp = sp;
     return st;
 }

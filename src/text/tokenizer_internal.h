@@ -57,6 +57,8 @@ typedef struct tk_arena {
 } tk_arena;
 char *tk_arena_alloc(tk_arena *a, size_t n);
 void tk_arena_free(tk_arena *a);
+/* Forget every allocation but keep the newest chunk for reuse. */
+void tk_arena_reset(tk_arena *a);
 
 void *tk_grow(void *p, size_t n_old, size_t n_new, size_t elem); /* osp_malloc + copy + osp_free */
 char *tk_strndup(const char *s, size_t n);
@@ -374,6 +376,13 @@ osp_status tk_decoder_parse(osp_tokenizer *t, const void *json);
  * Metaspace decoder strips its first token's replacement only then).
  * *pending (may be NULL): the end of the text may still change when more
  * ids follow (an open byte-fallback run, an incomplete UTF-8 sequence). */
+/* Working memory of tk_decode_ids kept between calls (the streaming
+ * detokenizer decodes one small window per token without allocating). */
+typedef struct tk_decode_scratch tk_decode_scratch;
+tk_decode_scratch *tk_decode_scratch_new(void);
+void tk_decode_scratch_free(tk_decode_scratch *s);
+osp_status tk_decode_ids_s(const osp_tokenizer *t, const int32_t *ids, size_t n, int first, tk_buf *out,
+                           int *pending, tk_decode_scratch *scratch);
 osp_status tk_decode_ids(const osp_tokenizer *t, const int32_t *ids, size_t n, int first,
                          tk_buf *out, int *pending);
 void tk_dec_free(tk_dec *d);

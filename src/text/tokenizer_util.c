@@ -98,6 +98,18 @@ char *tk_arena_alloc(tk_arena *a, size_t n) {
     return p;
 }
 
+void tk_arena_reset(tk_arena *a) {
+    if (!a->head) return;
+    tk_chunk *keep = a->head, *c = keep->next;
+    while (c) {
+        tk_chunk *n = c->next;
+        osp_free(c);
+        c = n;
+    }
+    keep->next = NULL;
+    keep->used = 0;
+}
+
 void tk_arena_free(tk_arena *a) {
     while (a->head) {
         tk_chunk *n = a->head->next;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/safetensors.h"
+#include "osprey.h"
 
 typedef struct golden {
     osp_st *st;
@@ -66,6 +67,40 @@ static inline int argmax_f(const float *x, int32_t n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return b;
+}
+
+/* Run the same T ids through the models in folders da and db (prefill,
+ * every position) and return max |a - b| / max(1, max |b|); -1 if a model
+ * fails to load or run (the message is in osp_last_error()). */
+static inline double models_rel_diff(const char *da, const char *db, int32_t T, int32_t mul) {
+    osp_model *a = NULL, *b = NULL;
+    osp_session *sa = NULL, *sb = NULL;
+    float *la = NULL, *lb = NULL;
+    double r = -1;
+    if (osp_model_load(da, &a) != OSP_OK || osp_model_load(db, &b) != OSP_OK) goto out;
+    int32_t V = osp_model_get_info(a)->vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * T);
+    for (int32_t i = 0; i < T; i++) ids[i] = (i * mul + 7) % V;
+    la = malloc(sizeof(float) * T * V), lb = malloc(sizeof(float) * T * V);
+    if (osp_session_new(a, 1, T, &sa) == OSP_OK && osp_session_new(b, 1, T, &sb) == OSP_OK &&
+        osp_forward(sa, ids, T, 1, la) == OSP_OK && osp_forward(sb, ids, T, 1, lb) == OSP_OK) {
+        double mx = 0, err = 0;
+        for (int64_t i = 0; i < (int64_t)T * V; i++) {
+            mx = fmax(mx, fabs(lb[i]));
+            err = fmax(err, fabs((double)la[i] - lb[i]));
+            if (isnan(la[i])) err = INFINITY;
+        }
+        r = err / fmax(1, mx);
+    }
+    free(ids);
+out:
+    osp_session_free(sa);
+    osp_session_free(sb);
+    osp_model_free(a);
+    osp_model_free(b);
+    free(la);
+    free(lb);
+    return r;
 }
 
 #endif

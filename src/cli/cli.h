@@ -17,6 +17,20 @@ int osp_cmd_chat(int argc, char **argv);
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);
+/* Sampling flags shared by generate and chat (negative = not given). */
+typedef struct osp_cli_sampling {
+    float temp, top_p, min_p, rep;
+    int top_k;
+    long long seed;
+} osp_cli_sampling;
+#define OSP_CLI_SAMPLING_UNSET {-1, -1, -1, -1, -1, -1}
+struct osp_gen_params;
+/* If `flag` is a sampling flag, store `value` and return 1 (the caller
+ * consumes both); else 0. */
+int osp_cli_sampling_flag(osp_cli_sampling *s, const char *flag, const char *value);
+/* Override the defaults in p with the flags that were given. */
+void osp_cli_sampling_apply(const osp_cli_sampling *s, struct osp_gen_params *p);
+
 /* Default model folder (bundled) when none is given, or NULL. */
 const char *osp_cli_default_model(void);
 

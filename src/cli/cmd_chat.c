@@ -38,7 +38,7 @@ static int on_text(void *user, int32_t token, const char *text, size_t len) {
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey chat [--model MODEL] [--system TEXT] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
-                    "         [--seed S] [-n MAX_TOKENS_PER_REPLY] [-c CONTEXT] [-t THREADS]\n"
+                    "         [--repeat-penalty R] [--seed S] [-n MAX_TOKENS_PER_REPLY] [-c CONTEXT] [-t THREADS]\n"
                     "  commands during the chat: /reset (new conversation), /quit (or Ctrl-D)\n");
     return 2;
 }
@@ -46,21 +46,18 @@ static int usage(void) {
 int osp_cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL;
     int n = 512, ctx = 4096, threads = 0;
-    float temp = -1, top_p = -1, min_p = -1;
-    int top_k = -1;
-    long long seed = -1;
+    osp_cli_sampling smp = OSP_CLI_SAMPLING_UNSET;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (osp_cli_sampling_flag(&smp, a, v)) {
+            i++;
+            continue;
+        }
 #define OPT(name) (!strcmp(a, name) && v && (i++, 1))
         if (OPT("--model") || OPT("-m")) model = v;
         else if (OPT("--system")) system = v;
         else if (OPT("-n") || OPT("--max-tokens")) n = atoi(v);
         else if (OPT("-c") || OPT("--ctx-size")) ctx = atoi(v);
-        else if (OPT("--temp") || OPT("--temperature")) temp = (float)atof(v);
-        else if (OPT("--top-p")) top_p = (float)atof(v);
-        else if (OPT("--top-k")) top_k = atoi(v);
-        else if (OPT("--min-p")) min_p = (float)atof(v);
-        else if (OPT("--seed")) seed = atoll(v);
         else if (OPT("-t") || OPT("--threads")) threads = atoi(v);
         else return usage();
 #undef OPT
@@ -92,10 +89,8 @@ int osp_cmd_chat(int argc, char **argv) {
     int32_t eos[32];
     osp_gen_params gp;
     osp_gen_defaults(m, tok, &gp, eos);
-    if (temp >= 0) gp.sampler.temperature = temp;
-    if (top_p >= 0) gp.sampler.top_p = top_p;
-    if (top_k >= 0) gp.sampler.top_k = top_k;
-    if (min_p >= 0) gp.sampler.min_p = min_p;
+    osp_cli_sampling_apply(&smp, &gp);
+    uint64_t seed0 = gp.sampler.seed;
     gp.max_tokens = n;
     json_t *msgs = json_array();
     if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
@@ -122,7 +117,7 @@ int osp_cmd_chat(int argc, char **argv) {
         osp_session *s = NULL;
         reply r = {0};
         osp_gen_stats st;
-        gp.sampler.seed = seed >= 0 ? (uint64_t)seed + turn++ : (uint64_t)(osp_now_s() * 1e6);
+        gp.sampler.seed = smp.seed >= 0 ? seed0 + turn++ : (uint64_t)(osp_now_s() * 1e6);
         if (osp_chat_template_render(ct, msgs, NULL, 1, NULL, NULL, &text, &tlen) != OSP_OK ||
             osp_tokenizer_encode_alloc(tok, text, tlen, 0, &ids, &np) != OSP_OK ||
             osp_session_new(m, 1, ctx, &s) != OSP_OK) {

@@ -72,23 +72,19 @@ int osp_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *prompt = NULL, *system = NULL;
     const char *stops[16];
     int n = 256, threads = 0, fast = 1, chat = 0, n_stop = 0;
-    float temp = -1, top_p = -1, min_p = -1, rep = -1;
-    int top_k = -1;
-    long long seed = -1;
+    osp_cli_sampling smp = OSP_CLI_SAMPLING_UNSET;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (osp_cli_sampling_flag(&smp, a, v)) {
+            i++;
+            continue;
+        }
 #define OPT(name) (!strcmp(a, name) && v && (i++, 1))
         if (OPT("--model") || OPT("-m")) model = v;
         else if (OPT("--ids")) ids_s = v;
         else if (OPT("--prompt") || OPT("-p")) prompt = v;
         else if (OPT("--system")) system = v;
         else if (OPT("-n") || OPT("--max-tokens")) n = atoi(v);
-        else if (OPT("--temp") || OPT("--temperature")) temp = (float)atof(v);
-        else if (OPT("--top-p")) top_p = (float)atof(v);
-        else if (OPT("--top-k")) top_k = atoi(v);
-        else if (OPT("--min-p")) min_p = (float)atof(v);
-        else if (OPT("--repeat-penalty")) rep = (float)atof(v);
-        else if (OPT("--seed")) seed = atoll(v);
         else if (OPT("--stop") && n_stop < 16) stops[n_stop++] = v;
         else if (OPT("-t") || OPT("--threads")) threads = atoi(v);
         else if (!strcmp(a, "--chat")) chat = 1;
@@ -132,12 +128,7 @@ int osp_cmd_generate(int argc, char **argv) {
     osp_gen_params gp;
     osp_gen_defaults(m, tok, &gp, eos);
     if (ids_s) gp.sampler.temperature = 0; /* ids mode: greedy unless asked */
-    if (temp >= 0) gp.sampler.temperature = temp;
-    if (top_p >= 0) gp.sampler.top_p = top_p;
-    if (top_k >= 0) gp.sampler.top_k = top_k;
-    if (min_p >= 0) gp.sampler.min_p = min_p;
-    if (rep >= 0) gp.sampler.repetition_penalty = rep;
-    gp.sampler.seed = seed >= 0 ? (uint64_t)seed : (uint64_t)(osp_now_s() * 1e6);
+    osp_cli_sampling_apply(&smp, &gp);
     gp.max_tokens = n;
     gp.stop = stops;
     gp.n_stop = n_stop;

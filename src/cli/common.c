@@ -2,7 +2,10 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <string.h>
 #include "cli.h"
+#include "core/core.h"
+#include "osprey.h"
 
 #ifndef OSP_SOURCE_DIR
 #define OSP_SOURCE_DIR "."
@@ -24,4 +27,25 @@ const char *osp_cli_default_model(void) {
         }
     }
     return NULL;
+}
+
+int osp_cli_sampling_flag(osp_cli_sampling *s, const char *f, const char *v) {
+    if (!v) return 0;
+    if (!strcmp(f, "--temp") || !strcmp(f, "--temperature")) s->temp = (float)atof(v);
+    else if (!strcmp(f, "--top-p")) s->top_p = (float)atof(v);
+    else if (!strcmp(f, "--top-k")) s->top_k = atoi(v);
+    else if (!strcmp(f, "--min-p")) s->min_p = (float)atof(v);
+    else if (!strcmp(f, "--repeat-penalty")) s->rep = (float)atof(v);
+    else if (!strcmp(f, "--seed")) s->seed = atoll(v);
+    else return 0;
+    return 1;
+}
+
+void osp_cli_sampling_apply(const osp_cli_sampling *s, osp_gen_params *p) {
+    if (s->temp >= 0) p->sampler.temperature = s->temp;
+    if (s->top_p >= 0) p->sampler.top_p = s->top_p;
+    if (s->top_k >= 0) p->sampler.top_k = s->top_k;
+    if (s->min_p >= 0) p->sampler.min_p = s->min_p;
+    if (s->rep >= 0) p->sampler.repetition_penalty = s->rep;
+    p->sampler.seed = s->seed >= 0 ? (uint64_t)s->seed : (uint64_t)(osp_now_s() * 1e6);
 }

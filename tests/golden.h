@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "model/safetensors.h"
 #include "osprey.h"
 
@@ -67,6 +68,18 @@ static inline int argmax_f(const float *x, int32_t n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return b;
+}
+
+/* A scratch folder for a test file: make it in setup, remove it in teardown. */
+static inline int test_tmpdir_make(char *dir, size_t n, const char *tag) {
+    snprintf(dir, n, "/tmp/osp_%s_XXXXXX", tag);
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static inline int test_tmpdir_remove(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
 }
 
 /* Run the same T ids through the models in folders da and db (prefill,

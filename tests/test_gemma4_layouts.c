@@ -116,15 +116,12 @@ static void test_mlx_moe(void **state) {
 
 static int setup(void **s) {
     (void)s;
-    snprintf(tmp, sizeof tmp, "/tmp/osp_g4_XXXXXX");
-    return mkdtemp(tmp) ? 0 : -1;
+    return test_tmpdir_make(tmp, sizeof tmp, "g4");
 }
 
 static int teardown(void **s) {
     (void)s;
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_tmpdir_remove(tmp);
 }
 
 int main(void) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "model/safetensors.h"
 #include "model/st_write.h"
+#include "golden.h"
 #include "osprey.h"
 
 static char tmpdir[256];
@@ -202,15 +203,12 @@ static void test_shards_and_cache_layout(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/osp_test_load_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return test_tmpdir_make(tmpdir, sizeof tmpdir, "test_load");
 }
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_tmpdir_remove(tmpdir);
 }
 
 int main(void) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "golden.h"
 #include "text/detok.h"
 #include "text/stop.h"
 #include "text/tokenizer.h"
@@ -99,8 +100,7 @@ static void test_byte_fallback_stop(void **st) {
 
 static int setup(void **st) {
     (void)st;
-    snprintf(tmp, sizeof tmp, "/tmp/osp_stream_XXXXXX");
-    if (!mkdtemp(tmp)) return -1;
+    if (test_tmpdir_make(tmp, sizeof tmp, "stream") != 0) return -1;
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "gzip -dc data/tokenizers/gemma3/tokenizer.json.gz > %s/tokenizer.json && "
              "cp data/tokenizers/gemma3/tokenizer_config.json %s/", tmp, tmp);
@@ -111,9 +111,7 @@ static int setup(void **st) {
 static int teardown(void **st) {
     (void)st;
     osp_tokenizer_free(tok);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    return system(cmd) == 0 ? 0 : -1;
+    return test_tmpdir_remove(tmp);
 }
 
 int main(void) {

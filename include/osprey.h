@@ -127,6 +127,12 @@ typedef struct osp_sampler_params {
     int32_t n_xtc_exempt;
 } osp_sampler_params;
 
+/* Per generated token (eos excluded), before its text: the token's
+ * log-probability under the processed, unfiltered distribution and the k
+ * most likely tokens (k = osp_gen_params.top_logprobs). */
+typedef void (*osp_logprob_cb)(void *user, int32_t token, float logprob, const int32_t *top_ids,
+                               const float *top_logprobs, int32_t k);
+
 typedef struct osp_gen_params {
     osp_sampler_params sampler;
     int32_t max_tokens;          /* <= 0: until a stop or the end of the context */
@@ -135,6 +141,9 @@ typedef struct osp_gen_params {
     const int32_t *eos;          /* stop tokens: end the stream, not emitted */
     int32_t n_eos;
     int skip_special;            /* leave special tokens out of the text */
+    osp_logprob_cb on_logprob;   /* NULL = no logprobs */
+    void *logprob_user;
+    int32_t top_logprobs;        /* 0..20 alternatives reported to on_logprob */
 } osp_gen_params;
 
 typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELLED } osp_finish;

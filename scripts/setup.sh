@@ -2,8 +2,12 @@
 # Installs osprey's Debian dependencies (when missing) and builds it in build/.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev"
+PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev"
 missing=""
+# node + npm drive the end-to-end tests (the npm `openai` client); a
+# machine that already has a node (e.g. from NodeSource) keeps it.
+command -v node >/dev/null 2>&1 || PKGS="$PKGS nodejs"
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS npm"
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done

@@ -4,6 +4,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 sh scripts/setup.sh
+# the npm `openai` client for the end-to-end server tests (tests/e2e)
+(cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 (cd build && ctest --output-on-failure -j"$(nproc)")
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOSP_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"

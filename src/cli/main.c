@@ -12,6 +12,8 @@ static const char *USAGE =
     "                                logits at every position (parity checks)\n"
     "  generate [--model M] (--prompt TEXT [--chat] [--system S] | --ids 1,2,3) [-n N] [--temp T] [--top-p P]\n"
     "           [--top-k K] [--min-p P] [--seed S] [--stop STR]   stream a completion (--ids: print token ids)\n"
+    "  serve [MODEL] [--host H] [--port P] [-c CTX] [--api-key K] ...   OpenAI-compatible HTTP server\n"
+    "                                (osprey serve --help lists the flags)\n"
     "  chat [--model M] [--system S]   interactive chat through the model's template (/reset, /quit)\n"
     "  synth --preset NAME --dtype bf16|q4|q8 --out DIR   random-weight checkpoint\n"
     "  bench --model M [-p 512] [-n 128] [-t THREADS] [--json]   prefill/decode speed vs memory bandwidth\n"
@@ -20,7 +22,7 @@ static const char *USAGE =
     "  template --model M --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--var NAME=JSON]\n"
     "                                the model's chat template rendered\n"
     "\n"
-    "Without --model, generate/chat/bench use the bundled model (models/fortune).\n"
+    "Without --model, serve/generate/chat/bench use the bundled model (models/fortune).\n"
     "MODEL is a Hugging Face model folder (config.json + safetensors) or a cache repo folder (models--ORG--NAME).\n";
 
 int osp_cli_fail(const char *cmd) {
@@ -42,6 +44,7 @@ int main(int argc, char **argv) {
         {"inspect", osp_cmd_inspect}, {"logits", osp_cmd_logits}, {"generate", osp_cmd_generate},
         {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},       {"tokenize", osp_cmd_tokenize},
         {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template}, {"chat", osp_cmd_chat},
+        {"serve", osp_cmd_serve},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

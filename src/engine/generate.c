@@ -63,6 +63,9 @@ typedef struct gen_state {
     osp_stop *stop;
     float *logits;
     int32_t *hist;
+    float *lp;       /* logprobs (only with on_logprob) */
+    int32_t *top, *top_scratch;
+    float *top_lp;
 } gen_state;
 
 static void gen_free(gen_state *g) {
@@ -71,6 +74,10 @@ static void gen_free(gen_state *g) {
     osp_stop_free(g->stop);
     free(g->logits);
     free(g->hist);
+    free(g->lp);
+    free(g->top);
+    free(g->top_scratch);
+    free(g->top_lp);
 }
 
 static int is_eos(const osp_gen_params *p, int32_t t) {
@@ -98,6 +105,16 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
         g.hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + ctx + 1));
         if (!g.logits || !g.hist) rc = osp_err(OSP_ERR_NOMEM, "out of memory");
     }
+    if (rc == OSP_OK && p->on_logprob) {
+        if (p->top_logprobs < 0 || p->top_logprobs > 20 || p->top_logprobs > V)
+            rc = osp_err(OSP_ERR_INVALID, "top_logprobs must be in [0, 20], got %d", p->top_logprobs);
+        g.lp = malloc(sizeof(float) * V);
+        g.top = malloc(sizeof(int32_t) * 21);
+        g.top_lp = malloc(sizeof(float) * 21);
+        g.top_scratch = malloc(sizeof(int32_t) * V);
+        if (rc == OSP_OK && (!g.lp || !g.top || !g.top_lp || !g.top_scratch))
+            rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
     if (rc != OSP_OK) {
         gen_free(&g);
         return rc;
@@ -115,13 +132,19 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
     size_t len;
     double tl = osp_now_s(); /* start of this step's loop work */
     while (rc == OSP_OK && !done) {
-        int32_t tok_id = osp_sampler_sample(g.sampler, g.logits, g.hist, nh, NULL);
+        int32_t tok_id = osp_sampler_sample(g.sampler, g.logits, g.hist, nh, g.lp);
         if (st->n_generated == 0) t_first = osp_now_s();
         st->n_generated++;
         g.hist[nh++] = tok_id;
         if (is_eos(p, tok_id)) {
             st->finish = OSP_FINISH_STOP;
             break;
+        }
+        if (p->on_logprob) {
+            int32_t k = p->top_logprobs;
+            if (k > 0) osp_top_k_indices(g.lp, V, k, g.top, g.top_scratch);
+            for (int32_t i = 0; i < k; i++) g.top_lp[i] = g.lp[g.top[i]];
+            p->on_logprob(p->logprob_user, tok_id, g.lp[tok_id], g.top, g.top_lp, k);
         }
         text = "";
         len = 0;

@@ -1,0 +1,107 @@
+/* osprey serve: flags (mlx_lm.server and llama-server spellings) → osp_serve. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "cli.h"
+#include "osprey.h"
+#include "server/server.h"
+
+static int usage(FILE *f) {
+    fprintf(f,
+            "usage: osprey serve [MODEL] [flags]\n"
+            "  An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions,\n"
+            "  /tokenize, /detokenize, /apply-template; GET /v1/models, /health).\n"
+            "  With no MODEL it serves the bundled model (models/fortune).\n"
+            "\n"
+            "  --model, -m MODEL        model folder (or Hugging Face cache repo folder)\n"
+            "  --host HOST              address to listen on (default 127.0.0.1)\n"
+            "  --port PORT              port (default 8080; 0 picks a free one)\n"
+            "  -c, --ctx-size N         context per request in tokens (default: the model's, at most 8192)\n"
+            "  -t, --threads N          compute threads (default: all cores)\n"
+            "  --max-tokens N           default max_tokens of a request (default 512)\n"
+            "  --temp T                 default temperature (default: generation_config.json, else 0)\n"
+            "  --top-p P, --top-k K, --min-p P   default filters\n"
+            "  --chat-template FILE     a Jinja chat template replacing the model's\n"
+            "  --allowed-origins LIST   CORS origins, comma-separated; '*' = any (default), '' = none\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' (except /health)\n"
+            "  --max-body BYTES         request body limit (default 8388608); larger bodies get a 413\n"
+            "  --log-level LEVEL        ERROR, WARNING, INFO or DEBUG (default WARNING)\n"
+            "\n"
+            "  SIGINT / SIGTERM: stop accepting requests, finish the queued ones, exit; a second signal exits at once.\n");
+    return f == stdout ? 0 : 2;
+}
+
+static int log_level_of(const char *v) {
+    if (!strcasecmp(v, "error") || !strcasecmp(v, "critical")) return 0;
+    if (!strcasecmp(v, "warning") || !strcasecmp(v, "warn")) return 1;
+    if (!strcasecmp(v, "info")) return 2;
+    if (!strcasecmp(v, "debug")) return 3;
+    return -1;
+}
+
+static int num_arg(const char *flag, const char *v, double lo, double hi, double *out) {
+    char *end;
+    double d = strtod(v, &end);
+    if (!*v || *end || !(d >= lo && d <= hi)) {
+        fprintf(stderr, "osprey serve: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+int osp_cmd_serve(int argc, char **argv) {
+    osp_serve_config c;
+    osp_serve_config_defaults(&c);
+    int threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout);
+        if (a[0] != '-') {
+            if (c.model) return usage(stderr);
+            c.model = a;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "osprey serve: unknown flag or missing value: %s\n", a);
+            return usage(stderr);
+        }
+        i++;
+#define IS(x) (!strcmp(a, x))
+#define NUM(lo, hi) (num_arg(a, v, lo, hi, &d) ? 2 : 0)
+        if (IS("--model") || IS("-m")) c.model = v;
+        else if (IS("--host")) c.host = v;
+        else if (IS("--port")) { if (NUM(0, 65535)) return 2; c.port = (int)d; }
+        else if (IS("-c") || IS("--ctx-size")) { if (NUM(0, 1 << 24)) return 2; c.ctx = (int)d; }
+        else if (IS("-t") || IS("--threads")) { if (NUM(0, 4096)) return 2; threads = (int)d; }
+        else if (IS("--max-tokens") || IS("-n") || IS("--n-predict")) { if (NUM(1, 1 << 30)) return 2; c.max_tokens = (int)d; }
+        else if (IS("--temp") || IS("--temperature")) { if (NUM(0, 1e6)) return 2; c.temp = (float)d; }
+        else if (IS("--top-p")) { if (NUM(0, 1)) return 2; c.top_p = (float)d; }
+        else if (IS("--top-k")) { if (NUM(0, 1 << 30)) return 2; c.top_k = (int)d; }
+        else if (IS("--min-p")) { if (NUM(0, 1)) return 2; c.min_p = (float)d; }
+        else if (IS("--chat-template")) c.chat_template = v;
+        else if (IS("--allowed-origins")) c.allowed_origins = v;
+        else if (IS("--api-key")) c.api_key = v;
+        else if (IS("--max-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_body = (size_t)d; }
+        else if (IS("--log-level")) {
+            if ((c.log_level = log_level_of(v)) < 0) {
+                fprintf(stderr, "osprey serve: --log-level is one of ERROR, WARNING, INFO, DEBUG\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "osprey serve: unknown flag %s\n", a);
+            return usage(stderr);
+        }
+#undef IS
+#undef NUM
+    }
+    if (!c.model) c.model = osp_cli_default_model();
+    if (!c.model) {
+        fprintf(stderr, "osprey serve: no model given and the bundled model was not found\n");
+        return 2;
+    }
+    c.threads = threads;
+    return osp_serve(&c);
+}

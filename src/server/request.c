@@ -1,0 +1,523 @@
+/* server/request: an OpenAI request body ─► a validated job.
+ *
+ * Everything a client can get wrong is checked here, before the job is
+ * queued, and answered with a 400 naming the field: wrong types, values out
+ * of range, empty messages, unknown roles, non-text content, a prompt that
+ * (with max_tokens) does not fit the context, template errors.
+ *
+ * Sampling defaults: request field → server flag → the model's
+ * generation_config.json → built-in (greedy). The server's defaults
+ * (srv.defaults) already hold the last three.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "server/server_internal.h"
+
+typedef struct perr {
+    int status;
+    char msg[512];
+    const char *param;
+} perr;
+
+#define FAIL(e, prm, ...)                                                                                    \
+    do {                                                                                                     \
+        (e)->status = 400;                                                                                   \
+        (e)->param = (prm);                                                                                  \
+        snprintf((e)->msg, sizeof (e)->msg, __VA_ARGS__);                                                    \
+        return -1;                                                                                           \
+    } while (0)
+
+static json_t *get(const json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* A number field within [lo, hi]; absent/null leaves *out. */
+static int num_field(const json_t *b, const char *k, double lo, double hi, float *out, perr *e) {
+    json_t *v = get(b, k);
+    if (!v) return 0;
+    if (!json_is_number(v)) FAIL(e, k, "'%s' must be a number", k);
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi)) FAIL(e, k, "'%s' must be in [%g, %g], got %g", k, lo, hi, d);
+    *out = (float)d;
+    return 0;
+}
+
+static int int_field(const json_t *b, const char *k, long long lo, long long hi, int32_t *out, perr *e) {
+    json_t *v = get(b, k);
+    if (!v) return 0;
+    long long x;
+    if (json_is_integer(v)) x = json_integer_value(v);
+    else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 1e15)
+        x = (long long)json_real_value(v); /* 5.0 is 5 */
+    else FAIL(e, k, "'%s' must be an integer", k);
+    if (x < lo || x > hi) FAIL(e, k, "'%s' must be in [%lld, %lld], got %lld", k, lo, hi, x);
+    *out = (int32_t)x;
+    return 0;
+}
+
+static int bool_field(const json_t *b, const char *k, int *out, perr *e) {
+    json_t *v = get(b, k);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) FAIL(e, k, "'%s' must be a boolean", k);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static void job_free_fields(srv_job *j) {
+    osp_free(j->prompt);
+    for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
+    free(j->stops);
+    free(j->bias);
+}
+
+static srv_job *job_new(srv *s) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->conn_fd = -1;
+    j->gp = s->defaults;
+    memcpy(j->eos, s->eos, sizeof j->eos);
+    j->gp.eos = j->eos;
+    j->gp.n_eos = s->n_eos;
+    j->gp.sampler.xtc_exempt = j->eos;
+    j->gp.sampler.n_xtc_exempt = s->n_eos;
+    j->gp.max_tokens = -1;
+    j->created = (long long)time(NULL);
+    j->fmt = OSP_REPLY_NONE;
+    return j;
+}
+
+void srv_job_release(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    job_free_fields(j);
+    srv_buf_free(&j->out);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Fields shared by chat and completions. */
+static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens, perr *e) {
+    osp_sampler_params *sp = &j->gp.sampler;
+    int32_t mt = -1, n = 1;
+    if (int_field(b, "max_tokens", 1, 1 << 30, &mt, e)) return -1;
+    if (int_field(b, "max_completion_tokens", 1, 1 << 30, &mt, e)) return -1;
+    if (int_field(b, "n", 1, 1, &n, e)) {
+        snprintf(e->msg, sizeof e->msg, "only n = 1 is supported");
+        return -1;
+    }
+    *max_tokens = mt;
+    if (num_field(b, "temperature", 0, 1e6, &sp->temperature, e)) return -1;
+    if (num_field(b, "top_p", 0, 1, &sp->top_p, e)) return -1;
+    if (num_field(b, "min_p", 0, 1, &sp->min_p, e)) return -1;
+    int32_t tk = -2;
+    if (int_field(b, "top_k", -1, 1 << 30, &tk, e)) return -1;
+    if (tk != -2) sp->top_k = tk < 0 ? 0 : tk;
+    if (num_field(b, "repetition_penalty", 0, 1e6, &sp->repetition_penalty, e)) return -1;
+    if (num_field(b, "presence_penalty", -2, 2, &sp->presence_penalty, e)) return -1;
+    if (num_field(b, "frequency_penalty", -2, 2, &sp->frequency_penalty, e)) return -1;
+    if (int_field(b, "repetition_context_size", 0, 1 << 30, &sp->repetition_context, e)) return -1;
+    if (int_field(b, "presence_context_size", 0, 1 << 30, &sp->presence_context, e)) return -1;
+    if (int_field(b, "frequency_context_size", 0, 1 << 30, &sp->frequency_context, e)) return -1;
+    if (num_field(b, "xtc_probability", 0, 1, &sp->xtc_probability, e)) return -1;
+    if (num_field(b, "xtc_threshold", 0, 0.5, &sp->xtc_threshold, e)) return -1;
+    json_t *v = get(b, "seed");
+    if (v) {
+        if (!json_is_integer(v)) FAIL(e, "seed", "'seed' must be an integer");
+        sp->seed = (uint64_t)json_integer_value(v);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp->seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)j;
+    }
+    if (bool_field(b, "stream", &j->stream, e)) return -1;
+    if ((v = get(b, "stream_options"))) {
+        if (!json_is_object(v)) FAIL(e, "stream_options", "'stream_options' must be an object");
+        if (bool_field(v, "include_usage", &j->include_usage, e)) return -1;
+    }
+    /* stop: a string or a list of strings */
+    if ((v = get(b, "stop"))) {
+        size_t ns = json_is_string(v) ? 1 : json_is_array(v) ? json_array_size(v) : (size_t)-1;
+        if (ns == (size_t)-1) FAIL(e, "stop", "'stop' must be a string or a list of strings");
+        if (ns > 16) FAIL(e, "stop", "at most 16 stop strings, got %zu", ns);
+        j->stops = calloc(ns + 1, sizeof *j->stops);
+        if (!j->stops) FAIL(e, "stop", "out of memory");
+        for (size_t i = 0; i < ns; i++) {
+            json_t *x = json_is_string(v) ? v : json_array_get(v, i);
+            if (!json_is_string(x)) FAIL(e, "stop", "'stop' must be a string or a list of strings");
+            if (json_string_length(x) > 1024) FAIL(e, "stop", "stop strings are limited to 1024 bytes");
+            j->stops[j->n_stop++] = strdup(json_string_value(x));
+        }
+        j->gp.stop = (const char *const *)j->stops;
+        j->gp.n_stop = j->n_stop;
+    }
+    /* logit_bias: {"token id": bias} */
+    if ((v = get(b, "logit_bias"))) {
+        if (!json_is_object(v)) FAIL(e, "logit_bias", "'logit_bias' must be an object of token id → bias");
+        size_t nb = json_object_size(v);
+        int32_t V = osp_model_get_info(s->model)->vocab;
+        if (nb > (size_t)V) FAIL(e, "logit_bias", "'logit_bias' has more entries (%zu) than the vocabulary", nb);
+        j->bias = calloc(nb + 1, sizeof *j->bias);
+        if (!j->bias) FAIL(e, "logit_bias", "out of memory");
+        const char *key;
+        json_t *x;
+        int32_t k = 0;
+        json_object_foreach(v, key, x) {
+            char *end;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || id < 0 || id >= V)
+                FAIL(e, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", key, V);
+            if (!json_is_number(x) || !(fabs(json_number_value(x)) <= 100))
+                FAIL(e, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
+            j->bias[k].token = (int32_t)id;
+            j->bias[k++].bias = (float)json_number_value(x);
+        }
+        j->gp.sampler.logit_bias = j->bias;
+        j->gp.sampler.n_logit_bias = k;
+    }
+    if ((v = get(b, "response_format"))) {
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
+            FAIL(e, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
+    }
+    return 0;
+}
+
+/* Tokens of the prompt fit the context; settle max_tokens. */
+static int fit_context(srv *s, srv_job *j, int32_t max_tokens, perr *e) {
+    if (j->n_prompt <= 0) FAIL(e, NULL, "the prompt is empty");
+    if (j->n_prompt >= s->ctx)
+        FAIL(e, NULL, "the prompt has %d tokens; the context holds %d", j->n_prompt, s->ctx);
+    if (max_tokens > 0 && (int64_t)j->n_prompt + max_tokens > s->ctx)
+        FAIL(e, "max_tokens", "the prompt (%d tokens) plus max_tokens (%d) exceeds the context of %d tokens",
+             j->n_prompt, max_tokens, s->ctx);
+    if (max_tokens <= 0) {
+        max_tokens = s->cfg.max_tokens > 0 ? s->cfg.max_tokens : 512;
+        if (max_tokens > s->ctx - j->n_prompt) max_tokens = s->ctx - j->n_prompt;
+    }
+    j->gp.max_tokens = max_tokens;
+    return 0;
+}
+
+static srv_job *fail_job(srv_job *j, perr *e, int *status, json_t **err) {
+    *status = e->status ? e->status : 400;
+    *err = srv_error_json(*status, e->msg, e->param);
+    srv_job_release(j);
+    return NULL;
+}
+
+/* OpenAI message content → a plain string (text parts joined). */
+static int content_text(const json_t *c, srv_buf *out, perr *e) {
+    if (json_is_string(c)) return srv_buf_add(out, json_string_value(c), json_string_length(c));
+    if (!json_is_array(c)) FAIL(e, "messages", "message content must be a string or a list of parts");
+    size_t i;
+    json_t *p;
+    json_array_foreach(c, i, p) {
+        json_t *t = json_is_object(p) ? json_object_get(p, "type") : NULL;
+        if (json_is_string(p)) {
+            srv_buf_add(out, json_string_value(p), json_string_length(p));
+            continue;
+        }
+        if (!json_is_string(t)) FAIL(e, "messages", "content parts must be objects with a 'type'");
+        if (strcmp(json_string_value(t), "text") && strcmp(json_string_value(t), "input_text"))
+            FAIL(e, "messages", "content part type '%.40s' is not supported (this model takes text only)",
+                 json_string_value(t));
+        json_t *x = json_object_get(p, "text");
+        if (!json_is_string(x)) FAIL(e, "messages", "a text part needs a string 'text'");
+        srv_buf_add(out, json_string_value(x), json_string_length(x));
+    }
+    return 0;
+}
+
+/* The messages as the template expects them. */
+static json_t *normalize_messages(const json_t *msgs, perr *e) {
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        e->status = 400;
+        e->param = "messages";
+        snprintf(e->msg, sizeof e->msg, "'messages' must be a non-empty list");
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        static const char *roles[] = {"system", "developer", "user", "assistant", "tool", "function"};
+        json_t *r = json_is_object(m) ? json_object_get(m, "role") : NULL;
+        const char *role = json_is_string(r) ? json_string_value(r) : NULL;
+        int ok = 0;
+        for (size_t k = 0; role && k < sizeof roles / sizeof *roles; k++) ok |= !strcmp(role, roles[k]);
+        if (!ok) {
+            e->status = 400;
+            e->param = "messages";
+            snprintf(e->msg, sizeof e->msg, "messages[%zu]: 'role' must be one of system, developer, user, assistant, tool", i);
+            json_decref(out);
+            return NULL;
+        }
+        json_t *nm = json_object();
+        json_object_set_new(nm, "role", json_string(!strcmp(role, "developer") ? "system" : !strcmp(role, "function") ? "tool" : role));
+        json_t *c = json_object_get(m, "content");
+        if (c && !json_is_null(c)) {
+            srv_buf t = {0};
+            if (content_text(c, &t, e)) {
+                srv_buf_free(&t);
+                json_decref(nm);
+                json_decref(out);
+                return NULL;
+            }
+            json_object_set_new(nm, "content", json_stringn(t.p ? t.p : "", t.len));
+            srv_buf_free(&t);
+        } else if (!json_object_get(m, "tool_calls")) {
+            if (strcmp(role, "assistant")) {
+                e->status = 400;
+                e->param = "messages";
+                snprintf(e->msg, sizeof e->msg, "messages[%zu] has no content", i);
+                json_decref(nm);
+                json_decref(out);
+                return NULL;
+            }
+            json_object_set_new(nm, "content", json_string(""));
+        } else {
+            json_object_set_new(nm, "content", json_null());
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)m, key, v) {
+            if (!strcmp(key, "role") || !strcmp(key, "content")) continue;
+            if (!strcmp(key, "tool_calls") && json_is_array(v)) {
+                /* arguments arrive as a JSON string; templates want the object */
+                json_t *tc = json_deep_copy(v);
+                size_t q;
+                json_t *call;
+                json_array_foreach(tc, q, call) {
+                    json_t *f = json_object_get(call, "function");
+                    json_t *a = f ? json_object_get(f, "arguments") : NULL;
+                    if (json_is_string(a)) {
+                        json_t *obj = json_loads(json_string_value(a), JSON_DECODE_ANY, NULL);
+                        if (json_is_object(obj)) json_object_set_new(f, "arguments", obj);
+                        else json_decref(obj);
+                    }
+                }
+                json_object_set_new(nm, key, tc);
+            } else {
+                json_object_set(nm, key, v);
+            }
+        }
+        json_array_append_new(out, nm);
+    }
+    return out;
+}
+
+/* Tools as given, unless tool_choice is "none". Returns a borrowed ref or NULL. */
+static int pick_tools(const json_t *b, const json_t **tools, perr *e) {
+    *tools = NULL;
+    json_t *t = get(b, "tools");
+    if (!t) return 0;
+    if (!json_is_array(t)) FAIL(e, "tools", "'tools' must be a list");
+    size_t i;
+    json_t *x;
+    json_array_foreach(t, i, x) {
+        json_t *f = json_is_object(x) ? json_object_get(x, "function") : NULL;
+        if (!json_is_object(f) || !json_is_string(json_object_get(f, "name")))
+            FAIL(e, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+    }
+    json_t *c = get(b, "tool_choice");
+    if (c && !json_is_string(c) && !json_is_object(c)) FAIL(e, "tool_choice", "'tool_choice' must be a string or an object");
+    if (json_is_string(c) && !strcmp(json_string_value(c), "none")) return 0;
+    if (json_array_size(t)) *tools = t;
+    return 0;
+}
+
+/* chat_template_kwargs (+ reasoning_effort "none" → enable_thinking false). */
+static int template_extra(const json_t *b, json_t **extra, perr *e) {
+    *extra = NULL;
+    json_t *k = get(b, "chat_template_kwargs");
+    if (k && !json_is_object(k)) FAIL(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    json_t *x = k ? json_deep_copy(k) : json_object();
+    json_t *re = get(b, "reasoning_effort");
+    if (re && !json_is_string(re)) {
+        json_decref(x);
+        FAIL(e, "reasoning_effort", "'reasoning_effort' must be a string");
+    }
+    if (re && !json_object_get(x, "enable_thinking"))
+        json_object_set_new(x, "enable_thinking", json_boolean(strcmp(json_string_value(re), "none") != 0));
+    *extra = x;
+    return 0;
+}
+
+static int render(srv *s, const json_t *b, char **text, size_t *len, const json_t **tools_out, perr *e) {
+    if (!s->tmpl) {
+        e->status = 400;
+        snprintf(e->msg, sizeof e->msg, "this model has no chat template (use /v1/completions or --chat-template)");
+        return -1;
+    }
+    json_t *msgs = normalize_messages(get(b, "messages"), e);
+    if (!msgs) return -1;
+    const json_t *tools;
+    json_t *extra = NULL;
+    if (pick_tools(b, &tools, e) || template_extra(b, &extra, e)) {
+        json_decref(msgs);
+        return -1;
+    }
+    osp_status rc = osp_chat_template_render(s->tmpl, msgs, tools, 1, extra, NULL, text, len);
+    json_decref(msgs);
+    json_decref(extra);
+    if (rc != OSP_OK) {
+        e->status = 400;
+        snprintf(e->msg, sizeof e->msg, "chat template: %s", osp_last_error());
+        return -1;
+    }
+    if (tools_out) *tools_out = tools;
+    return 0;
+}
+
+srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+    perr e = {0};
+    srv_job *j = job_new(s);
+    if (!j) {
+        *status = 500;
+        *err = srv_error_json(500, "out of memory", NULL);
+        return NULL;
+    }
+    j->kind = SRV_CHAT;
+    int32_t max_tokens;
+    if (!json_is_object(b)) {
+        e.status = 400;
+        snprintf(e.msg, sizeof e.msg, "the body must be a JSON object");
+        return fail_job(j, &e, status, err);
+    }
+    if (parse_common(s, b, j, &max_tokens, &e)) return fail_job(j, &e, status, err);
+    json_t *v = get(b, "logprobs");
+    if (v && !json_is_boolean(v)) {
+        e.status = 400, e.param = "logprobs";
+        snprintf(e.msg, sizeof e.msg, "'logprobs' must be a boolean");
+        return fail_job(j, &e, status, err);
+    }
+    j->logprobs = json_is_true(v);
+    int32_t tl = 0;
+    if (int_field(b, "top_logprobs", 0, 20, &tl, &e)) return fail_job(j, &e, status, err);
+    j->top_logprobs = tl;
+    char *text = NULL;
+    size_t len = 0;
+    const json_t *tools = NULL;
+    if (render(s, b, &text, &len, &tools, &e)) return fail_job(j, &e, status, err);
+    size_t n = 0;
+    osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
+    j->fmt = s->fmt;
+    j->parse_tools = tools != NULL && s->fmt != OSP_REPLY_NONE;
+    j->parse_reasoning = s->fmt == OSP_REPLY_QWEN || s->fmt == OSP_REPLY_GEMMA4;
+    j->start_in_reasoning = j->parse_reasoning && osp_reply_prompt_opens_reasoning(s->fmt, text, len);
+    /* Gemma 4's markers are special tokens: keep them in the text for the parser */
+    if (s->fmt == OSP_REPLY_GEMMA4 && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
+    osp_free(text);
+    if (rc != OSP_OK) {
+        e.status = 400;
+        snprintf(e.msg, sizeof e.msg, "tokenizer: %s", osp_last_error());
+        return fail_job(j, &e, status, err);
+    }
+    j->n_prompt = (int32_t)n;
+    if (fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    srv_make_id(j->id, sizeof j->id, "chatcmpl");
+    return j;
+}
+
+srv_job *srv_parse_completion(srv *s, const json_t *b, int *status, json_t **err) {
+    perr e = {0};
+    srv_job *j = job_new(s);
+    if (!j) {
+        *status = 500;
+        *err = srv_error_json(500, "out of memory", NULL);
+        return NULL;
+    }
+    j->kind = SRV_COMPLETION;
+    int32_t max_tokens;
+    if (!json_is_object(b)) {
+        e.status = 400;
+        snprintf(e.msg, sizeof e.msg, "the body must be a JSON object");
+        return fail_job(j, &e, status, err);
+    }
+    if (parse_common(s, b, j, &max_tokens, &e)) return fail_job(j, &e, status, err);
+    int32_t lp = -1;
+    if (int_field(b, "logprobs", 0, 20, &lp, &e)) return fail_job(j, &e, status, err);
+    j->logprobs = lp >= 0;
+    j->top_logprobs = lp > 0 ? lp : 0;
+    int echo = 0;
+    if (bool_field(b, "echo", &echo, &e)) return fail_job(j, &e, status, err);
+    if (echo) {
+        e.status = 400, e.param = "echo";
+        snprintf(e.msg, sizeof e.msg, "'echo' is not supported");
+        return fail_job(j, &e, status, err);
+    }
+    json_t *p = get(b, "prompt");
+    /* a one-element batch is the same as its element */
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0);
+    int32_t V = osp_model_get_info(s->model)->vocab;
+    if (json_is_string(p)) {
+        size_t n = 0;
+        if (osp_tokenizer_encode_alloc(s->tok, json_string_value(p), json_string_length(p), 1, &j->prompt, &n) !=
+            OSP_OK) {
+            e.status = 400;
+            snprintf(e.msg, sizeof e.msg, "tokenizer: %s", osp_last_error());
+            return fail_job(j, &e, status, err);
+        }
+        j->n_prompt = (int32_t)n;
+    } else if (json_is_array(p)) {
+        size_t n = json_array_size(p);
+        j->prompt = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (n ? n : 1));
+        if (!j->prompt) {
+            e.status = 500;
+            snprintf(e.msg, sizeof e.msg, "out of memory");
+            return fail_job(j, &e, status, err);
+        }
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_array_get(p, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V) {
+                e.status = 400, e.param = "prompt";
+                snprintf(e.msg, sizeof e.msg,
+                         json_is_array(x) || json_is_string(x) ? "only one prompt per request is supported"
+                                                               : "'prompt' token ids must be integers in [0, %d)",
+                         V);
+                return fail_job(j, &e, status, err);
+            }
+            j->prompt[i] = (int32_t)json_integer_value(x);
+        }
+        j->n_prompt = (int32_t)n;
+    } else {
+        e.status = 400, e.param = "prompt";
+        snprintf(e.msg, sizeof e.msg, "'prompt' must be a string or a list of token ids");
+        return fail_job(j, &e, status, err);
+    }
+    if (fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    srv_make_id(j->id, sizeof j->id, "cmpl");
+    return j;
+}
+
+json_t *srv_apply_template(srv *s, const json_t *b, int *status) {
+    perr e = {0};
+    char *text = NULL;
+    size_t len = 0;
+    if (!json_is_object(b)) {
+        *status = 400;
+        return srv_error_json(400, "the body must be a JSON object", NULL);
+    }
+    if (render(s, b, &text, &len, NULL, &e)) {
+        *status = e.status ? e.status : 400;
+        return srv_error_json(*status, e.msg, e.param);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "prompt", json_stringn(text, len));
+    osp_free(text);
+    *status = 200;
+    return o;
+}

@@ -1,0 +1,43 @@
+/* server/: osprey serve, an OpenAI-compatible HTTP server.
+ *
+ *   HTTP (libmicrohttpd, one thread per connection)
+ *     └─ http.c     routing, API key, CORS, body limit, errors in OpenAI's shape
+ *        └─ request.c  JSON body ─► validated job (template, tokens, sampler)
+ *           └─ queue ─► worker.c  one generation at a time, FIFO
+ *                          └─ osp_generate ─► reply.c (reasoning / tool calls)
+ *                             ─► SSE chunks or the final JSON, handed back
+ *                                to the connection thread through the job
+ *
+ * A client that disconnects cancels its job (queued or running); SIGINT /
+ * SIGTERM stop accepting work, let the queue drain, then exit.
+ */
+#ifndef OSP_SERVER_H
+#define OSP_SERVER_H
+
+#include <stdint.h>
+#include "core/core.h"
+
+typedef struct osp_serve_config {
+    const char *model;          /* model folder */
+    const char *host;           /* default 127.0.0.1 */
+    int port;                   /* default 8080; 0 = any free port */
+    int ctx;                    /* context per request; 0 = min(model, 8192) */
+    int threads;                /* 0 = all cores */
+    int max_tokens;             /* default max_tokens; <= 0: 512 */
+    float temp, top_p, min_p;   /* server sampling defaults; < 0 = not given */
+    int top_k;                  /* < 0 = not given */
+    const char *chat_template;  /* file replacing the model's template, or NULL */
+    const char *allowed_origins;/* comma-separated, "*" = any (default) */
+    const char *api_key;        /* NULL = no authentication */
+    size_t max_body;            /* request body limit in bytes (default 8 MiB) */
+    int log_level;              /* 0 error .. 3 debug */
+} osp_serve_config;
+
+void osp_serve_config_defaults(osp_serve_config *c);
+
+/* Run until SIGINT/SIGTERM. Prints "osprey serve: listening on http://HOST:PORT"
+ * to stderr once the socket is bound (the model loads after that; /health
+ * answers 503 until it is ready). Returns 0 on a clean exit. */
+int osp_serve(const osp_serve_config *c);
+
+#endif

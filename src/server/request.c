@@ -380,7 +380,9 @@ static int render(srv *s, const json_t *b, char **text, size_t *len, const json_
     return 0;
 }
 
-srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+/* A job of this kind with the fields both endpoints share; NULL with
+ * *status / *err set on failure. */
+static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_tokens, int *status, json_t **err) {
     perr e = {0};
     srv_job *j = job_new(s);
     if (!j) {
@@ -388,14 +390,21 @@ srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
         *err = srv_error_json(500, "out of memory", NULL);
         return NULL;
     }
-    j->kind = SRV_CHAT;
-    int32_t max_tokens;
+    j->kind = kind;
     if (!json_is_object(b)) {
         e.status = 400;
         snprintf(e.msg, sizeof e.msg, "the body must be a JSON object");
         return fail_job(j, &e, status, err);
     }
-    if (parse_common(s, b, j, &max_tokens, &e)) return fail_job(j, &e, status, err);
+    if (parse_common(s, b, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    return j;
+}
+
+srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+    perr e = {0};
+    int32_t max_tokens;
+    srv_job *j = begin_job(s, b, SRV_CHAT, &max_tokens, status, err);
+    if (!j) return NULL;
     json_t *v = get(b, "logprobs");
     if (v && !json_is_boolean(v)) {
         e.status = 400, e.param = "logprobs";
@@ -432,20 +441,9 @@ srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
 
 srv_job *srv_parse_completion(srv *s, const json_t *b, int *status, json_t **err) {
     perr e = {0};
-    srv_job *j = job_new(s);
-    if (!j) {
-        *status = 500;
-        *err = srv_error_json(500, "out of memory", NULL);
-        return NULL;
-    }
-    j->kind = SRV_COMPLETION;
     int32_t max_tokens;
-    if (!json_is_object(b)) {
-        e.status = 400;
-        snprintf(e.msg, sizeof e.msg, "the body must be a JSON object");
-        return fail_job(j, &e, status, err);
-    }
-    if (parse_common(s, b, j, &max_tokens, &e)) return fail_job(j, &e, status, err);
+    srv_job *j = begin_job(s, b, SRV_COMPLETION, &max_tokens, status, err);
+    if (!j) return NULL;
     int32_t lp = -1;
     if (int_field(b, "logprobs", 0, 20, &lp, &e)) return fail_job(j, &e, status, err);
     j->logprobs = lp >= 0;

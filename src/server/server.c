@@ -460,27 +460,7 @@ static int load_model(srv *s) {
         OSP_LOG(1, "osprey serve: no chat template (%s); /v1/chat/completions is unavailable", osp_last_error());
         s->tmpl = NULL;
     }
-    s->fmt = OSP_REPLY_NONE;
-    if (s->tmpl) {
-        char *src = NULL;
-        char path[4200];
-        if (c->chat_template) snprintf(path, sizeof path, "%s", c->chat_template);
-        else snprintf(path, sizeof path, "%s/chat_template.jinja", in->dir);
-        FILE *f = fopen(path, "rb");
-        if (!f) {
-            snprintf(path, sizeof path, "%s/tokenizer_config.json", in->dir);
-            f = fopen(path, "rb");
-        }
-        if (f) {
-            fseek(f, 0, SEEK_END);
-            long n = ftell(f);
-            fseek(f, 0, SEEK_SET);
-            if (n > 0 && (src = malloc((size_t)n + 1)) && fread(src, 1, (size_t)n, f) == (size_t)n) src[n] = 0;
-            fclose(f);
-        }
-        if (src) s->fmt = osp_reply_format_detect(src);
-        free(src);
-    }
+    s->fmt = s->tmpl ? osp_reply_format_detect(osp_chat_template_source(s->tmpl)) : OSP_REPLY_NONE;
     int ctx = c->ctx > 0 ? c->ctx : (in->max_ctx > 0 && in->max_ctx < 8192 ? in->max_ctx : 8192);
     if (in->max_ctx > 0 && ctx > in->max_ctx) {
         OSP_LOG(1, "osprey serve: -c %d is larger than the model's %d positions; using %d", ctx, in->max_ctx, in->max_ctx);

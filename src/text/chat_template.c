@@ -21,6 +21,8 @@ struct osp_chat_template {
     named_template named[MAX_NAMED];
     int n_named;
     char *bos, *eos;
+    char *source; /* every named template's source, joined by newlines */
+    size_t source_len;
 };
 
 static char *dup_str(const char *s) {
@@ -80,7 +82,20 @@ static osp_status add_named(osp_chat_template *ct, const char *name, const char 
         return osp_err(st, "%s: %s", where, msg);
     }
     nt->name = dup_str(name);
-    if (!nt->name) { osp_jinja_free(nt->t); return osp_err(OSP_ERR_NOMEM, "out of memory"); }
+    char *joined = osp_malloc(OSP_POOL_MISC, ct->source_len + len + 2);
+    if (!nt->name || !joined) {
+        osp_jinja_free(nt->t);
+        osp_free(nt->name);
+        osp_free(joined);
+        return osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    if (ct->source_len) memcpy(joined, ct->source, ct->source_len);
+    joined[ct->source_len] = '\n';
+    memcpy(joined + ct->source_len + 1, src, len);
+    ct->source_len += len + 1;
+    joined[ct->source_len] = 0;
+    osp_free(ct->source);
+    ct->source = joined;
     ct->n_named++;
     return OSP_OK;
 }
@@ -221,8 +236,11 @@ void osp_chat_template_free(osp_chat_template *ct) {
     }
     osp_free(ct->bos);
     osp_free(ct->eos);
+    osp_free(ct->source);
     osp_free(ct);
 }
+
+const char *osp_chat_template_source(const osp_chat_template *ct) { return ct->source ? ct->source : ""; }
 
 const char *osp_chat_template_bos(const osp_chat_template *ct) { return ct ? ct->bos : NULL; }
 const char *osp_chat_template_eos(const osp_chat_template *ct) { return ct ? ct->eos : NULL; }

@@ -43,6 +43,9 @@ void osp_chat_template_free(osp_chat_template *ct);
 
 const char *osp_chat_template_bos(const osp_chat_template *ct); /* NULL when not set */
 const char *osp_chat_template_eos(const osp_chat_template *ct);
+/* The source text of every template it holds, joined by newlines (e.g. to
+ * recognise a model family's markers). */
+const char *osp_chat_template_source(const osp_chat_template *ct);
 
 /* Render a conversation. messages: a JSON array; tools: a JSON array or
  * NULL; extra: a JSON object of additional variables or NULL; opt: limits

@@ -76,17 +76,62 @@ void osp_session_free(osp_session *s);
  * VNNI); measured against the goldens by KL (README). */
 void osp_session_set_fast(osp_session *s, int fast);
 
-/* Forget everything in one row (position back to 0). */
+/* Everything a session can be created with (zero = default). */
+typedef struct osp_session_opts {
+    int32_t n_rows;               /* rows (sequences), >= 1 */
+    int32_t max_ctx;              /* positions per row; <= 0 or too large: the model's */
+    int32_t kv_bits;              /* 0 = f32 KV cache; 4 or 8 = MLX affine-quantized K/V */
+    int32_t kv_group;             /* quantization group along head_dim: 32, 64 (0 = 64) or 128 */
+    const int32_t *layer_kv_bits; /* optional [n_layers]: bits per layer (0 = f32), overrides kv_bits */
+    const int32_t *layer_kv_group;/* optional [n_layers]: groups per layer (0 = kv_group) */
+    int32_t spare;                /* sliding-window ring slots beyond the window: the most tokens a
+                                     speculative round may roll back once the ring has wrapped */
+    int64_t kv_budget;            /* bytes of KV the session may allocate; 0 = unlimited */
+    int32_t max_tokens;           /* tokens one forward step runs, all rows together (longer
+                                     calls are chunked); 0 = max(rows, min(ctx, 512)) */
+} osp_session_opts;
+
+osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, osp_session **out);
+
+/* Forget everything in one row (position back to 0) and free its KV. */
 void osp_session_reset_row(osp_session *s, int32_t row);
 int32_t osp_session_row_pos(const osp_session *s, int32_t row);
-/* Bytes of KV cache the session allocated (all rows, all layers). */
+int32_t osp_session_rows(const osp_session *s);
+int32_t osp_session_max_ctx(const osp_session *s);
+/* Bytes of KV cache the session has allocated now (rows grow on demand, in
+ * steps of 256 positions for full-attention layers). */
 size_t osp_session_kv_bytes(const osp_session *s);
+/* Bytes one row holding n_pos positions takes (for admission control). */
+int64_t osp_session_kv_row_bytes(const osp_session *s, int32_t n_pos);
 
 /* Run T new tokens for each of the session's B rows: ids is [B, T]
  * (row-major). Each row continues at its own position. logits receives
  * [B, T, vocab] when all_logits != 0, else [B, vocab] (last position). */
 osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok,
                        int all_logits, float *logits);
+/* The same for a subset of rows: batch row i is session row rows[i]
+ * (distinct); ids is [nb, T]; logits [nb, T, vocab] or [nb, vocab]. The
+ * other rows are untouched. In production precision a decode step (T = 1)
+ * computes every row exactly as it would be computed alone, so a row's
+ * output never depends on the other rows of the batch. */
+osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
+                            int32_t n_tok, int all_logits, float *logits);
+
+/* Row operations (KV cache). Trim forgets a row's last n positions.
+ * A speculative round: round_begin records every row's position,
+ * rollback(keep) keeps keep[b] of the tokens row b added since (one entry
+ * per row), commit keeps all. Sliding-window layers can go back only as
+ * far as their spare ring slots allow (OSP_ERR_RANGE otherwise). */
+osp_status osp_session_trim_row(osp_session *s, int32_t row, int32_t n);
+void osp_session_round_begin(osp_session *s);
+osp_status osp_session_rollback(osp_session *s, const int32_t *keep);
+void osp_session_commit(osp_session *s);
+/* A new one-row session holding a copy of one row. */
+osp_status osp_session_extract_row(const osp_session *s, int32_t row, osp_session **out);
+/* A new session whose rows are copies of all rows of parts[0], parts[1], ... */
+osp_status osp_session_merge(const osp_session *const *parts, int32_t n, osp_session **out);
+/* Keep rows keep[0..n) in that order (they become rows 0..n-1); free the rest. */
+osp_status osp_session_filter(osp_session *s, const int32_t *keep, int32_t n);
 
 /* ---- text ---- */
 

@@ -119,15 +119,25 @@ static void check_greedy(fixture *f) {
 }
 
 /* What inspect reports (per-token bytes of full layers, fixed bytes of
- * sliding rings, nothing for KV-shared layers) is what a session allocates. */
+ * sliding rings, nothing for KV-shared layers) is what a session allocates
+ * once its rows hold `ctx` positions (rows grow on demand; nothing before). */
 static void check_kv_bytes(fixture *f) {
     const osp_model_info *in = osp_model_get_info(f->m);
     for (int32_t rows = 1; rows <= 3; rows += 2) {
-        int32_t ctx = 100; /* longer than every window here */
+        int32_t ctx = 100; /* longer than every window here, one growth step */
         osp_session *s;
         assert_int_equal(osp_session_new(f->m, rows, ctx, &s), OSP_OK);
+        assert_int_equal(osp_session_kv_bytes(s), 0);
+        int32_t *ids = calloc((size_t)rows * ctx, sizeof *ids);
+        float *lg = malloc(sizeof(float) * rows * in->vocab);
+        assert_int_equal(osp_forward(s, ids, ctx, 0, lg), OSP_OK);
         size_t want = (size_t)rows * ((size_t)in->kv_bytes_per_token * ctx + (size_t)in->kv_bytes_sliding);
         assert_int_equal(osp_session_kv_bytes(s), want);
+        assert_int_equal(osp_session_kv_row_bytes(s, ctx) * rows, (int64_t)want);
+        osp_session_reset_row(s, 0);
+        assert_int_equal(osp_session_kv_bytes(s), want / rows * (rows - 1));
+        free(ids);
+        free(lg);
         osp_session_free(s);
     }
 }

@@ -94,13 +94,25 @@ void osp_q8act_matvec_ref(const osp_weight *w, const osp_q8act *a, float *y, int
     }
 }
 
+void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                          int64_t r1) {
+    for (int64_t t = 0; t < n; t++) osp_q8act_matvec_ref(w, &acts[t], y + t * ldy, r0, r1);
+}
+
+static int have_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
 osp_q8act_fn osp_q8act_matvec_fast(void) {
     static osp_q8act_fn fn;
-    if (!fn) {
-        __builtin_cpu_init();
-        int vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-        fn = vnni ? osp_q8act_matvec_vnni : osp_q8act_matvec_ref;
-    }
+    if (!fn) fn = have_vnni() ? osp_q8act_matvec_vnni : osp_q8act_matvec_ref;
+    return fn;
+}
+
+osp_q8act_mm_fn osp_q8act_matmul_fast(void) {
+    static osp_q8act_mm_fn fn;
+    if (!fn) fn = have_vnni() ? osp_q8act_matmul_vnni : osp_q8act_matmul_ref;
     return fn;
 }

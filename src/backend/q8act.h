@@ -57,4 +57,21 @@ typedef void (*osp_q8act_fn)(const osp_weight *w, const osp_q8act *a, float *y, 
 /* The best implementation for this CPU (VNNI, else the scalar reference). */
 osp_q8act_fn osp_q8act_matvec_fast(void);
 
+/* n prepared activations (continuous batching: one per user) through rows
+ * [r0, r1): y[t * ldy + (r - r0)] for t < n. Each chunk of codes is read and
+ * unpacked once for all n. Batch invariant: activation t's outputs are
+ * bitwise those of the matvec of the same tier on acts[t] alone, whatever
+ * the other activations and n are. */
+void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                          int64_t r1);
+/* AVX-512 VNNI version: bitwise osp_q8act_matvec_vnni per activation. */
+void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                           int64_t r1);
+
+typedef void (*osp_q8act_mm_fn)(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy,
+                                int64_t r0, int64_t r1);
+/* The best implementation for this CPU, the same tier as
+ * osp_q8act_matvec_fast() (so each row matches it bitwise). */
+osp_q8act_mm_fn osp_q8act_matmul_fast(void);
+
 #endif

@@ -1,80 +1,323 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kv.h"
+#include "tensor/quant.h"
 
-osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs, int32_t max_ctx,
+static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
+
+static void free_row_mem(osp_kv *kv, int32_t row) {
+    for (int i = 0; i < kv->n_layers; i++) {
+        osp_kv_layer *l = &kv->layers[i];
+        if (!l->mem || !l->mem[row]) continue;
+        kv->bytes -= block_bytes(l, l->cap[row]);
+        osp_free(l->mem[row]);
+        l->mem[row] = NULL;
+        l->cap[row] = 0;
+    }
+}
+
+osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs, int32_t max_ctx, int32_t spare,
                       osp_kv **out) {
     *out = NULL;
     if (n_rows <= 0 || max_ctx <= 0) return osp_err(OSP_ERR_INVALID, "KV cache needs rows > 0 and context > 0");
+    if (spare < 0) return osp_err(OSP_ERR_INVALID, "spare ring slots must be >= 0");
+    for (int i = 0; i < n_layers; i++) {
+        const osp_kv_spec *s = &specs[i];
+        if (s->bits == 0) continue;
+        if ((s->bits != 4 && s->bits != 8) || (s->group != 32 && s->group != 64 && s->group != 128) ||
+            s->head_dim % s->group != 0)
+            return osp_err(OSP_ERR_INVALID, "layer %d: a quantized KV cache needs 4 or 8 bits and a group of 32, 64 "
+                           "or 128 dividing head_dim %d (got %d bits, group %d)", i, s->head_dim, s->bits, s->group);
+    }
     osp_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return osp_err(OSP_ERR_NOMEM, "out of memory");
     kv->n_rows = n_rows;
     kv->n_layers = n_layers;
     kv->max_ctx = max_ctx;
+    kv->spare = spare;
     kv->pos = calloc((size_t)n_rows, sizeof *kv->pos);
+    kv->round = malloc((size_t)n_rows * sizeof *kv->round);
     kv->layers = calloc((size_t)n_layers, sizeof *kv->layers);
-    if (!kv->pos || !kv->layers) goto oom;
+    kv->specs = malloc((size_t)n_layers * sizeof *kv->specs);
+    if (!kv->pos || !kv->round || !kv->layers || !kv->specs) goto oom;
+    memcpy(kv->specs, specs, (size_t)n_layers * sizeof *specs);
+    for (int32_t b = 0; b < n_rows; b++) kv->round[b] = -1;
     for (int i = 0; i < n_layers; i++) {
         osp_kv_layer *l = &kv->layers[i];
         const osp_kv_spec *s = &specs[i];
         l->n_kv_heads = s->n_kv_heads;
         l->head_dim = s->head_dim;
         l->sliding = s->window > 0 && s->window < max_ctx;
-        l->cap = l->sliding ? s->window : max_ctx;
+        l->window = l->sliding ? s->window : 0;
+        l->ring = l->sliding ? s->window + spare : 0;
+        if (l->ring > max_ctx) l->ring = max_ctx;
+        l->bits = s->bits;
+        l->group = s->bits ? s->group : 0;
+        l->cb = s->bits ? (int64_t)s->head_dim * s->bits / 8 : 0;
+        l->ng = s->bits ? s->head_dim / s->group : 0;
+        l->slot_bytes = s->bits ? l->cb + 4 * l->ng : (int64_t)s->head_dim * (int64_t)sizeof(float);
         l->donor = i;
         if (s->share_from >= 0 && s->share_from < i) {
             l->donor = s->share_from;
             continue;
         }
-        size_t n = (size_t)n_rows * l->n_kv_heads * l->cap * l->head_dim * sizeof(float);
-        l->k = osp_calloc(OSP_POOL_KV, n);
-        l->v = osp_calloc(OSP_POOL_KV, n);
-        if (!l->k || !l->v) goto oom;
+        l->cap = calloc((size_t)n_rows, sizeof *l->cap);
+        l->mem = calloc((size_t)n_rows, sizeof *l->mem);
+        if (!l->cap || !l->mem) goto oom;
     }
     *out = kv;
     return OSP_OK;
 oom:
     osp_kv_free(kv);
-    return osp_err(OSP_ERR_NOMEM, "out of memory allocating the KV cache (%d rows x %d positions)",
-                   n_rows, max_ctx);
+    return osp_err(OSP_ERR_NOMEM, "out of memory creating a KV cache of %d rows", n_rows);
 }
 
 void osp_kv_free(osp_kv *kv) {
     if (!kv) return;
-    if (kv->layers)
+    if (kv->layers) {
+        for (int32_t b = 0; b < kv->n_rows; b++) free_row_mem(kv, b);
         for (int i = 0; i < kv->n_layers; i++) {
-            osp_free(kv->layers[i].k);
-            osp_free(kv->layers[i].v);
+            free(kv->layers[i].cap);
+            free(kv->layers[i].mem);
         }
+    }
     free(kv->layers);
+    free(kv->specs);
     free(kv->pos);
+    free(kv->round);
     free(kv);
 }
 
 void osp_kv_reset_row(osp_kv *kv, int32_t row) {
-    if (row >= 0 && row < kv->n_rows) kv->pos[row] = 0;
+    if (row < 0 || row >= kv->n_rows) return;
+    free_row_mem(kv, row);
+    kv->pos[row] = 0;
+    kv->round[row] = -1;
 }
 
-size_t osp_kv_bytes(const osp_kv *kv) {
-    size_t t = 0;
+size_t osp_kv_bytes(const osp_kv *kv) { return (size_t)kv->bytes; }
+
+static int32_t want_cap(const osp_kv *kv, const osp_kv_layer *l, int32_t n) {
+    if (l->sliding) return l->ring;
+    int64_t c = ((int64_t)n + OSP_KV_STEP - 1) / OSP_KV_STEP * OSP_KV_STEP;
+    return c > kv->max_ctx ? kv->max_ctx : (int32_t)c;
+}
+
+int64_t osp_kv_row_bytes(const osp_kv *kv, int32_t n) {
+    int64_t t = 0;
     for (int i = 0; i < kv->n_layers; i++) {
         const osp_kv_layer *l = &kv->layers[i];
-        if (l->k) t += 2 * (size_t)kv->n_rows * l->n_kv_heads * l->cap * l->head_dim * sizeof(float);
+        if (l->mem) t += block_bytes(l, want_cap(kv, l, n));
     }
     return t;
 }
 
-void osp_kv_write(osp_kv *kv, int32_t layer, const float *k, const float *v, int32_t T) {
+osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
+    if (row < 0 || row >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "KV row %d out of range", row);
+    if (n > kv->max_ctx) return osp_err(OSP_ERR_RANGE, "%d positions exceed the context of %d", n, kv->max_ctx);
+    int64_t delta = 0;
+    for (int i = 0; i < kv->n_layers; i++) {
+        const osp_kv_layer *l = &kv->layers[i];
+        if (!l->mem) continue;
+        int32_t c = want_cap(kv, l, n);
+        if (c > l->cap[row]) delta += block_bytes(l, c) - block_bytes(l, l->cap[row]);
+    }
+    if (!delta) return OSP_OK;
+    if (kv->budget > 0 && kv->bytes + delta > kv->budget)
+        return osp_err(OSP_ERR_NOMEM, "the KV budget of %lld bytes is used up (%lld in use, %lld more needed)",
+                       (long long)kv->budget, (long long)kv->bytes, (long long)delta);
+    for (int i = 0; i < kv->n_layers; i++) {
+        osp_kv_layer *l = &kv->layers[i];
+        if (!l->mem) continue;
+        int32_t c = want_cap(kv, l, n), old = l->cap[row];
+        if (c <= old) continue;
+        unsigned char *nm = osp_calloc(OSP_POOL_KV, (size_t)block_bytes(l, c));
+        if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory growing the KV cache to %d positions", n);
+        if (l->mem[row]) { /* each plane is [Hkv, cap, x]: copy every head's slots */
+            if (l->bits) {
+                int64_t H = l->n_kv_heads, per[3] = {l->cb, 2 * l->ng, 2 * l->ng};
+                const unsigned char *src = l->mem[row];
+                unsigned char *dst = nm;
+                for (int which = 0; which < 2; which++)
+                    for (int p = 0; p < 3; p++) {
+                        for (int64_t h = 0; h < H; h++)
+                            memcpy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
+                        src += H * old * per[p];
+                        dst += H * c * per[p];
+                    }
+            } else {
+                for (int64_t h = 0; h < 2 * (int64_t)l->n_kv_heads; h++)
+                    memcpy(nm + h * c * l->slot_bytes, l->mem[row] + h * old * l->slot_bytes,
+                           (size_t)(old * l->slot_bytes));
+            }
+            osp_free(l->mem[row]);
+        }
+        kv->bytes += block_bytes(l, c) - block_bytes(l, old);
+        l->mem[row] = nm;
+        l->cap[row] = c;
+    }
+    return OSP_OK;
+}
+
+static void put(osp_kv_layer *L, int32_t row, int32_t h, int32_t slot, const float *k, const float *v) {
+    if (!L->bits) {
+        memcpy(osp_kv_f32(L, row, 0, h, slot), k, sizeof(float) * L->head_dim);
+        memcpy(osp_kv_f32(L, row, 1, h, slot), v, sizeof(float) * L->head_dim);
+        return;
+    }
+    for (int which = 0; which < 2; which++) {
+        osp_kv_qrows q = osp_kv_q(L, row, which, h, slot);
+        osp_quantize_row(which ? v : k, L->head_dim, L->bits, L->group, q.codes, q.scales, q.biases);
+    }
+}
+
+void osp_kv_write(osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb, const float *k, const float *v,
+                  int32_t T) {
     osp_kv_layer *L = &kv->layers[layer];
     int32_t Hkv = L->n_kv_heads, D = L->head_dim;
-    for (int32_t b = 0; b < kv->n_rows; b++) {
-        int32_t pos0 = kv->pos[b];
-        int32_t t0 = L->sliding && T > L->cap ? T - L->cap : 0; /* older ones would be overwritten anyway */
+    for (int32_t i = 0; i < nb; i++) {
+        int32_t b = rows[i], pos0 = kv->pos[b];
+        int32_t t0 = L->sliding && T > L->ring ? T - L->ring : 0; /* older ones would be overwritten anyway */
         for (int32_t t = t0; t < T; t++)
             for (int32_t h = 0; h < Hkv; h++) {
-                int64_t src = ((int64_t)b * T + t) * Hkv * D + (int64_t)h * D;
-                memcpy(osp_kv_at(L, L->k, b, h, pos0 + t), k + src, sizeof(float) * D);
-                memcpy(osp_kv_at(L, L->v, b, h, pos0 + t), v + src, sizeof(float) * D);
+                int64_t src = ((int64_t)i * T + t) * Hkv * D + (int64_t)h * D;
+                put(L, b, h, osp_kv_slot(L, pos0 + t), k + src, v + src);
             }
     }
+}
+
+/* Can row `row`, now at pos[row], go back to position p? Sliding rings must
+ * still hold every position a query at p would see. */
+static osp_status check_back(const osp_kv *kv, int32_t row, int32_t p) {
+    int32_t P = kv->pos[row];
+    if (p < 0 || p > P) return osp_err(OSP_ERR_RANGE, "row %d: cannot move from position %d to %d", row, P, p);
+    for (int i = 0; i < kv->n_layers; i++) {
+        const osp_kv_layer *l = &kv->layers[i];
+        if (!l->sliding || !l->mem) continue;
+        int32_t need = p - l->window + 1 > 0 ? p - l->window + 1 : 0;
+        int32_t have = P - l->ring > 0 ? P - l->ring : 0;
+        if (need < have)
+            return osp_err(OSP_ERR_RANGE, "row %d: the sliding window ring (%d slots) no longer holds position %d; "
+                           "trimming %d tokens needs more spare slots", row, l->ring, need, P - p);
+    }
+    return OSP_OK;
+}
+
+osp_status osp_kv_trim(osp_kv *kv, int32_t row, int32_t n) {
+    if (row < 0 || row >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "KV row %d out of range", row);
+    OSP_TRY(check_back(kv, row, kv->pos[row] - n));
+    kv->pos[row] -= n;
+    return OSP_OK;
+}
+
+void osp_kv_round_begin(osp_kv *kv) {
+    for (int32_t b = 0; b < kv->n_rows; b++) kv->round[b] = kv->pos[b];
+}
+
+osp_status osp_kv_rollback(osp_kv *kv, const int32_t *keep) {
+    for (int32_t b = 0; b < kv->n_rows; b++) {
+        if (kv->round[b] < 0) return osp_err(OSP_ERR_INVALID, "rollback without round_begin (row %d)", b);
+        if (keep[b] < 0) return osp_err(OSP_ERR_INVALID, "row %d: keep must be >= 0", b);
+        int64_t p = (int64_t)kv->round[b] + keep[b];
+        if (p > kv->pos[b])
+            return osp_err(OSP_ERR_RANGE, "row %d: keeping %d tokens, but only %d were added", b, keep[b],
+                           kv->pos[b] - kv->round[b]);
+        OSP_TRY(check_back(kv, b, (int32_t)p));
+    }
+    for (int32_t b = 0; b < kv->n_rows; b++) {
+        kv->pos[b] = kv->round[b] + keep[b];
+        kv->round[b] = -1;
+    }
+    return OSP_OK;
+}
+
+void osp_kv_commit(osp_kv *kv) {
+    for (int32_t b = 0; b < kv->n_rows; b++) kv->round[b] = -1;
+}
+
+/* Copy row sr of src into the empty row dr of dst (same specs). */
+static osp_status copy_row(osp_kv *dst, int32_t dr, const osp_kv *src, int32_t sr) {
+    for (int i = 0; i < src->n_layers; i++) {
+        const osp_kv_layer *s = &src->layers[i];
+        osp_kv_layer *d = &dst->layers[i];
+        if (!s->mem || !s->mem[sr]) continue;
+        size_t n = (size_t)block_bytes(s, s->cap[sr]);
+        d->mem[dr] = osp_malloc(OSP_POOL_KV, n);
+        if (!d->mem[dr]) return osp_err(OSP_ERR_NOMEM, "out of memory copying a KV row");
+        memcpy(d->mem[dr], s->mem[sr], n);
+        d->cap[dr] = s->cap[sr];
+        dst->bytes += (int64_t)n;
+    }
+    dst->pos[dr] = src->pos[sr];
+    return OSP_OK;
+}
+
+osp_status osp_kv_extract(const osp_kv *kv, int32_t row, osp_kv **out) {
+    *out = NULL;
+    if (row < 0 || row >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "KV row %d out of range", row);
+    osp_kv *r;
+    OSP_TRY(osp_kv_new(1, kv->n_layers, kv->specs, kv->max_ctx, kv->spare, &r));
+    osp_status rc = copy_row(r, 0, kv, row);
+    if (rc != OSP_OK) {
+        osp_kv_free(r);
+        return rc;
+    }
+    *out = r;
+    return OSP_OK;
+}
+
+osp_status osp_kv_merge(const osp_kv *const *parts, int32_t n, osp_kv **out) {
+    *out = NULL;
+    if (n <= 0) return osp_err(OSP_ERR_INVALID, "merge needs at least one cache");
+    int32_t rows = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const osp_kv *p = parts[i];
+        if (p->n_layers != parts[0]->n_layers || p->max_ctx != parts[0]->max_ctx || p->spare != parts[0]->spare ||
+            memcmp(p->specs, parts[0]->specs, sizeof *p->specs * (size_t)p->n_layers) != 0)
+            return osp_err(OSP_ERR_INVALID, "merge: cache %d has another layout than cache 0", i);
+        rows += p->n_rows;
+    }
+    osp_kv *r;
+    OSP_TRY(osp_kv_new(rows, parts[0]->n_layers, parts[0]->specs, parts[0]->max_ctx, parts[0]->spare, &r));
+    int32_t d = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t b = 0; b < parts[i]->n_rows; b++, d++) {
+            osp_status rc = copy_row(r, d, parts[i], b);
+            if (rc != OSP_OK) {
+                osp_kv_free(r);
+                return rc;
+            }
+        }
+    *out = r;
+    return OSP_OK;
+}
+
+osp_status osp_kv_filter(osp_kv *kv, const int32_t *keep, int32_t n) {
+    if (n < 0 || n > kv->n_rows) return osp_err(OSP_ERR_INVALID, "filter: %d rows of %d", n, kv->n_rows);
+    char *used = calloc((size_t)kv->n_rows, 1);
+    if (!used) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < n; i++) {
+        if (keep[i] < 0 || keep[i] >= kv->n_rows || used[keep[i]]) {
+            free(used);
+            return osp_err(OSP_ERR_INVALID, "filter: row %d is out of range or listed twice", keep[i]);
+        }
+        used[keep[i]] = 1;
+    }
+    for (int32_t b = 0; b < kv->n_rows; b++)
+        if (!used[b]) free_row_mem(kv, b);
+    free(used);
+    /* keep[] is distinct: move entries forward through a temporary copy */
+    for (int l = 0; l < kv->n_layers; l++) {
+        osp_kv_layer *L = &kv->layers[l];
+        if (!L->mem) continue;
+        unsigned char *mem[n > 0 ? n : 1];
+        int32_t cap[n > 0 ? n : 1];
+        for (int32_t i = 0; i < n; i++) mem[i] = L->mem[keep[i]], cap[i] = L->cap[keep[i]];
+        for (int32_t i = 0; i < kv->n_rows; i++) L->mem[i] = i < n ? mem[i] : NULL, L->cap[i] = i < n ? cap[i] : 0;
+    }
+    int32_t pos[n > 0 ? n : 1], round[n > 0 ? n : 1];
+    for (int32_t i = 0; i < n; i++) pos[i] = kv->pos[keep[i]], round[i] = kv->round[keep[i]];
+    for (int32_t i = 0; i < n; i++) kv->pos[i] = pos[i], kv->round[i] = round[i];
+    kv->n_rows = n;
+    return OSP_OK;
 }

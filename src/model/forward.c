@@ -28,6 +28,7 @@ typedef struct mm_ctx {
     int64_t block;
     const osp_q8act *acts; /* fast path: n prepared activations */
     osp_q8act_fn q8;
+    int per_token;         /* each activation through the one-token kernel */
 } mm_ctx;
 
 static void mm_task(void *p, int64_t t) {
@@ -36,6 +37,11 @@ static void mm_task(void *p, int64_t t) {
     if (r1 > c->w->rows) r1 = c->w->rows;
     if (c->acts) {
         for (int64_t i = 0; i < c->n; i++) c->q8(c->w, &c->acts[i], c->y + i * c->w->rows + r0, r0, r1);
+        return;
+    }
+    if (c->per_token) {
+        for (int64_t i = 0; i < c->n; i++)
+            c->ops->matmul(c->w, c->x + i * c->w->cols, 1, c->y + i * c->w->rows + r0, c->w->rows, r0, r1);
         return;
     }
     c->ops->matmul(c->w, c->x, c->n, c->y + r0, c->w->rows, r0, r1);
@@ -48,16 +54,20 @@ void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, 
     int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
     block = (block + 15) & ~(int64_t)15;
     if (block < 64) block = 64;
-    mm_ctx c = {s->m->ops, w, x, n, y, block, NULL, NULL};
-    osp_q8act acts[OSP_FAST_MAX_N];
+    mm_ctx c = {s->m->ops, w, x, n, y, block, NULL, NULL, 0};
     /* 8-bit weights stay on the f32 path: their matvec is memory-bound there
      * already, and int8 activations cost them more accuracy (qwen3-q8 misses
-     * the goldens' KL bound by 27%). */
-    if (s->fast && n <= OSP_FAST_MAX_N && w->qbits == 4 && osp_q8act_supported(w) && s->sc.q8mem) {
+     * the goldens' KL bound by 27%). A batched decode step (per_token) runs
+     * every activation through exactly the kernel a lone one would get, so
+     * a row's numbers do not depend on the rest of the batch. */
+    int limit = s->per_token ? s->sc.q8cap : OSP_FAST_MAX_N;
+    if (s->fast && n <= limit && w->qbits == 4 && osp_q8act_supported(w) && s->sc.q8mem) {
         for (int64_t i = 0; i < n; i++)
-            osp_q8act_prepare(&acts[i], x + i * w->cols, w, (char *)s->sc.q8mem + i * s->sc.q8stride);
-        c.acts = acts;
+            osp_q8act_prepare(&s->sc.q8acts[i], x + i * w->cols, w, (char *)s->sc.q8mem + i * s->sc.q8stride);
+        c.acts = s->sc.q8acts;
         c.q8 = osp_q8act_matvec_fast();
+    } else if (s->per_token && n > 1) {
+        c.per_token = 1;
     }
     /* Small matmuls (tiny models, the per-layer-input projections) cost less
      * than waking the pool: run them on this thread. */
@@ -85,6 +95,8 @@ static void scratch_free(osp_scratch *s, int n_layers) {
     for (size_t i = 0; i < sizeof v / sizeof *v; i++) osp_free(v[i]);
     osp_free(s->ids);
     osp_free(s->q8mem);
+    free(s->q8acts);
+    free(s->bpos);
     osp_free(s->top_idx);
     osp_free(s->moe_rows);
     for (int i = 0; s->donor_k && i < n_layers; i++) {
@@ -98,13 +110,14 @@ static void scratch_free(osp_scratch *s, int n_layers) {
 
 static size_t at_least1(size_t n) { return n ? n : 1; }
 
-/* Activation buffers for B rows of up to max_tok tokens, sized by the
- * widest layer (Gemma 4 varies head sizes and MLP widths per layer). */
+/* Activation buffers for forward calls of up to max_tok tokens in all
+ * (B rows, max_tok / B each), sized by the widest layer (Gemma 4 varies
+ * head sizes and MLP widths per layer). */
 static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, int32_t max_ctx, osp_scratch *s) {
     const osp_config *c = &m->cfg;
     memset(s, 0, sizeof *s);
     s->max_tok = max_tok;
-    size_t N = (size_t)B * max_tok, H = c->hidden, Q = 0, KV = 0, I = 0;
+    size_t N = (size_t)max_tok, H = c->hidden, Q = 0, KV = 0, I = 0;
     for (int i = 0; i < c->n_layers; i++) {
         size_t q = (size_t)c->n_heads * c->layer_head_dim[i], kv = (size_t)c->layer_kv_heads[i] * c->layer_head_dim[i];
         Q = q > Q ? q : Q;
@@ -123,7 +136,10 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
         cols = I > cols ? I : cols;
         if ((size_t)c->ple_dim > cols) cols = c->ple_dim;
         s->q8stride = (osp_q8act_bytes((int64_t)cols) + 63) & ~(size_t)63;
-        ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * OSP_FAST_MAX_N)) != NULL;
+        s->q8cap = B > OSP_FAST_MAX_N ? B : OSP_FAST_MAX_N;
+        ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * (size_t)s->q8cap)) != NULL;
+        ok &= (s->q8acts = calloc((size_t)s->q8cap, sizeof *s->q8acts)) != NULL;
+        ok &= (s->bpos = calloc((size_t)B, sizeof *s->bpos)) != NULL;
     }
     if (c->ple_dim) A(ple, N * NP), A(ple_tmp, N * c->ple_dim), A(ple_emb, NP);
     if (c->moe) {
@@ -147,25 +163,36 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
     return OSP_OK;
 }
 
-osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, osp_session **out) {
+osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, osp_session **out) {
     *out = NULL;
+    const osp_config *c = &m->cfg;
+    int32_t n_rows = o->n_rows, max_ctx = o->max_ctx;
     if (n_rows <= 0) return osp_err(OSP_ERR_INVALID, "a session needs at least one row");
-    if (max_ctx <= 0 || max_ctx > m->cfg.max_pos) max_ctx = m->cfg.max_pos;
+    if (max_ctx <= 0 || max_ctx > c->max_pos) max_ctx = c->max_pos;
     osp_session *s = calloc(1, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;
-    osp_kv_spec *specs = calloc((size_t)m->cfg.n_layers, sizeof *specs);
-    if (!specs) {
+    osp_kv_spec *specs = calloc((size_t)c->n_layers, sizeof *specs);
+    s->all_rows = malloc(sizeof(int32_t) * (size_t)n_rows);
+    if (!specs || !s->all_rows) {
+        free(specs);
+        free(s->all_rows);
         free(s);
         return osp_err(OSP_ERR_NOMEM, "out of memory");
     }
-    for (int i = 0; i < m->cfg.n_layers; i++)
-        specs[i] = (osp_kv_spec){m->cfg.layer_kv_heads[i], m->cfg.layer_head_dim[i],
-                                 m->cfg.layer_sliding[i] ? m->cfg.sliding_window : 0, m->cfg.layer_kv_donor[i]};
-    osp_status rc = osp_kv_new(n_rows, m->cfg.n_layers, specs, max_ctx, &s->kv);
+    for (int32_t b = 0; b < n_rows; b++) s->all_rows[b] = b;
+    for (int i = 0; i < c->n_layers; i++) {
+        int32_t bits = o->layer_kv_bits ? o->layer_kv_bits[i] : o->kv_bits;
+        int32_t group = o->layer_kv_group && o->layer_kv_group[i] ? o->layer_kv_group[i] : o->kv_group;
+        specs[i] = (osp_kv_spec){c->layer_kv_heads[i], c->layer_head_dim[i], c->layer_sliding[i] ? c->sliding_window : 0,
+                                 c->layer_kv_donor[i], bits, bits ? (group ? group : 64) : 0};
+    }
+    osp_status rc = osp_kv_new(n_rows, c->n_layers, specs, max_ctx, o->spare, &s->kv);
     free(specs);
-    int32_t chunk = max_ctx < OSP_MAX_CHUNK ? max_ctx : OSP_MAX_CHUNK;
-    if (rc == OSP_OK) rc = scratch_new(m, n_rows, chunk, max_ctx, &s->sc);
+    if (rc == OSP_OK) s->kv->budget = o->kv_budget;
+    int32_t N = o->max_tokens > 0 ? o->max_tokens : (max_ctx < OSP_MAX_CHUNK ? max_ctx : OSP_MAX_CHUNK);
+    if (N < n_rows) N = n_rows;
+    if (rc == OSP_OK) rc = scratch_new(m, n_rows, N, max_ctx, &s->sc);
     if (rc != OSP_OK) {
         osp_session_free(s);
         return rc;
@@ -174,10 +201,16 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
     return OSP_OK;
 }
 
+osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, osp_session **out) {
+    osp_session_opts o = {.n_rows = n_rows, .max_ctx = max_ctx};
+    return osp_session_new_opts(m, &o, out);
+}
+
 void osp_session_free(osp_session *s) {
     if (!s) return;
     osp_kv_free(s->kv);
     scratch_free(&s->sc, s->m->cfg.n_layers);
+    free(s->all_rows);
     free(s);
 }
 
@@ -185,8 +218,69 @@ void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv
 
 size_t osp_session_kv_bytes(const osp_session *s) { return osp_kv_bytes(s->kv); }
 
+int64_t osp_session_kv_row_bytes(const osp_session *s, int32_t n_pos) { return osp_kv_row_bytes(s->kv, n_pos); }
+
+int32_t osp_session_rows(const osp_session *s) { return s->kv->n_rows; }
+
+int32_t osp_session_max_ctx(const osp_session *s) { return s->kv->max_ctx; }
+
 int32_t osp_session_row_pos(const osp_session *s, int32_t row) {
     return row >= 0 && row < s->kv->n_rows ? s->kv->pos[row] : -1;
+}
+
+osp_status osp_session_trim_row(osp_session *s, int32_t row, int32_t n) { return osp_kv_trim(s->kv, row, n); }
+
+void osp_session_round_begin(osp_session *s) { osp_kv_round_begin(s->kv); }
+
+osp_status osp_session_rollback(osp_session *s, const int32_t *keep) { return osp_kv_rollback(s->kv, keep); }
+
+void osp_session_commit(osp_session *s) { osp_kv_commit(s->kv); }
+
+/* A session around an existing KV cache, with the options of `like`. */
+static osp_status wrap_kv(const osp_session *like, osp_kv *kv, osp_session **out) {
+    *out = NULL;
+    osp_session_opts o = {.n_rows = 1, .max_ctx = kv->max_ctx, .max_tokens = like->sc.max_tok};
+    osp_session *s;
+    osp_status rc = osp_session_new_opts(like->m, &o, &s);
+    if (rc == OSP_OK && kv->n_rows > 1) { /* scratch and row list for kv's rows */
+        osp_session_free(s);
+        o.n_rows = kv->n_rows;
+        rc = osp_session_new_opts(like->m, &o, &s);
+    }
+    if (rc != OSP_OK) {
+        osp_kv_free(kv);
+        return rc;
+    }
+    osp_kv_free(s->kv);
+    s->kv = kv;
+    s->fast = like->fast;
+    *out = s;
+    return OSP_OK;
+}
+
+osp_status osp_session_extract_row(const osp_session *s, int32_t row, osp_session **out) {
+    *out = NULL;
+    osp_kv *kv;
+    OSP_TRY(osp_kv_extract(s->kv, row, &kv));
+    return wrap_kv(s, kv, out);
+}
+
+osp_status osp_session_merge(const osp_session *const *parts, int32_t n, osp_session **out) {
+    *out = NULL;
+    if (n <= 0) return osp_err(OSP_ERR_INVALID, "merge needs at least one session");
+    const osp_kv *kvs[n];
+    for (int32_t i = 0; i < n; i++) {
+        if (parts[i]->m != parts[0]->m) return osp_err(OSP_ERR_INVALID, "merge: sessions of different models");
+        kvs[i] = parts[i]->kv;
+    }
+    osp_kv *kv;
+    OSP_TRY(osp_kv_merge(kvs, n, &kv));
+    return wrap_kv(parts[0], kv, out);
+}
+
+osp_status osp_session_filter(osp_session *s, const int32_t *keep, int32_t n) {
+    if (n <= 0) return osp_err(OSP_ERR_INVALID, "filter must keep at least one row");
+    return osp_kv_filter(s->kv, keep, n);
 }
 
 /* ---- layers ---- */
@@ -217,7 +311,7 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     for (int32_t b = 0; b < B; b++)
         for (int32_t t = 0; t < T; t++) {
             int64_t row = (int64_t)b * T + t;
-            int32_t pos = s->kv->pos[b] + t;
+            int32_t pos = sc->bpos[b] + t;
             for (int64_t h = 0; h < Hq; h++) {
                 float *q = sc->q + (row * Hq + h) * D;
                 if (L->q_norm) ops->rmsnorm(q, q, L->q_norm, D, c->eps, c->norm_add_one);
@@ -229,13 +323,13 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
                 osp_rope_apply(k, (int32_t)D, inv, pos);
             }
         }
-    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = li, .T = T, .n_heads = (int32_t)Hq,
-                       .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,
-                       .softcap = c->attn_softcap, .window = KL->sliding ? KL->cap : 0, .q = sc->q,
+    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = li, .rows = s->rows, .nb = B, .T = T,
+                       .n_heads = (int32_t)Hq, .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D,
+                       .scale = c->attn_scale, .softcap = c->attn_softcap, .window = KL->window, .q = sc->q,
                        .k = sc->k, .v = sc->v, .out = sc->att, .scores = sc->scores,
                        .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
     osp_attention(&a);
-    osp_kv_write(s->kv, li, sc->k, sc->v, T);
+    osp_kv_write(s->kv, li, s->rows, B, sc->k, sc->v, T);
 
     osp_matmul(s, &L->wo, sc->att, N, sc->tmp);
     add_bias(sc->tmp, L->bo, N, H);
@@ -303,35 +397,47 @@ osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T
     const osp_model *m = s->m;
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
-    int32_t B = s->kv->n_rows;
+    int32_t B = s->nb;
+    for (int32_t b = 0; b < B; b++) sc->bpos[b] = s->kv->pos[s->rows[b]];
+    s->per_token = s->fast && T == 1 && B > 1;
     if (c->arch == OSP_ARCH_GEMMA4) return osp_gemma4_forward_chunk(s, ids, T, logits, all_logits, ld_rows);
     osp_embed_rows(m, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
     for (int li = 0; li < c->n_layers; li++) {
         attention_block(s, li, B, T);
         mlp_block(s, li, B, T);
     }
-    for (int32_t b = 0; b < B; b++) s->kv->pos[b] += T;
+    for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) osp_head(s, sc->x, B, T, all_logits, logits, ld_rows); /* NULL: an intermediate prefill chunk */
     return OSP_OK;
 }
 
-osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {
+osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                            int all_logits, float *logits) {
     const osp_config *c = &s->m->cfg;
-    int32_t B = s->kv->n_rows;
+    osp_kv *kv = s->kv;
     if (n_tok <= 0) return osp_err(OSP_ERR_INVALID, "forward needs at least one token per row");
-    for (int32_t b = 0; b < B; b++) {
-        if ((int64_t)s->kv->pos[b] + n_tok > s->kv->max_ctx)
-            return osp_err(OSP_ERR_RANGE, "row %d: %d + %d tokens exceed the context of %d", b, s->kv->pos[b],
-                           n_tok, s->kv->max_ctx);
+    if (nb <= 0 || nb > kv->n_rows) return osp_err(OSP_ERR_INVALID, "forward of %d rows in a session of %d", nb, kv->n_rows);
+    for (int32_t b = 0; b < nb; b++) {
+        int32_t r = rows[b];
+        if (r < 0 || r >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "row %d is not in the session", r);
+        for (int32_t j = 0; j < b; j++)
+            if (rows[j] == r) return osp_err(OSP_ERR_INVALID, "row %d listed twice", r);
+        if ((int64_t)kv->pos[r] + n_tok > kv->max_ctx)
+            return osp_err(OSP_ERR_RANGE, "row %d: %d + %d tokens exceed the context of %d", r, kv->pos[r], n_tok,
+                           kv->max_ctx);
         for (int32_t t = 0; t < n_tok; t++) {
             int32_t id = ids[(int64_t)b * n_tok + t];
             if (id < 0 || id >= c->vocab)
                 return osp_err(OSP_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", id, c->vocab - 1);
         }
     }
-    for (int32_t t0 = 0; t0 < n_tok; t0 += s->sc.max_tok) {
-        int32_t T = n_tok - t0 < s->sc.max_tok ? n_tok - t0 : s->sc.max_tok;
-        for (int32_t b = 0; b < B; b++)
+    for (int32_t b = 0; b < nb; b++) OSP_TRY(osp_kv_reserve(kv, rows[b], kv->pos[rows[b]] + n_tok));
+    s->rows = rows;
+    s->nb = nb;
+    int32_t step = s->sc.max_tok / nb;
+    for (int32_t t0 = 0; t0 < n_tok; t0 += step) {
+        int32_t T = n_tok - t0 < step ? n_tok - t0 : step;
+        for (int32_t b = 0; b < nb; b++)
             memcpy(s->sc.ids + (int64_t)b * T, ids + (int64_t)b * n_tok + t0, sizeof(int32_t) * T);
         int last = t0 + T >= n_tok;
         float *dst = all_logits ? logits + (int64_t)t0 * c->vocab : logits;
@@ -339,6 +445,10 @@ osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int al
         OSP_TRY(osp_model_forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok));
     }
     return OSP_OK;
+}
+
+osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {
+    return osp_forward_rows(s, s->all_rows, s->kv->n_rows, ids, n_tok, all_logits, logits);
 }
 
 osp_status osp_set_threads(int n) {

@@ -305,7 +305,7 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
     osp_matmul(s, &L->wq, sc->xn, N, sc->q);
     head_norm(ops, sc->q, L->q_norm, N, Hq, D, c->eps);
-    head_rope(sc->q, T, B, Hq, (int32_t)D, inv, s->kv->pos);
+    head_rope(sc->q, T, B, Hq, (int32_t)D, inv, sc->bpos);
     const float *k = sc->k, *v = sc->v;
     if (donor < 0) {
         float *kd = sc->donor_k[li] ? sc->donor_k[li] : sc->k, *vd = sc->donor_v[li] ? sc->donor_v[li] : sc->v;
@@ -313,7 +313,7 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         if (L->wv.data) osp_matmul(s, &L->wv, sc->xn, N, vd);
         else memcpy(vd, kd, sizeof(float) * N * Hkv * D); /* K = V: raw k_proj output */
         head_norm(ops, kd, L->k_norm, N, Hkv, D, c->eps);
-        head_rope(kd, T, B, Hkv, (int32_t)D, inv, s->kv->pos);
+        head_rope(kd, T, B, Hkv, (int32_t)D, inv, sc->bpos);
         for (int64_t r = 0; r < N * Hkv; r++) ops->rmsnorm(vd + r * D, vd + r * D, NULL, D, c->eps, 0);
         k = kd;
         v = vd;
@@ -322,12 +322,12 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         v = sc->donor_v[donor];
     }
     const osp_kv_layer *KL = &s->kv->layers[li];
-    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = KL->donor, .T = T, .n_heads = (int32_t)Hq,
-                       .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = 1.0f,
-                       .window = KL->sliding ? KL->cap : 0, .q = sc->q, .k = k, .v = v, .out = sc->att,
+    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = KL->donor, .rows = s->rows, .nb = B, .T = T,
+                       .n_heads = (int32_t)Hq, .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = 1.0f,
+                       .window = KL->window, .q = sc->q, .k = k, .v = v, .out = sc->att,
                        .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
     osp_attention(&a);
-    if (donor < 0 && !sc->donor_k[li]) osp_kv_write(s->kv, li, k, v, T); /* donors store after all layers */
+    if (donor < 0 && !sc->donor_k[li]) osp_kv_write(s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
     osp_matmul(s, &L->wo, sc->att, N, sc->tmp);
     osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
     for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
@@ -369,14 +369,14 @@ osp_status osp_gemma4_forward_chunk(osp_session *s, const int32_t *ids, int32_t 
     const osp_model *m = s->m;
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
-    int32_t B = s->kv->n_rows;
+    int32_t B = s->nb;
     int64_t N = (int64_t)B * T;
     osp_embed_rows(m, &m->embed, m->embed_scale, ids, N, sc->x);
     if (c->ple_dim) ple_inputs(s, ids, N);
     for (int li = 0; li < c->n_layers; li++) layer(s, li, B, T);
     for (int li = 0; li < c->n_layers; li++)
-        if (sc->donor_k[li]) osp_kv_write(s->kv, li, sc->donor_k[li], sc->donor_v[li], T);
-    for (int32_t b = 0; b < B; b++) s->kv->pos[b] += T;
+        if (sc->donor_k[li]) osp_kv_write(s->kv, li, s->rows, B, sc->donor_k[li], sc->donor_v[li], T);
+    for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) osp_head(s, sc->x, B, T, all_logits, logits, ld_rows);
     return OSP_OK;
 }

@@ -62,10 +62,10 @@ struct osp_model {
     char dtype_name[16];
 };
 
-/* Scratch for one forward call of at most max_tok tokens per row. */
+/* Scratch for one forward call of at most max_tok tokens in all rows. */
 typedef struct osp_scratch {
     int32_t max_tok;
-    float *x, *xn, *q, *k, *v, *att, *tmp; /* [N, ...] activations, N = B * max_tok */
+    float *x, *xn, *q, *k, *v, *att, *tmp; /* [N, ...] activations, N = max_tok */
     float *g, *u;                          /* [N, I] */
     float *scores;                         /* [B * Hq, max_ctx + max_tok] */
     float *hlast;                          /* [B, hidden] */
@@ -81,22 +81,30 @@ typedef struct osp_scratch {
     float *moe_x, *moe_out, *moe_acc;      /* [N, hidden] */
     int32_t *moe_rows;                     /* [N] tokens routed to one expert */
     float *moe_w;                          /* [N] their weights */
-    void *q8mem;                           /* OSP_FAST_MAX_N prepared int8 activations (fast path) */
+    void *q8mem;                           /* q8cap prepared int8 activations (fast path) */
     size_t q8stride;
+    int32_t q8cap;                         /* max(OSP_FAST_MAX_N, rows) */
+    osp_q8act *q8acts;                     /* [q8cap] */
+    int32_t *bpos;                         /* [rows] positions of the batch rows at the chunk's start */
 } osp_scratch;
 
 #define OSP_FAST_MAX_N 8 /* the int8-activation path serves matmuls of up to this many tokens */
 
 struct osp_session {
     const osp_model *m;
-    int fast; /* production precision: int8 activations for 4/8-bit weights in decode */
+    int fast;      /* production precision: int8 activations for 4/8-bit weights in decode */
+    int per_token; /* this chunk is a batched decode step: matmuls run each token as if alone */
     osp_kv *kv;
     osp_scratch sc;
+    int32_t *all_rows; /* [rows] 0, 1, ... */
+    const int32_t *rows; /* the batch of the running forward call: KV rows */
+    int32_t nb;
 };
 
-/* The forward body: ids [B, T] (T <= scratch max_tok), logits as in
- * osp_forward, row b's block starting at logits + b * logits_ld_rows *
- * vocab; logits == NULL skips the head (intermediate prefill chunk). */
+/* The forward body for the batch s->rows[0..s->nb): ids [nb, T] (nb * T <=
+ * scratch max_tok), logits as in osp_forward, batch row b's block starting
+ * at logits + b * logits_ld_rows * vocab; logits == NULL skips the head
+ * (intermediate prefill chunk). */
 osp_status osp_model_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits,
                                    float *logits, int64_t logits_ld_rows);
 

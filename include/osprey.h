@@ -219,6 +219,25 @@ osp_status osp_gen_defaults(const osp_model *m, const osp_tokenizer *tok, osp_ge
 osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
                         const osp_gen_params *p, osp_gen_cb cb, void *user, osp_gen_stats *stats);
 
+/* One generation as a state machine, apart from any session, so that many
+ * can share a batch: the caller runs the forward passes (prompt, then each
+ * token osp_stream_next hands back, in any row of any session) and gives
+ * every set of next-token logits to osp_stream_next. p's arrays (stop
+ * strings, eos, logit_bias) must outlive the stream; prompt is copied. */
+typedef struct osp_stream osp_stream;
+osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
+                          int32_t max_ctx, const osp_gen_params *p, osp_gen_cb cb, void *user, osp_stream **out);
+/* Sample from logits (modified in place) given that the row now holds
+ * row_pos positions; report the token (callbacks) and decide. Returns 1
+ * with *next = the token to feed next, or 0 when the generation is over
+ * (eos, stop string, max_tokens, context, a callback's cancel, or an error
+ * in *rc); the stats then say why. */
+int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc);
+/* End it now (finish = cancelled); nothing more is reported. */
+void osp_stream_cancel(osp_stream *g);
+const osp_gen_stats *osp_stream_stats(const osp_stream *g);
+void osp_stream_free(osp_stream *g);
+
 #ifdef __cplusplus
 }
 #endif

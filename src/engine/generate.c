@@ -57,27 +57,36 @@ osp_status osp_gen_defaults(const osp_model *m, const osp_tokenizer *tok, osp_ge
     return OSP_OK;
 }
 
-typedef struct gen_state {
+/* One generation's state, apart from any session. */
+struct osp_stream {
+    osp_gen_params p;          /* arrays referenced, not copied (the caller keeps them) */
+    osp_gen_cb cb;
+    void *user;
+    int32_t V, ctx;
     osp_sampler *sampler;
     osp_detok *detok;
     osp_stop *stop;
-    float *logits;
     int32_t *hist;
-    float *lp;       /* logprobs (only with on_logprob) */
+    int64_t nh;
+    float *lp;                 /* logprobs (only with on_logprob) */
     int32_t *top, *top_scratch;
     float *top_lp;
-} gen_state;
+    osp_gen_stats st;
+    double t0, t_first;
+    int over;
+};
 
-static void gen_free(gen_state *g) {
+void osp_stream_free(osp_stream *g) {
+    if (!g) return;
     osp_sampler_free(g->sampler);
     osp_detok_free(g->detok);
     osp_stop_free(g->stop);
-    free(g->logits);
     free(g->hist);
     free(g->lp);
     free(g->top);
     free(g->top_scratch);
     free(g->top_lp);
+    free(g);
 }
 
 static int is_eos(const osp_gen_params *p, int32_t t) {
@@ -86,109 +95,160 @@ static int is_eos(const osp_gen_params *p, int32_t t) {
     return 0;
 }
 
+osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
+                          int32_t max_ctx, const osp_gen_params *p, osp_gen_cb cb, void *user, osp_stream **out) {
+    *out = NULL;
+    int32_t V = osp_model_get_info(m)->vocab;
+    if (n_prompt <= 0) return osp_err(OSP_ERR_INVALID, "empty prompt");
+    if (max_ctx <= 0) return osp_err(OSP_ERR_INVALID, "a stream needs a context");
+    osp_stream *g = calloc(1, sizeof *g);
+    if (!g) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    g->p = *p;
+    g->cb = cb;
+    g->user = user;
+    g->V = V;
+    g->ctx = max_ctx;
+    osp_status rc = osp_sampler_new(&p->sampler, V, &g->sampler);
+    if (rc == OSP_OK && tok) rc = osp_detok_new(tok, p->skip_special, &g->detok);
+    if (rc == OSP_OK) rc = osp_stop_new(p->stop, p->n_stop, &g->stop);
+    if (rc == OSP_OK && !(g->hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + max_ctx + 1))))
+        rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+    if (rc == OSP_OK && p->on_logprob) {
+        if (p->top_logprobs < 0 || p->top_logprobs > 20 || p->top_logprobs > V)
+            rc = osp_err(OSP_ERR_INVALID, "top_logprobs must be in [0, 20], got %d", p->top_logprobs);
+        g->lp = malloc(sizeof(float) * V);
+        g->top = malloc(sizeof(int32_t) * 21);
+        g->top_lp = malloc(sizeof(float) * 21);
+        g->top_scratch = malloc(sizeof(int32_t) * V);
+        if (rc == OSP_OK && (!g->lp || !g->top || !g->top_lp || !g->top_scratch))
+            rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    if (rc != OSP_OK) {
+        osp_stream_free(g);
+        return rc;
+    }
+    memcpy(g->hist, prompt, sizeof(int32_t) * n_prompt);
+    g->nh = n_prompt;
+    g->st.n_prompt = n_prompt;
+    g->st.finish = OSP_FINISH_LENGTH;
+    g->t0 = osp_now_s();
+    *out = g;
+    return OSP_OK;
+}
+
+const osp_gen_stats *osp_stream_stats(const osp_stream *g) { return &g->st; }
+
+/* Hand out what the detokenizer and the stop matcher still hold (the end
+ * of a stream that was not cut by a stop string or cancelled). */
+static void stream_flush(osp_stream *g) {
+    const char *text, *emit = "";
+    size_t len, emit_len = 0;
+    int stopped = 0;
+    if (g->detok && osp_detok_flush(g->detok, &text, &len) == OSP_OK && len) {
+        stopped = osp_stop_feed(g->stop, text, len, &emit, &emit_len);
+        if (g->cb && emit_len) g->cb(g->user, -1, emit, emit_len);
+        if (stopped) g->st.finish = OSP_FINISH_STOP;
+    }
+    if (!stopped) {
+        osp_stop_flush(g->stop, &emit, &emit_len);
+        if (g->cb && emit_len) g->cb(g->user, -1, emit, emit_len);
+    }
+}
+
+static void stream_end(osp_stream *g, int flush) {
+    if (flush) stream_flush(g);
+    g->over = 1;
+    double t2 = osp_now_s();
+    osp_gen_stats *st = &g->st;
+    st->ttft_s = st->n_generated ? g->t_first - g->t0 : 0;
+    st->decode_tok_s =
+        st->n_generated > 1 ? (st->n_generated - 1) / (t2 - g->t_first > 1e-9 ? t2 - g->t_first : 1e-9) : 0;
+}
+
+int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
+    *rc = OSP_OK;
+    if (g->over) return 0;
+    double tl = osp_now_s();
+    osp_gen_stats *st = &g->st;
+    if (st->n_generated == 0) {
+        st->prefill_tok_s = st->n_prompt / (tl - g->t0 > 1e-9 ? tl - g->t0 : 1e-9);
+        g->t_first = tl;
+    }
+    int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);
+    st->n_generated++;
+    g->hist[g->nh++] = tok_id;
+    if (is_eos(&g->p, tok_id)) {
+        st->finish = OSP_FINISH_STOP;
+        stream_end(g, 1);
+        st->loop_s += osp_now_s() - tl;
+        return 0;
+    }
+    if (g->p.on_logprob) {
+        int32_t k = g->p.top_logprobs;
+        if (k > 0) osp_top_k_indices(g->lp, g->V, k, g->top, g->top_scratch);
+        for (int32_t i = 0; i < k; i++) g->top_lp[i] = g->lp[g->top[i]];
+        g->p.on_logprob(g->p.logprob_user, tok_id, g->lp[tok_id], g->top, g->top_lp, k);
+    }
+    const char *text = "", *emit;
+    size_t len = 0, emit_len;
+    if (g->detok && (*rc = osp_detok_push(g->detok, tok_id, &text, &len)) != OSP_OK) {
+        stream_end(g, 0);
+        return 0;
+    }
+    int stopped = osp_stop_feed(g->stop, text, len, &emit, &emit_len), more = 0;
+    if (g->cb && g->cb(g->user, tok_id, emit, emit_len)) {
+        st->finish = OSP_FINISH_CANCELLED;
+        stream_end(g, 0);
+    } else if (stopped) {
+        st->finish = OSP_FINISH_STOP;
+        stream_end(g, 0);
+    } else if ((g->p.max_tokens > 0 && st->n_generated >= g->p.max_tokens) || row_pos >= g->ctx) {
+        st->finish = OSP_FINISH_LENGTH;
+        stream_end(g, 1);
+    } else {
+        *next = tok_id;
+        more = 1;
+    }
+    st->loop_s += osp_now_s() - tl;
+    return more;
+}
+
+void osp_stream_cancel(osp_stream *g) {
+    if (g->over) return;
+    g->st.finish = OSP_FINISH_CANCELLED;
+    stream_end(g, 0);
+}
+
 osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t *prompt, int32_t n_prompt,
                         const osp_gen_params *p, osp_gen_cb cb, void *user, osp_gen_stats *st) {
-    const osp_model_info *in = osp_model_get_info(s->m);
-    int32_t V = in->vocab, ctx = s->kv->max_ctx, pos0 = osp_session_row_pos(s, 0);
+    int32_t V = osp_model_get_info(s->m)->vocab, ctx = s->kv->max_ctx, pos0 = osp_session_row_pos(s, 0);
+    memset(st, 0, sizeof *st);
     if (s->kv->n_rows != 1) return osp_err(OSP_ERR_INVALID, "osp_generate needs a one-row session");
     if (n_prompt <= 0) return osp_err(OSP_ERR_INVALID, "empty prompt");
     if ((int64_t)pos0 + n_prompt >= ctx)
         return osp_err(OSP_ERR_RANGE, "the prompt (%d tokens) does not fit the context of %d tokens (%d in use)",
                        n_prompt, ctx, pos0);
-    memset(st, 0, sizeof *st);
-    gen_state g = {0};
-    osp_status rc = osp_sampler_new(&p->sampler, V, &g.sampler);
-    if (rc == OSP_OK && tok) rc = osp_detok_new(tok, p->skip_special, &g.detok);
-    if (rc == OSP_OK) rc = osp_stop_new(p->stop, p->n_stop, &g.stop);
-    if (rc == OSP_OK) {
-        g.logits = malloc(sizeof(float) * V);
-        g.hist = malloc(sizeof(int32_t) * ((size_t)n_prompt + ctx + 1));
-        if (!g.logits || !g.hist) rc = osp_err(OSP_ERR_NOMEM, "out of memory");
-    }
-    if (rc == OSP_OK && p->on_logprob) {
-        if (p->top_logprobs < 0 || p->top_logprobs > 20 || p->top_logprobs > V)
-            rc = osp_err(OSP_ERR_INVALID, "top_logprobs must be in [0, 20], got %d", p->top_logprobs);
-        g.lp = malloc(sizeof(float) * V);
-        g.top = malloc(sizeof(int32_t) * 21);
-        g.top_lp = malloc(sizeof(float) * 21);
-        g.top_scratch = malloc(sizeof(int32_t) * V);
-        if (rc == OSP_OK && (!g.lp || !g.top || !g.top_lp || !g.top_scratch))
-            rc = osp_err(OSP_ERR_NOMEM, "out of memory");
-    }
+    float *logits = malloc(sizeof(float) * V);
+    if (!logits) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    osp_stream *g;
+    osp_status rc = osp_stream_new(s->m, tok, prompt, n_prompt, ctx, p, cb, user, &g);
     if (rc != OSP_OK) {
-        gen_free(&g);
+        free(logits);
         return rc;
     }
-    memcpy(g.hist, prompt, sizeof(int32_t) * n_prompt);
-    int64_t nh = n_prompt;
-    double t0 = osp_now_s();
-    rc = osp_forward(s, prompt, n_prompt, 0, g.logits);
-    double t1 = osp_now_s(), t_first = 0;
-    st->n_prompt = n_prompt;
-    st->prefill_tok_s = n_prompt / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
-    st->finish = OSP_FINISH_LENGTH;
-    int done = 0;
-    const char *text;
-    size_t len;
-    double tl = osp_now_s(); /* start of this step's loop work */
-    while (rc == OSP_OK && !done) {
-        int32_t tok_id = osp_sampler_sample(g.sampler, g.logits, g.hist, nh, g.lp);
-        if (st->n_generated == 0) t_first = osp_now_s();
-        st->n_generated++;
-        g.hist[nh++] = tok_id;
-        if (is_eos(p, tok_id)) {
-            st->finish = OSP_FINISH_STOP;
-            break;
-        }
-        if (p->on_logprob) {
-            int32_t k = p->top_logprobs;
-            if (k > 0) osp_top_k_indices(g.lp, V, k, g.top, g.top_scratch);
-            for (int32_t i = 0; i < k; i++) g.top_lp[i] = g.lp[g.top[i]];
-            p->on_logprob(p->logprob_user, tok_id, g.lp[tok_id], g.top, g.top_lp, k);
-        }
-        text = "";
-        len = 0;
-        if (g.detok && (rc = osp_detok_push(g.detok, tok_id, &text, &len)) != OSP_OK) break;
-        const char *emit;
-        size_t emit_len;
-        int stopped = osp_stop_feed(g.stop, text, len, &emit, &emit_len);
-        if (cb && cb(user, tok_id, emit, emit_len)) {
-            st->finish = OSP_FINISH_CANCELLED;
-            break;
-        }
-        if (stopped) {
-            st->finish = OSP_FINISH_STOP;
-            done = 1;
-            break;
-        }
-        if ((p->max_tokens > 0 && st->n_generated >= p->max_tokens) || osp_session_row_pos(s, 0) >= ctx) {
-            st->finish = OSP_FINISH_LENGTH;
-            break;
-        }
+    rc = osp_forward(s, prompt, n_prompt, 0, logits);
+    double forward_s = 0;
+    int32_t next;
+    osp_status src = OSP_OK;
+    while (rc == OSP_OK && osp_stream_next(g, logits, osp_session_row_pos(s, 0), &next, &src)) {
         double tf = osp_now_s();
-        st->loop_s += tf - tl;
-        rc = osp_forward(s, &tok_id, 1, 0, g.logits);
-        tl = osp_now_s();
-        st->forward_s += tl - tf;
+        rc = osp_forward(s, &next, 1, 0, logits);
+        forward_s += osp_now_s() - tf;
     }
-    st->loop_s += osp_now_s() - tl;
-    if (rc == OSP_OK && !done && st->finish != OSP_FINISH_CANCELLED) { /* the text still held back */
-        const char *emit = "";
-        size_t emit_len = 0;
-        int stopped = 0;
-        if (g.detok && osp_detok_flush(g.detok, &text, &len) == OSP_OK && len) {
-            stopped = osp_stop_feed(g.stop, text, len, &emit, &emit_len);
-            if (cb && emit_len) cb(user, -1, emit, emit_len);
-            if (stopped) st->finish = OSP_FINISH_STOP;
-        }
-        if (!stopped) {
-            osp_stop_flush(g.stop, &emit, &emit_len);
-            if (cb && emit_len) cb(user, -1, emit, emit_len);
-        }
-    }
-    double t2 = osp_now_s();
-    st->ttft_s = st->n_generated ? t_first - t0 : 0;
-    st->decode_tok_s = st->n_generated > 1 ? (st->n_generated - 1) / (t2 - t_first > 1e-9 ? t2 - t_first : 1e-9) : 0;
-    gen_free(&g);
+    if (rc == OSP_OK) rc = src;
+    *st = g->st;
+    st->forward_s = forward_s;
+    osp_stream_free(g);
+    free(logits);
     return rc;
 }

@@ -92,6 +92,11 @@ typedef struct osp_session_opts {
 } osp_session_opts;
 
 osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, osp_session **out);
+/* Per-layer KV quantization from the model folder's kv_config.json (OptiQ:
+ * a list of {layer_idx, bits, group_size}) into bits[n_layers] and
+ * group[n_layers] (unlisted layers: 0 = full precision). *found = 0 and
+ * nothing written when the file is absent. */
+osp_status osp_model_kv_config(const osp_model *m, int32_t *bits, int32_t *group, int *found);
 
 /* Forget everything in one row (position back to 0) and free its KV. */
 void osp_session_reset_row(osp_session *s, int32_t row);

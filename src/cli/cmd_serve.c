@@ -27,6 +27,16 @@ static int usage(FILE *f) {
             "  --api-key KEY            require 'Authorization: Bearer KEY' (except /health)\n"
             "  --max-body BYTES         request body limit (default 8388608); larger bodies get a 413\n"
             "  --log-level LEVEL        ERROR, WARNING, INFO or DEBUG (default WARNING)\n"
+            "  -np, --parallel N        requests decoded together (continuous batching; default 4;\n"
+            "                           alias --decode-concurrency)\n"
+            "  --prefill-step-size N    prompt tokens per prefill chunk, interleaved with decode steps (default 512)\n"
+            "  --kv-budget BYTES        KV cache memory for all requests (suffix K, M, G); requests wait in the\n"
+            "                           queue while it is full (default: all rows at full context, at most 3/4 of\n"
+            "                           available memory)\n"
+            "  --kv-bits 4|8|16         quantize the KV cache (MLX affine; 16 = full precision). Default: the\n"
+            "                           model's kv_config.json if it has one, else full precision (f32)\n"
+            "  --kv-group-size N        KV quantization group along head_dim: 32, 64 (default) or 128\n"
+            "  -ctk, -ctv TYPE          llama-server spellings: q4_0 = --kv-bits 4, q8_0 = 8, f16/bf16/f32 = 16\n"
             "\n"
             "  SIGINT / SIGTERM: stop accepting requests, finish the queued ones, exit; a second signal exits at once.\n");
     return f == stdout ? 0 : 2;
@@ -38,6 +48,31 @@ static int log_level_of(const char *v) {
     if (!strcasecmp(v, "info")) return 2;
     if (!strcasecmp(v, "debug")) return 3;
     return -1;
+}
+
+/* llama-server cache types onto our bits; -1 when unknown. */
+static int cache_type_bits(const char *v) {
+    if (!strcasecmp(v, "q4_0") || !strcasecmp(v, "q4_1")) return 4;
+    if (!strcasecmp(v, "q8_0")) return 8;
+    if (!strcasecmp(v, "f16") || !strcasecmp(v, "bf16") || !strcasecmp(v, "f32")) return 0;
+    return -1;
+}
+
+static int bytes_arg(const char *v, long long *out) {
+    char *end;
+    double d = strtod(v, &end);
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024.0, end++;
+    else if (*end == 'm' || *end == 'M') mul = 1048576.0, end++;
+    else if (*end == 'g' || *end == 'G') mul = 1073741824.0, end++;
+    if (*end == 'i' || *end == 'B' || *end == 'b') end++;
+    if (*end == 'B') end++;
+    if (!*v || *end || !(d > 0) || d * mul > 9e18) {
+        fprintf(stderr, "osprey serve: --kv-budget expects bytes (e.g. 2G, 512M), got '%s'\n", v);
+        return -1;
+    }
+    *out = (long long)(d * mul);
+    return 0;
 }
 
 static int num_arg(const char *flag, const char *v, double lo, double hi, double *out) {
@@ -54,7 +89,7 @@ static int num_arg(const char *flag, const char *v, double lo, double hi, double
 int osp_cmd_serve(int argc, char **argv) {
     osp_serve_config c;
     osp_serve_config_defaults(&c);
-    int threads = 0;
+    int threads = 0, ctk_seen = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;
@@ -85,6 +120,36 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--allowed-origins")) c.allowed_origins = v;
         else if (IS("--api-key")) c.api_key = v;
         else if (IS("--max-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_body = (size_t)d; }
+        else if (IS("-np") || IS("--parallel") || IS("--decode-concurrency")) { if (NUM(1, 256)) return 2; c.parallel = (int)d; }
+        else if (IS("--prefill-step-size") || IS("-ub") || IS("--ubatch-size")) { if (NUM(1, 1 << 16)) return 2; c.prefill_step = (int)d; }
+        else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }
+        else if (IS("--kv-bits")) {
+            if (NUM(0, 16) || (d != 4 && d != 8 && d != 16 && d != 0)) {
+                fprintf(stderr, "osprey serve: --kv-bits is 4, 8 or 16\n");
+                return 2;
+            }
+            c.kv_bits = d == 16 ? 0 : (int)d;
+        }
+        else if (IS("--kv-group-size")) {
+            if (NUM(32, 128) || (d != 32 && d != 64 && d != 128)) {
+                fprintf(stderr, "osprey serve: --kv-group-size is 32, 64 or 128\n");
+                return 2;
+            }
+            c.kv_group = (int)d;
+        }
+        else if (IS("-ctk") || IS("-ctv") || IS("--cache-type-k") || IS("--cache-type-v")) {
+            int b = cache_type_bits(v);
+            if (b < 0) {
+                fprintf(stderr, "osprey serve: %s is one of q4_0, q8_0, f16, bf16, f32\n", a);
+                return 2;
+            }
+            if (c.kv_bits >= 0 && c.kv_bits != b && ctk_seen) {
+                fprintf(stderr, "osprey serve: K and V are quantized alike: -ctk and -ctv must agree\n");
+                return 2;
+            }
+            ctk_seen = 1;
+            c.kv_bits = b;
+        }
         else if (IS("--log-level")) {
             if ((c.log_level = log_level_of(v)) < 0) {
                 fprintf(stderr, "osprey serve: --log-level is one of ERROR, WARNING, INFO, DEBUG\n");

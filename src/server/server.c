@@ -33,6 +33,22 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->allowed_origins = "*";
     c->max_body = 8u << 20;
     c->log_level = 1;
+    c->parallel = 4;
+    c->prefill_step = 512;
+    c->kv_bits = -1;
+    c->kv_group = 64;
+}
+
+/* Bytes of memory the system can still give (MemAvailable), or 0. */
+static int64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb * 1024;
 }
 
 typedef struct req_ctx {
@@ -467,16 +483,36 @@ static int load_model(srv *s) {
         ctx = in->max_ctx;
     }
     s->ctx = ctx;
-    if (osp_session_new(s->model, 1, ctx, &s->session) != OSP_OK) return -1;
+    int32_t n_layers = in->n_layers, lbits[n_layers], lgroup[n_layers];
+    int have_cfg = 0;
+    osp_session_opts so = {.n_rows = c->parallel, .max_ctx = ctx, .kv_bits = c->kv_bits > 0 ? c->kv_bits : 0,
+                           .kv_group = c->kv_group,
+                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step};
+    if (c->kv_bits < 0) { /* no flag: the model's kv_config.json, if any */
+        if (osp_model_kv_config(s->model, lbits, lgroup, &have_cfg) != OSP_OK) return -1;
+        if (have_cfg) so.layer_kv_bits = lbits, so.layer_kv_group = lgroup;
+    }
+    if (osp_session_new_opts(s->model, &so, &s->session) != OSP_OK) return -1;
     osp_session_set_fast(s->session, 1); /* the production path, as osprey generate and bench use */
+    /* the KV budget: the flag, else what all rows at full context take, capped at 3/4 of available memory */
+    int64_t full = osp_session_kv_row_bytes(s->session, ctx) * c->parallel, avail = mem_available() / 4 * 3;
+    s->kv_budget = c->kv_budget > 0 ? c->kv_budget : (avail > 0 && avail < full ? avail : full);
+    s->parallel = c->parallel;
+    s->prefill_step = c->prefill_step;
+    s->vocab = in->vocab;
+    s->logits = malloc(sizeof(float) * (size_t)c->parallel * in->vocab);
+    if (!s->logits || srv_slots_init(s)) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
     osp_gen_defaults(s->model, s->tok, &s->defaults, s->eos);
     s->n_eos = s->defaults.n_eos;
     if (c->temp >= 0) s->defaults.sampler.temperature = c->temp;
     if (c->top_p >= 0) s->defaults.sampler.top_p = c->top_p;
     if (c->top_k >= 0) s->defaults.sampler.top_k = c->top_k;
     if (c->min_p >= 0) s->defaults.sampler.min_p = c->min_p;
-    OSP_LOG(1, "osprey serve: loaded %s (%s, context %d, reply format %s) in %.2f s", s->model_name, in->architecture,
-            ctx, osp_reply_format_name(s->fmt), osp_now_s() - t0);
+    OSP_LOG(1, "osprey serve: loaded %s (%s, context %d, reply format %s) in %.2f s; %d parallel rows, KV %s%s, "
+            "budget %.1f MiB (%.1f MiB per row at full context)", s->model_name, in->architecture, ctx,
+            osp_reply_format_name(s->fmt), osp_now_s() - t0, c->parallel,
+            have_cfg ? "per kv_config.json" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
+            so.kv_bits ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
     return 0;
 }
 
@@ -556,6 +592,8 @@ out:
     for (double t0 = osp_now_s(); atomic_load(&s->active) > 0 && osp_now_s() - t0 < 30;) usleep(10000);
     if (d) MHD_stop_daemon(d);
     osp_session_free(s->session);
+    free(s->slots);
+    free(s->logits);
     osp_chat_template_free(s->tmpl);
     osp_tokenizer_free(s->tok);
     osp_model_free(s->model);

@@ -3,8 +3,9 @@
  *   HTTP (libmicrohttpd, one thread per connection)
  *     └─ http.c     routing, API key, CORS, body limit, errors in OpenAI's shape
  *        └─ request.c  JSON body ─► validated job (template, tokens, sampler)
- *           └─ queue ─► worker.c  one generation at a time, FIFO
- *                          └─ osp_generate ─► reply.c (reasoning / tool calls)
+ *           └─ queue ─► worker.c  continuous batching: up to --parallel rows;
+ *                          prefill chunks interleaved with batched decode steps
+ *                          └─ osp_stream per row ─► reply.c (reasoning / tool calls)
  *                             ─► SSE chunks or the final JSON, handed back
  *                                to the connection thread through the job
  *
@@ -31,6 +32,11 @@ typedef struct osp_serve_config {
     const char *api_key;        /* NULL = no authentication */
     size_t max_body;            /* request body limit in bytes (default 8 MiB) */
     int log_level;              /* 0 error .. 3 debug */
+    int parallel;               /* rows decoded together (continuous batching); default 4 */
+    int prefill_step;           /* prompt tokens per prefill chunk; default 512 */
+    long long kv_budget;        /* KV bytes for all rows; 0 = fit (see osp_serve) */
+    int kv_bits;                /* -1 = kv_config.json if the model has one, else full precision; 0, 4, 8 */
+    int kv_group;               /* 32, 64 (default) or 128 */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

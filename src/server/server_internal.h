@@ -74,6 +74,8 @@ void srv_job_emit(srv_job *j, const char *s, size_t n);
 void srv_job_finish(srv_job *j, int status);
 
 /* ---- the server ---- */
+typedef struct srv_slot srv_slot; /* worker.c: one row of the running batch */
+
 typedef struct srv {
     osp_serve_config cfg;
     char model_name[256];
@@ -92,11 +94,17 @@ typedef struct srv {
     pthread_mutex_t qmu;
     pthread_cond_t qcv;
     srv_job *head, *tail;
-    int n_queued, busy;       /* jobs waiting, 1 while the worker runs one */
+    int n_queued, busy;       /* jobs waiting; jobs admitted to rows and not yet finished */
     atomic_int draining, stopping;
     pthread_t worker;
     int worker_started;
-    osp_session *session;
+    osp_session *session;     /* `parallel` rows */
+    int parallel, prefill_step;
+    int32_t vocab;
+    int64_t kv_budget;        /* bytes; the scheduler admits jobs while their reservations fit */
+    int64_t kv_reserved;      /* under qmu */
+    srv_slot *slots;          /* [parallel] */
+    float *logits;            /* [parallel, vocab] */
 
     long long n_requests;
     atomic_int active;        /* generation requests whose response is not yet sent */
@@ -113,6 +121,7 @@ json_t *srv_apply_template(srv *s, const json_t *body, int *status);
 int srv_queue_push(srv *s, srv_job *j); /* 0 ok; -1 when draining */
 int srv_worker_start(srv *s);
 void srv_worker_stop(srv *s);       /* after the queue is empty */
+int srv_slots_init(srv *s);         /* the rows of the batch (s->parallel); 0 ok */
 int srv_queue_idle(srv *s);         /* nothing queued or running */
 
 #endif

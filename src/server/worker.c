@@ -1,5 +1,6 @@
-/* server/worker: the FIFO queue and the thread that runs one generation at
- * a time on the server's session, turning tokens into OpenAI responses:
+/* server/worker: the FIFO queue and the scheduler thread that runs up to
+ * --parallel generations at once on the server's session (continuous
+ * batching, below), turning tokens into OpenAI responses:
  * SSE chunks (role, content / reasoning_content deltas, tool_calls,
  * finish_reason, usage, [DONE]) or one JSON body with usage. */
 #include <stdio.h>
@@ -48,7 +49,7 @@ int srv_queue_idle(srv *s) {
     return idle;
 }
 
-/* ---- one job ---- */
+/* ---- one job's output ---- */
 
 typedef struct gen_ctx {
     srv *s;
@@ -59,6 +60,7 @@ typedef struct gen_ctx {
     json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
     size_t text_off;
     int failed;            /* out of memory while building output */
+    int batch_max;         /* most rows decoded in one step with this one */
 } gen_ctx;
 
 static json_t *chunk_base(gen_ctx *g, const char *object) {
@@ -212,7 +214,7 @@ static json_t *usage_json(const osp_gen_stats *st) {
     return u;
 }
 
-static json_t *timings_json(const osp_gen_stats *st) {
+static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
     json_t *t = json_object();
     json_object_set_new(t, "prompt_n", json_integer(st->n_prompt));
     json_object_set_new(t, "prompt_per_second", json_real(st->prefill_tok_s));
@@ -220,6 +222,7 @@ static json_t *timings_json(const osp_gen_stats *st) {
     json_object_set_new(t, "predicted_per_second", json_real(st->decode_tok_s));
     json_object_set_new(t, "ttft_ms", json_real(st->ttft_s * 1e3));
     json_object_set_new(t, "cache_n", json_integer(0));
+    json_object_set_new(t, "batch_max", json_integer(batch_max));
     return t;
 }
 
@@ -228,45 +231,81 @@ static void send_error_event(gen_ctx *g, const char *msg) {
     send_event(g, e);
 }
 
-static void run_job(srv *s, srv_job *j) {
-    gen_ctx g = {.s = s, .j = j};
-    g.lp_pending = json_array();
-    g.lp_tokens = json_array(), g.lp_values = json_array(), g.lp_top = json_array(), g.lp_offset = json_array();
+/* ---- the scheduler ----
+ *
+ * Continuous batching over one session of `parallel` rows. Each loop:
+ * admit queued jobs (FIFO) into free rows while their KV reservation fits
+ * the budget; run one prefill chunk (at most --prefill-step-size tokens)
+ * of the oldest row still prefilling; run one decode step of every row
+ * that is decoding; hand each row's logits to its stream; rows that are
+ * done or whose client left leave at once. A job's numbers do not depend
+ * on the others: prefill runs each row alone, in the same chunks as when
+ * it runs by itself, and batched decode computes every row as if alone.
+ */
+struct srv_slot {
+    srv_job *j;         /* NULL: free */
+    gen_ctx g;
+    osp_stream *st;
+    int32_t row;
+    int32_t done_prompt;
+    int32_t next;       /* the token a decoding row feeds next */
+    int decoding;
+    int64_t reserved;   /* KV bytes held for it */
+    long long seq;      /* admission order */
+};
+
+static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
+    memset(&sl->g, 0, sizeof sl->g);
+    sl->j = j;
+    gen_ctx *g = &sl->g;
+    g->s = s;
+    g->j = j;
+    g->batch_max = 1;
+    g->lp_pending = json_array();
+    g->lp_tokens = json_array(), g->lp_values = json_array(), g->lp_top = json_array(), g->lp_offset = json_array();
     osp_gen_params gp = j->gp;
     if (j->logprobs) {
         gp.on_logprob = on_logprob;
-        gp.logprob_user = &g;
+        gp.logprob_user = g;
         gp.top_logprobs = j->top_logprobs;
     }
     osp_status rc = OSP_OK;
     if (j->kind == SRV_CHAT) {
-        rc = osp_reply_new(j->fmt, j->parse_reasoning, j->parse_tools, j->start_in_reasoning, &g.reply);
+        rc = osp_reply_new(j->fmt, j->parse_reasoning, j->parse_tools, j->start_in_reasoning, &g->reply);
         if (rc == OSP_OK && j->stream) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));
-            chat_chunk(&g, d, NULL, 0);
+            chat_chunk(g, d, NULL, 0);
         }
     }
+    if (rc == OSP_OK) rc = osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, g, &sl->st);
+    sl->done_prompt = 0;
+    sl->decoding = 0;
+    osp_session_reset_row(s->session, sl->row);
+    return rc;
+}
+
+/* The job's last words: the final chunks or body, or an error. */
+static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
+    srv_job *j = sl->j;
+    gen_ctx *g = &sl->g;
     osp_gen_stats st = {0};
-    if (rc == OSP_OK) {
-        osp_session_reset_row(s->session, 0);
-        rc = osp_generate(s->session, s->tok, j->prompt, j->n_prompt, &gp, on_text, &g, &st);
-    }
+    if (sl->st) st = *osp_stream_stats(sl->st);
     json_t *tool_calls = NULL;
-    if (rc == OSP_OK && g.reply && st.finish != OSP_FINISH_CANCELLED)
-        rc = osp_reply_finish(g.reply, on_piece, &g, &tool_calls);
+    if (rc == OSP_OK && g->reply && st.finish != OSP_FINISH_CANCELLED)
+        rc = osp_reply_finish(g->reply, on_piece, g, &tool_calls);
     int cancelled = atomic_load(&j->cancel) || st.finish == OSP_FINISH_CANCELLED;
     const char *finish = st.finish == OSP_FINISH_LENGTH ? "length" : "stop";
     if (json_array_size(tool_calls)) finish = "tool_calls";
-    if (g.failed && rc == OSP_OK) rc = osp_err(OSP_ERR_NOMEM, "out of memory while building the response");
+    if (g->failed && rc == OSP_OK) rc = osp_err(OSP_ERR_NOMEM, "out of memory while building the response");
     if (cancelled) {
         OSP_LOG(2, "osprey serve: %s cancelled (client gone) after %d tokens", j->id, st.n_generated);
         srv_job_finish(j, 499);
     } else if (rc != OSP_OK) {
         OSP_LOG(0, "osprey serve: %s failed: %s", j->id, osp_last_error());
         if (j->stream) {
-            send_error_event(&g, osp_last_error());
+            send_error_event(g, osp_last_error());
             srv_job_finish(j, 200);
         } else {
             json_t *e = srv_error_json(500, osp_last_error(), NULL);
@@ -290,47 +329,47 @@ static void run_job(srv *s, srv_job *j) {
                 }
                 json_t *d = json_object();
                 json_object_set_new(d, "tool_calls", calls);
-                chat_chunk(&g, d, NULL, 0);
+                chat_chunk(g, d, NULL, 0);
             }
-            chat_chunk(&g, json_object(), finish, 1);
+            chat_chunk(g, json_object(), finish, 1);
         } else {
-            completion_chunk(&g, "", 0, finish);
+            completion_chunk(g, "", 0, finish);
         }
         if (j->include_usage) {
-            json_t *o = chunk_base(&g, j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+            json_t *o = chunk_base(g, j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
             json_object_set_new(o, "choices", json_array());
             json_object_set_new(o, "usage", usage_json(&st));
-            json_object_set_new(o, "timings", timings_json(&st));
-            send_event(&g, o);
+            json_object_set_new(o, "timings", timings_json(&st, g->batch_max));
+            send_event(g, o);
         }
         srv_job_emit(j, "data: [DONE]\n\n", 14);
         srv_job_finish(j, 200);
     } else {
-        json_t *o = chunk_base(&g, j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
+        json_t *o = chunk_base(g, j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(0));
         if (j->kind == SRV_CHAT) {
             json_t *m = json_object();
             json_object_set_new(m, "role", json_string("assistant"));
             int has_calls = json_array_size(tool_calls) > 0;
-            json_object_set_new(m, "content", g.content.len || !has_calls
-                                                  ? srv_json_string_lossy(g.content.p ? g.content.p : "", g.content.len)
+            json_object_set_new(m, "content", g->content.len || !has_calls
+                                                  ? srv_json_string_lossy(g->content.p ? g->content.p : "", g->content.len)
                                                   : json_null());
-            if (g.reasoning.len)
-                json_object_set_new(m, "reasoning_content", srv_json_string_lossy(g.reasoning.p, g.reasoning.len));
+            if (g->reasoning.len)
+                json_object_set_new(m, "reasoning_content", srv_json_string_lossy(g->reasoning.p, g->reasoning.len));
             if (has_calls) json_object_set(m, "tool_calls", tool_calls);
             json_object_set_new(c, "message", m);
-            json_object_set_new(c, "logprobs", j->logprobs ? take_chat_logprobs(&g) : json_null());
+            json_object_set_new(c, "logprobs", j->logprobs ? take_chat_logprobs(g) : json_null());
         } else {
-            json_object_set_new(c, "text", srv_json_string_lossy(g.content.p ? g.content.p : "", g.content.len));
-            json_object_set_new(c, "logprobs", j->logprobs ? take_legacy_logprobs(&g) : json_null());
+            json_object_set_new(c, "text", srv_json_string_lossy(g->content.p ? g->content.p : "", g->content.len));
+            json_object_set_new(c, "logprobs", j->logprobs ? take_legacy_logprobs(g) : json_null());
         }
         json_object_set_new(c, "finish_reason", json_string(finish));
         json_t *arr = json_array();
         json_array_append_new(arr, c);
         json_object_set_new(o, "choices", arr);
         json_object_set_new(o, "usage", usage_json(&st));
-        json_object_set_new(o, "timings", timings_json(&st));
+        json_object_set_new(o, "timings", timings_json(&st, g->batch_max));
         srv_buf b = {0};
         int bad = srv_buf_add_json(&b, o);
         json_decref(o);
@@ -347,37 +386,170 @@ static void run_job(srv *s, srv_job *j) {
     OSP_LOG(2, "osprey serve: %s prompt %d, generated %d, ttft %.1f ms, %.1f tok/s, finish %s", j->id, st.n_prompt,
             st.n_generated, st.ttft_s * 1e3, st.decode_tok_s, cancelled ? "cancelled" : finish);
     json_decref(tool_calls);
-    json_decref(g.lp_pending);
-    json_decref(g.lp_tokens), json_decref(g.lp_values), json_decref(g.lp_top), json_decref(g.lp_offset);
-    srv_buf_free(&g.content);
-    srv_buf_free(&g.reasoning);
-    osp_reply_free(g.reply);
+    json_decref(g->lp_pending);
+    json_decref(g->lp_tokens), json_decref(g->lp_values), json_decref(g->lp_top), json_decref(g->lp_offset);
+    srv_buf_free(&g->content);
+    srv_buf_free(&g->reasoning);
+    osp_reply_free(g->reply);
+    osp_stream_free(sl->st);
+    sl->st = NULL;
+    osp_session_reset_row(s->session, sl->row); /* its KV goes back */
+    srv_job_release(j);
+    pthread_mutex_lock(&s->qmu);
+    s->kv_reserved -= sl->reserved;
+    s->busy--;
+    sl->reserved = 0;
+    sl->j = NULL;
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+}
+
+/* KV bytes a job may come to hold: its prompt plus max_tokens. */
+static int64_t job_need(srv *s, const srv_job *j) {
+    int64_t n = (int64_t)j->n_prompt + (j->gp.max_tokens > 0 ? j->gp.max_tokens : s->ctx);
+    return osp_session_kv_row_bytes(s->session, (int32_t)(n < s->ctx ? n : s->ctx));
+}
+
+/* Under qmu: move queued jobs into free rows, oldest first, while their KV
+ * fits. The queue's head waits for room (nobody overtakes it). Jobs that
+ * are cancelled or can never fit are finished here. Returns the jobs to
+ * start, in admission order, in out[] (at most n_free). */
+static int admit(srv *s, srv_job **out, int64_t *need_out, int max) {
+    int n = 0;
+    while (s->head && n < max) {
+        srv_job *j = s->head;
+        int64_t need = job_need(s, j);
+        int gone = atomic_load(&j->cancel), never = s->kv_budget > 0 && need > s->kv_budget;
+        if (!gone && !never && s->kv_budget > 0 && s->kv_reserved + need > s->kv_budget) break;
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->n_queued--;
+        if (gone || never) {
+            if (never) {
+                json_t *e = srv_error_json(400, "the prompt plus max_tokens needs more KV cache than --kv-budget allows",
+                                           "max_tokens");
+                srv_buf b = {0};
+                srv_buf_add_json(&b, e);
+                srv_job_emit(j, b.p, b.len);
+                srv_buf_free(&b);
+                json_decref(e);
+            }
+            srv_job_finish(j, gone ? 499 : 400);
+            srv_job_release(j);
+            continue;
+        }
+        s->kv_reserved += need;
+        s->busy++;
+        need_out[n] = need;
+        out[n++] = j;
+    }
+    return n;
 }
 
 static void *worker_main(void *arg) {
     srv *s = arg;
+    int P = s->parallel;
+    long long seq = 0;
+    int32_t *rows = malloc(sizeof(int32_t) * P), *ids = malloc(sizeof(int32_t) * P);
+    srv_slot **batch = malloc(sizeof(srv_slot *) * P);
+    srv_job **fresh = malloc(sizeof(srv_job *) * P);
+    int64_t *need = malloc(sizeof(int64_t) * P);
+    if (!rows || !ids || !batch || !fresh || !need) {
+        OSP_LOG(0, "osprey serve: out of memory starting the scheduler");
+        free(rows), free(ids), free(batch), free(fresh), free(need);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&s->qmu);
-        while (!s->head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->qcv, &s->qmu);
-        srv_job *j = s->head;
-        if (!j) {
-            pthread_mutex_unlock(&s->qmu);
-            break;
+        for (;;) {
+            int n_free = 0;
+            for (int i = 0; i < P; i++) n_free += !s->slots[i].j;
+            int n_new = admit(s, fresh, need, n_free);
+            for (int k = 0, i = 0; k < n_new; i++)
+                if (!s->slots[i].j) {
+                    s->slots[i].j = fresh[k];
+                    s->slots[i].reserved = need[k];
+                    s->slots[i].seq = seq++;
+                    s->slots[i].st = NULL;
+                    s->slots[i].decoding = -1; /* to begin, outside the lock */
+                    k++;
+                }
+            if (s->busy > 0 || (atomic_load(&s->stopping) && !s->head)) break;
+            pthread_cond_wait(&s->qcv, &s->qmu);
         }
-        s->head = j->next;
-        if (!s->head) s->tail = NULL;
-        s->n_queued--;
-        s->busy = 1;
+        int idle = s->busy == 0;
         pthread_mutex_unlock(&s->qmu);
-        if (atomic_load(&j->cancel)) srv_job_finish(j, 499); /* its client left while it waited */
-        else run_job(s, j);
-        srv_job_release(j);
-        pthread_mutex_lock(&s->qmu);
-        s->busy = 0;
-        pthread_cond_broadcast(&s->qcv);
-        pthread_mutex_unlock(&s->qmu);
+        if (idle) break; /* stopping and nothing left */
+
+        for (int i = 0; i < P; i++) { /* new rows get their stream; cancelled ones leave */
+            srv_slot *sl = &s->slots[i];
+            if (!sl->j) continue;
+            if (sl->decoding < 0) {
+                osp_status rc = slot_begin(s, sl, sl->j);
+                if (rc != OSP_OK) {
+                    slot_end(s, sl, rc);
+                    continue;
+                }
+            }
+            if (atomic_load(&sl->j->cancel)) {
+                osp_stream_cancel(sl->st);
+                slot_end(s, sl, OSP_OK);
+            }
+        }
+
+        /* one prefill chunk: the oldest row still prefilling */
+        srv_slot *pf = NULL;
+        for (int i = 0; i < P; i++) {
+            srv_slot *sl = &s->slots[i];
+            if (sl->j && !sl->decoding && (!pf || sl->seq < pf->seq)) pf = sl;
+        }
+        if (pf) {
+            int32_t left = pf->j->n_prompt - pf->done_prompt, n = left < s->prefill_step ? left : s->prefill_step;
+            int last = n == left;
+            osp_status rc = osp_forward_rows(s->session, &pf->row, 1, pf->j->prompt + pf->done_prompt, n, 0,
+                                             last ? s->logits : NULL);
+            pf->done_prompt += n;
+            if (rc != OSP_OK) {
+                slot_end(s, pf, rc);
+            } else if (last) {
+                int more = osp_stream_next(pf->st, s->logits, osp_session_row_pos(s->session, pf->row), &pf->next, &rc);
+                if (more) pf->decoding = 1;
+                else slot_end(s, pf, rc);
+            }
+        }
+
+        /* one decode step of every decoding row */
+        int nb = 0;
+        for (int i = 0; i < P; i++) {
+            srv_slot *sl = &s->slots[i];
+            if (sl->j && sl->decoding > 0 && sl != pf) {
+                batch[nb] = sl;
+                rows[nb] = sl->row;
+                ids[nb++] = sl->next;
+            }
+        }
+        if (!nb) continue;
+        osp_status rc = osp_forward_rows(s->session, rows, nb, ids, 1, 0, s->logits);
+        for (int b = 0; b < nb; b++) {
+            srv_slot *sl = batch[b];
+            osp_status src = rc;
+            if (nb > sl->g.batch_max) sl->g.batch_max = nb;
+            if (rc == OSP_OK) {
+                float *lg = s->logits + (int64_t)b * s->vocab;
+                if (osp_stream_next(sl->st, lg, osp_session_row_pos(s->session, sl->row), &sl->next, &src)) continue;
+            }
+            slot_end(s, sl, src);
+        }
     }
+    free(rows), free(ids), free(batch), free(fresh), free(need);
     return NULL;
+}
+
+int srv_slots_init(srv *s) {
+    s->slots = calloc((size_t)s->parallel, sizeof *s->slots);
+    if (!s->slots) return -1;
+    for (int i = 0; i < s->parallel; i++) s->slots[i].row = i;
+    return 0;
 }
 
 int srv_worker_start(srv *s) {

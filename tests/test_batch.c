@@ -175,6 +175,57 @@ static void test_rollback_limit(void **state) {
     osp_model_free(m);
 }
 
+/* Production precision: a row decoded in a batch gets bitwise the logits it
+ * gets decoded alone (and in another batch), for every kind of weights. */
+static void check_invariance(const char *name) {
+    char dir[256];
+    snprintf(dir, sizeof dir, "data/goldens/%s", name);
+    osp_model *m;
+    golden g;
+    assert_int_equal(osp_model_load(dir, &m), OSP_OK);
+    assert_int_equal(golden_load(dir, &g), 0);
+    enum { NR = 5, STEPS = 6 };
+    const int32_t V = g.vocab, lens[NR] = {3, 9, 1, 14, 6};
+    osp_session *all, *one;
+    osp_session_opts o = {.n_rows = NR, .max_ctx = g.T};
+    assert_int_equal(osp_session_new_opts(m, &o, &all), OSP_OK);
+    assert_int_equal(osp_session_new(m, 1, g.T, &one), OSP_OK);
+    osp_session_set_fast(all, 1);
+    osp_session_set_fast(one, 1);
+    float *lb = malloc(sizeof(float) * NR * V), *l1 = malloc(sizeof(float) * V), *ls = malloc(sizeof(float) * NR * V);
+    int32_t ids[NR];
+    for (int32_t b = 0; b < NR; b++) {
+        assert_int_equal(osp_forward_rows(all, &b, 1, g.ids + b, lens[b], 0, lb), OSP_OK);
+    }
+    int32_t done[NR] = {0}; /* decode tokens each row has taken */
+    for (int32_t step = 0; step < STEPS; step++) {
+        int32_t nb = step % 2 ? 2 : NR, sub[NR]; /* odd steps: a batch of rows 3 and 1 only */
+        for (int32_t i = 0; i < nb; i++) sub[i] = nb == NR ? i : (i ? 1 : 3);
+        for (int32_t i = 0; i < nb; i++) ids[i] = g.ids[sub[i] + lens[sub[i]] + done[sub[i]]];
+        assert_int_equal(osp_forward_rows(all, sub, nb, ids, 1, 0, lb), OSP_OK);
+        for (int32_t i = 0; i < nb; i++) {
+            int32_t b = sub[i];
+            done[b]++;
+            osp_session_reset_row(one, 0); /* the same row alone: its prompt, then its tokens one by one */
+            assert_int_equal(osp_forward(one, g.ids + b, lens[b], 0, l1), OSP_OK);
+            for (int32_t t = 0; t < done[b]; t++)
+                assert_int_equal(osp_forward(one, &g.ids[b + lens[b] + t], 1, 0, l1), OSP_OK);
+            if (memcmp(l1, lb + (int64_t)i * V, sizeof(float) * V) != 0)
+                fail_msg("%s: row %d at step %d differs in a batch of %d from alone", name, b, step, nb);
+        }
+    }
+    free(lb), free(l1), free(ls);
+    osp_session_free(all);
+    osp_session_free(one);
+    golden_free(&g);
+    osp_model_free(m);
+}
+
+static void test_invariance(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_MODELS; i++) check_invariance(MODELS[i]);
+}
+
 static void test_models(void **state) {
     (void)state;
     for (size_t i = 0; i < N_MODELS; i++) run_model(MODELS[i]);
@@ -184,6 +235,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_models),
         cmocka_unit_test(test_rollback_limit),
+        cmocka_unit_test(test_invariance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -55,13 +55,17 @@ static double mem_bw_gbps(void) {
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
-                    "[--precise]\n  --precise: reference precision (f32 activations) instead of the production path\n");
+                    "[--precise] [--concurrency N] [--kv-bits 4|8|16] [--kv-group-size G]\n"
+                    "  --precise: reference precision (f32 activations) instead of the production path\n"
+                    "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
+                    "                   then the aggregate over all streams\n"
+                    "  --kv-bits: affine-quantized KV cache (16 = full precision, the default)\n");
     return 2;
 }
 
 int osp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int p = 512, n = 128, threads = 0, json = 0, fast = 1;
+    int p = 512, n = 128, threads = 0, json = 0, fast = 1, conc = 1, kv_bits = 0, kv_group = 64;
     for (int i = 1; i < argc; i++) {
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) p = atoi(argv[++i]);
@@ -69,20 +73,25 @@ int osp_cmd_bench(int argc, char **argv) {
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--precise")) fast = 0;
+        else if ((!strcmp(argv[i], "--concurrency") || !strcmp(argv[i], "-np")) && i + 1 < argc) conc = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv-bits") && i + 1 < argc) kv_bits = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv-group-size") && i + 1 < argc) kv_group = atoi(argv[++i]);
         else return usage();
     }
     if (!model) model = osp_cli_default_model();
-    if (!model || p < 1 || n < 1) return usage();
+    if (kv_bits == 16) kv_bits = 0;
+    if (!model || p < 1 || n < 1 || conc < 1 || conc > 256 || (kv_bits != 0 && kv_bits != 4 && kv_bits != 8)) return usage();
     osp_set_threads(threads);
     osp_model *m;
     if (osp_model_load(model, &m) != OSP_OK) return osp_cli_fail("bench");
     const osp_model_info *in = osp_model_get_info(m);
     osp_session *s = NULL;
-    int32_t *ids = malloc(sizeof(int32_t) * p);
-    float *logits = malloc(sizeof(float) * in->vocab);
-    for (int i = 0; i < p; i++) ids[i] = (int32_t)((i * 7919 + 13) % in->vocab);
+    int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc);
+    float *logits = malloc(sizeof(float) * in->vocab * conc);
+    for (int i = 0; i < p * conc; i++) ids[i] = (int32_t)((i * 7919 + 13) % in->vocab);
     int rc = 0;
-    if (osp_session_new(m, 1, p + n, &s) != OSP_OK) {
+    osp_session_opts so = {.n_rows = conc, .max_ctx = p + n, .kv_bits = kv_bits, .kv_group = kv_group};
+    if (osp_session_new_opts(m, &so, &s) != OSP_OK) {
         rc = osp_cli_fail("bench");
         goto done;
     }
@@ -92,31 +101,35 @@ int osp_cmd_bench(int argc, char **argv) {
         rc = osp_cli_fail("bench");
         goto done;
     }
-    osp_session_reset_row(s, 0);
+    for (int32_t b = 0; b < conc; b++) osp_session_reset_row(s, b);
     double t0 = osp_now_s();
-    if (osp_forward(s, ids, p, 0, logits) != OSP_OK) {
-        rc = osp_cli_fail("bench");
-        goto done;
-    }
+    for (int32_t b = 0; b < conc; b++) /* each sequence is prefilled alone, as the server does */
+        if (osp_forward_rows(s, &b, 1, ids + (int64_t)b * p, p, 0, logits + (int64_t)b * in->vocab) != OSP_OK) {
+            rc = osp_cli_fail("bench");
+            goto done;
+        }
     double t_prefill = osp_now_s() - t0;
-    int32_t next = 0;
     t0 = osp_now_s();
     for (int i = 0; i < n; i++) {
-        int best = 0;
-        for (int j = 1; j < in->vocab; j++)
-            if (logits[j] > logits[best]) best = j;
-        next = best;
-        if (osp_forward(s, &next, 1, 0, logits) != OSP_OK) {
+        for (int b = 0; b < conc; b++) {
+            const float *lg = logits + (int64_t)b * in->vocab;
+            int best = 0;
+            for (int j = 1; j < in->vocab; j++)
+                if (lg[j] > lg[best]) best = j;
+            next[b] = best;
+        }
+        if (osp_forward(s, next, 1, 0, logits) != OSP_OK) {
             rc = osp_cli_fail("bench");
             goto done;
         }
     }
     double t_decode = osp_now_s() - t0;
+    size_t kv_bytes = osp_session_kv_bytes(s);
     /* The generation loop with the model's own sampling defaults, to measure
      * what sampling, detokenizing, stop strings and callbacks add per token. */
     double loop_pct = -1;
     osp_tokenizer *tok = NULL;
-    if (osp_tokenizer_load(in->dir, &tok) == OSP_OK) {
+    if (conc == 1 && osp_tokenizer_load(in->dir, &tok) == OSP_OK) {
         int32_t eos[32];
         osp_gen_params gp;
         osp_gen_stats gs;
@@ -134,19 +147,27 @@ int osp_cmd_bench(int argc, char **argv) {
         osp_tokenizer_free(tok);
     }
     double bw = mem_bw_gbps();
-    double pp = p / t_prefill, tg = n / t_decode;
-    double dg = (double)in->decode_bytes * tg / 1e9;
+    double pp = (double)p * conc / t_prefill, tg = (double)n * conc / t_decode, per = n / t_decode;
+    double dg = (double)in->decode_bytes * per / 1e9; /* weights are streamed once per step for all rows */
     if (json) {
         printf("{\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
-               "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f,\"loop_overhead_pct\":%.3f}\n",
-               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw, bw > 0 ? dg / bw : 0, loop_pct);
+               "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f,\"loop_overhead_pct\":%.3f,"
+               "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
+               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw,
+               bw > 0 ? dg / bw : 0, loop_pct, conc, per, kv_bits ? kv_bits : 16, kv_bytes,
+               (double)kv_bytes / ((double)conc * (p + n)));
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
         printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production (int8 activations for q4/q8)" : "reference (f32)");
         printf("prefill:      %d tokens, %.2f tok/s\n", p, pp);
-        printf("decode:       %d tokens, %.2f tok/s\n", n, tg);
+        if (conc > 1)
+            printf("decode:       %d streams x %d tokens, %.2f tok/s in all, %.2f tok/s per stream\n", conc, n, tg, per);
+        else
+            printf("decode:       %d tokens, %.2f tok/s\n", n, tg);
+        printf("kv cache:     %s, %.2f MB in use (%.0f bytes per token)\n",
+               kv_bits == 4 ? "4-bit" : kv_bits == 8 ? "8-bit" : "f32", kv_bytes / 1e6, (double)kv_bytes / ((double)conc * (p + n)));
         printf("weights/step: %.1f MB -> %.2f GB/s\n", in->decode_bytes / 1e6, dg);
         printf("memory bw:    %.2f GB/s (triad, same run)\n", bw);
         printf("ratio:        %.1f%% of measured memory bandwidth\n", bw > 0 ? 100 * dg / bw : 0);
@@ -155,6 +176,7 @@ int osp_cmd_bench(int argc, char **argv) {
     }
 done:
     free(ids);
+    free(next);
     free(logits);
     osp_session_free(s);
     osp_model_free(m);

@@ -70,7 +70,103 @@ static void test_all(void **st) {
     run_case(8, 32, 32, 9, OSP_DT_BF16);
 }
 
+/* ---- several activations at once (continuous batching) ---- */
+
+#define MM_N 33 /* activations per case: the largest batch checked */
+
+typedef struct mm_case {
+    osp_weight w;
+    unsigned char *codes;
+    uint16_t *sc, *bi;
+    float *x;        /* [MM_N, cols] */
+    void *mem;       /* the prepared activations' scratch */
+    osp_q8act *acts; /* [MM_N] */
+} mm_case;
+
+static void mm_case_init(mm_case *c, int bits, int group, int64_t cols, int64_t rows, osp_dtype sdt) {
+    int64_t ng = cols / group, rb = cols * bits / 8;
+    c->codes = malloc(rows * rb);
+    c->sc = malloc(rows * ng * 2), c->bi = malloc(rows * ng * 2);
+    for (int64_t i = 0; i < rows * rb; i++) c->codes[i] = (unsigned char)rnd();
+    for (int64_t i = 0; i < rows * ng; i++) {
+        float s = 0.01f + 0.02f * frand(), b = -0.1f * frand() - s * (1 << (bits - 1));
+        c->sc[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(s) : osp_f32_to_bf16(s);
+        c->bi[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(b) : osp_f32_to_bf16(b);
+    }
+    c->w = (osp_weight){.dtype = OSP_DT_U32, .rows = rows, .cols = cols, .data = c->codes, .qbits = bits,
+                        .group = group, .sdtype = sdt, .scales = c->sc, .biases = c->bi};
+    assert_true(osp_q8act_supported(&c->w));
+    size_t stride = (osp_q8act_bytes(cols) + 63) & ~(size_t)63;
+    c->x = malloc(MM_N * cols * 4);
+    c->mem = aligned_alloc(64, MM_N * stride);
+    c->acts = malloc(MM_N * sizeof *c->acts);
+    for (int t = 0; t < MM_N; t++) {
+        float amp = t == 5 ? 0.0f : 1.0f + (float)(t % 4) * 3; /* one all-zero activation: d = 0 */
+        for (int64_t i = 0; i < cols; i++) c->x[t * cols + i] = amp * frand() * (i % 7 == t % 7 ? 4 : 1);
+        osp_q8act_prepare(&c->acts[t], c->x + t * cols, &c->w, (char *)c->mem + t * stride);
+    }
+}
+
+static void mm_case_free(mm_case *c) {
+    free(c->codes), free(c->sc), free(c->bi), free(c->x), free(c->mem), free(c->acts);
+}
+
+/* matmul(acts[0..n), rows [r0, r1)) against one matvec per activation, bitwise,
+ * with a row stride wider than the range so stray writes show. */
+static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, osp_q8act_fn mv, const char *tier, int64_t n, int64_t r0,
+                     int64_t r1) {
+    int64_t m = r1 - r0, ldy = m + 3;
+    float *y = malloc(n * ldy * 4), *yv = malloc(m * 4);
+    memset(y, 0x7f, n * ldy * 4);
+    mm(&c->w, c->acts, n, y, ldy, r0, r1);
+    for (int64_t t = 0; t < n; t++) {
+        mv(&c->w, &c->acts[t], yv, r0, r1);
+        if (memcmp(y + t * ldy, yv, m * 4)) {
+            int64_t r = 0;
+            while (!memcmp(y + t * ldy + r, yv + r, 4)) r++;
+            fail_msg("%s: bits %d group %d cols %ld rows [%ld, %ld) n %ld: act %ld row %ld: matmul %a vs matvec %a", tier,
+                     c->w.qbits, c->w.group, (long)c->w.cols, (long)r0, (long)r1, (long)n, (long)t, (long)(r0 + r),
+                     y[t * ldy + r], yv[r]);
+        }
+        for (int64_t k = m; k < ldy; k++) {
+            uint32_t u;
+            memcpy(&u, y + t * ldy + k, 4);
+            if (u != 0x7f7f7f7fu) fail_msg("%s: n %ld: wrote past the row range of act %ld", tier, (long)n, (long)t);
+        }
+    }
+    free(y), free(yv);
+}
+
+static void test_matmul_batch_invariant(void **st) {
+    (void)st;
+    const int vnni = osp_q8act_matmul_fast() == osp_q8act_matmul_vnni;
+    if (!vnni) print_message("no AVX-512 VNNI: checking the scalar tier only\n");
+    assert_true(vnni == (osp_q8act_matvec_fast() == osp_q8act_matvec_vnni));
+    const int groups[] = {32, 64, 128};
+    /* 96, 160: a chunk with a tail; 704, 2560: a partial superblock of 16 groups */
+    const int64_t cols[] = {96, 160, 640, 704, 2048, 2560};
+    int64_t ns[18];
+    for (int i = 0; i < 17; i++) ns[i] = i + 1;
+    ns[17] = MM_N;
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int g = 0; g < 3; g++)
+            for (int ci = 0; ci < 6; ci++) {
+                if (cols[ci] % groups[g]) continue;
+                const int64_t rows = 23;
+                mm_case c;
+                mm_case_init(&c, bits, groups[g], cols[ci], rows, ci % 2 ? OSP_DT_F16 : OSP_DT_BF16);
+                for (int k = 0; k < 18; k++) {
+                    /* the full (odd) range, and random subranges: odd and even starts and lengths */
+                    int64_t r0 = k % 3 ? (int64_t)(rnd() % 8) : 0;
+                    int64_t r1 = k % 3 ? r0 + 1 + (int64_t)(rnd() % (rows - r0)) : rows;
+                    if (vnni) mm_check(&c, osp_q8act_matmul_vnni, osp_q8act_matvec_vnni, "vnni", ns[k], r0, r1);
+                    mm_check(&c, osp_q8act_matmul_ref, osp_q8act_matvec_ref, "ref", ns[k], r0, r1);
+                }
+                mm_case_free(&c);
+            }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_all)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_all), cmocka_unit_test(test_matmul_batch_invariant)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

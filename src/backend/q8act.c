@@ -19,7 +19,8 @@ size_t osp_q8act_bytes(int64_t cols) {
 
 int osp_q8act_supported(const osp_weight *w) {
     return (w->qbits == 4 || w->qbits == 8) && (w->sdtype == OSP_DT_BF16 || w->sdtype == OSP_DT_F16) &&
-           w->cols % 32 == 0 && w->group % 32 == 0;
+           w->cols % 32 == 0 && w->group % 32 == 0 &&
+           16 * w->group / chunk_codes(w->qbits) <= 32; /* the kernels' scale-index table: 32 chunks */
 }
 
 void osp_q8act_prepare(osp_q8act *a, const float *x, const osp_weight *w, void *mem) {

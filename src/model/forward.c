@@ -27,7 +27,7 @@ typedef struct mm_ctx {
     float *y;
     int64_t block;
     const osp_q8act *acts; /* fast path: n prepared activations */
-    osp_q8act_fn q8;
+    osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
 } mm_ctx;
 
@@ -35,8 +35,8 @@ static void mm_task(void *p, int64_t t) {
     mm_ctx *c = p;
     int64_t r0 = t * c->block, r1 = r0 + c->block;
     if (r1 > c->w->rows) r1 = c->w->rows;
-    if (c->acts) {
-        for (int64_t i = 0; i < c->n; i++) c->q8(c->w, &c->acts[i], c->y + i * c->w->rows + r0, r0, r1);
+    if (c->acts) { /* all activations at once, each bitwise as if alone */
+        c->q8(c->w, c->acts, c->n, c->y + r0, c->w->rows, r0, r1);
         return;
     }
     if (c->per_token) {
@@ -65,7 +65,7 @@ void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, 
         for (int64_t i = 0; i < n; i++)
             osp_q8act_prepare(&s->sc.q8acts[i], x + i * w->cols, w, (char *)s->sc.q8mem + i * s->sc.q8stride);
         c.acts = s->sc.q8acts;
-        c.q8 = osp_q8act_matvec_fast();
+        c.q8 = osp_q8act_matmul_fast();
     } else if (s->per_token && n > 1) {
         c.per_token = 1;
     }

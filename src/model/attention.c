@@ -1,10 +1,7 @@
 #include <math.h>
 #include <string.h>
 #include "attention.h"
-#if __has_include("backend/kvq.h") /* TEMP until kvq lands */
 #include "backend/kvq.h"
-#define HAVE_KVQ 1
-#endif
 #include "core/threadpool.h"
 
 /* scores[j - lo] = q · K[j] for cached positions j in [lo, end), in runs of
@@ -16,10 +13,8 @@ static void cached_scores(const osp_attn_args *a, const osp_kv_layer *L, int32_t
         int32_t slot = osp_kv_slot(L, j), run = end - j;
         if (L->sliding && slot + run > L->ring) run = L->ring - slot; /* a ring wraps */
         if (L->bits) {
-#ifdef HAVE_KVQ
             osp_kv_qrows k = osp_kv_q(L, row, 0, hk, slot);
             osp_kvq_ops_get()->scores(q, D, L->bits, L->group, k.codes, k.scales, k.biases, run, sc + (j - lo));
-#endif
         } else {
             osp_weight kw = {.dtype = OSP_DT_F32, .rows = run, .cols = D, .data = osp_kv_f32(L, row, 0, hk, slot)};
             a->ops->matmul(&kw, q, 1, sc + (j - lo), run, 0, run);
@@ -36,10 +31,8 @@ static void cached_values(const osp_attn_args *a, const osp_kv_layer *L, int32_t
         int32_t slot = osp_kv_slot(L, j), run = end - j;
         if (L->sliding && slot + run > L->ring) run = L->ring - slot;
         if (L->bits) {
-#ifdef HAVE_KVQ
             osp_kv_qrows v = osp_kv_q(L, row, 1, hk, slot);
             osp_kvq_ops_get()->wsum(o, p + (j - lo), run, D, L->bits, L->group, v.codes, v.scales, v.biases);
-#endif
         } else {
             a->ops->wsum(o, p + (j - lo), osp_kv_f32(L, row, 1, hk, slot), run, D, D);
         }

@@ -111,3 +111,31 @@ test('a small KV budget queues requests instead of failing them', async () => {
     assert.equal(r.code, 0);
   }
 });
+
+test('quantized KV (-ctk q8_0, --kv-bits 4): batched equals alone, and bad cache types are refused', async () => {
+  for (const flags of [['-ctk', 'q8_0', '-ctv', 'q8_0'], ['--kv-bits', '4', '--kv-group-size', '32']]) {
+    const q = await startServer(['--parallel', '6', '--prefill-step-size', '16', ...flags]);
+    try {
+      const c = new OpenAI({ baseURL: `${q.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
+      const reqs = Array.from({ length: 6 }, (_, i) => ({ ...request(i), max_tokens: 30 }));
+      const alone = [];
+      for (const r of reqs) alone.push((await c.chat.completions.create(r)).choices[0]);
+      const res = await Promise.all(reqs.map((r) => c.chat.completions.create(r)));
+      res.forEach((x, i) => {
+        assert.equal(x.choices[0].message.content, alone[i].message.content);
+        assert.deepEqual(x.choices[0].logprobs, alone[i].logprobs);
+      });
+      assert.ok(Math.max(...res.map((x) => x.timings.batch_max)) >= 3);
+    } finally {
+      assert.equal((await q.stop()).code, 0);
+    }
+  }
+  const { spawnSync } = await import('node:child_process');
+  const { BIN, MODEL } = await import('./harness.mjs');
+  const bad = spawnSync(BIN, ['serve', MODEL, '-ctk', 'q5_1'], { encoding: 'utf8' });
+  assert.equal(bad.status, 2);
+  assert.match(bad.stderr, /q4_0, q8_0/);
+  const mixed = spawnSync(BIN, ['serve', MODEL, '-ctk', 'q8_0', '-ctv', 'q4_0'], { encoding: 'utf8' });
+  assert.equal(mixed.status, 2);
+  assert.match(mixed.stderr, /alike/);
+});

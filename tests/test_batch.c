@@ -51,13 +51,18 @@ static osp_session *round_trip(osp_session *s) {
     return m;
 }
 
-static void run_model(const char *name) {
+/* A golden model and its reference data. */
+static void load(const char *name, osp_model **m, golden *g) {
     char dir[256];
     snprintf(dir, sizeof dir, "data/goldens/%s", name);
+    assert_int_equal(osp_model_load(dir, m), OSP_OK);
+    assert_int_equal(golden_load(dir, g), 0);
+}
+
+static void run_model(const char *name) {
     osp_model *m;
     golden g;
-    assert_int_equal(osp_model_load(dir, &m), OSP_OK);
-    assert_int_equal(golden_load(dir, &g), 0);
+    load(name, &m, &g);
     const int32_t T = g.T, V = g.vocab;
     osp_session_opts o = {.n_rows = R, .max_ctx = T, .spare = GAMMA};
     osp_session *s;
@@ -150,8 +155,7 @@ static void test_rollback_limit(void **state) {
     (void)state;
     osp_model *m;
     golden g;
-    assert_int_equal(osp_model_load("data/goldens/gemma3", &m), OSP_OK);
-    assert_int_equal(golden_load("data/goldens/gemma3", &g), 0);
+    load("gemma3", &m, &g);
     osp_session_opts o = {.n_rows = 1, .max_ctx = g.T, .spare = 2};
     osp_session *s;
     assert_int_equal(osp_session_new_opts(m, &o, &s), OSP_OK);
@@ -178,12 +182,9 @@ static void test_rollback_limit(void **state) {
 /* Production precision: a row decoded in a batch gets bitwise the logits it
  * gets decoded alone (and in another batch), for every kind of weights. */
 static void check_invariance(const char *name) {
-    char dir[256];
-    snprintf(dir, sizeof dir, "data/goldens/%s", name);
     osp_model *m;
     golden g;
-    assert_int_equal(osp_model_load(dir, &m), OSP_OK);
-    assert_int_equal(golden_load(dir, &g), 0);
+    load(name, &m, &g);
     enum { NR = 5, STEPS = 6 };
     const int32_t V = g.vocab, lens[NR] = {3, 9, 1, 14, 6};
     osp_session *all, *one;

@@ -133,23 +133,18 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
         if (c <= old) continue;
         unsigned char *nm = osp_calloc(OSP_POOL_KV, (size_t)block_bytes(l, c));
         if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory growing the KV cache to %d positions", n);
-        if (l->mem[row]) { /* each plane is [Hkv, cap, x]: copy every head's slots */
-            if (l->bits) {
-                int64_t H = l->n_kv_heads, per[3] = {l->cb, 2 * l->ng, 2 * l->ng};
-                const unsigned char *src = l->mem[row];
-                unsigned char *dst = nm;
-                for (int which = 0; which < 2; which++)
-                    for (int p = 0; p < 3; p++) {
-                        for (int64_t h = 0; h < H; h++)
-                            memcpy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
-                        src += H * old * per[p];
-                        dst += H * c * per[p];
-                    }
-            } else {
-                for (int64_t h = 0; h < 2 * (int64_t)l->n_kv_heads; h++)
-                    memcpy(nm + h * c * l->slot_bytes, l->mem[row] + h * old * l->slot_bytes,
-                           (size_t)(old * l->slot_bytes));
-            }
+        if (l->mem[row]) { /* K then V, each 1 (f32) or 3 (codes, scales, biases) planes [Hkv, cap, x] */
+            int64_t H = l->n_kv_heads, per[3] = {l->bits ? l->cb : l->slot_bytes, 2 * l->ng, 2 * l->ng};
+            int n_planes = l->bits ? 3 : 1;
+            const unsigned char *src = l->mem[row];
+            unsigned char *dst = nm;
+            for (int which = 0; which < 2; which++)
+                for (int p = 0; p < n_planes; p++) {
+                    for (int64_t h = 0; h < H; h++)
+                        memcpy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
+                    src += H * old * per[p];
+                    dst += H * c * per[p];
+                }
             osp_free(l->mem[row]);
         }
         kv->bytes += block_bytes(l, c) - block_bytes(l, old);

@@ -239,14 +239,9 @@ void osp_session_commit(osp_session *s) { osp_kv_commit(s->kv); }
 /* A session around an existing KV cache, with the options of `like`. */
 static osp_status wrap_kv(const osp_session *like, osp_kv *kv, osp_session **out) {
     *out = NULL;
-    osp_session_opts o = {.n_rows = 1, .max_ctx = kv->max_ctx, .max_tokens = like->sc.max_tok};
+    osp_session_opts o = {.n_rows = kv->n_rows, .max_ctx = kv->max_ctx, .max_tokens = like->sc.max_tok};
     osp_session *s;
-    osp_status rc = osp_session_new_opts(like->m, &o, &s);
-    if (rc == OSP_OK && kv->n_rows > 1) { /* scratch and row list for kv's rows */
-        osp_session_free(s);
-        o.n_rows = kv->n_rows;
-        rc = osp_session_new_opts(like->m, &o, &s);
-    }
+    osp_status rc = osp_session_new_opts(like->m, &o, &s); /* scratch and row list for kv's rows */
     if (rc != OSP_OK) {
         osp_kv_free(kv);
         return rc;

@@ -281,8 +281,7 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     }
     if (rc == OSP_OK) rc = osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, g, &sl->st);
     sl->done_prompt = 0;
-    sl->decoding = 0;
-    osp_session_reset_row(s->session, sl->row);
+    sl->decoding = 0; /* its row is empty: slot_end resets it */
     return rc;
 }
 

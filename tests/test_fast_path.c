@@ -2,8 +2,9 @@
  * backend/q8act.h) against the goldens, with the goldens' second-tier
  * bounds: per-position KL(ref || ours) of the softmaxed logits <= 1e-3 on
  * average and <= 1e-2 at worst, and the same top-1 token wherever the
- * reference's top-2 margin exceeds 0.05. Decode mode (one token per step)
- * and chunks of 4, the shapes the fast path serves. */
+ * reference's top-2 margin exceeds 0.05. Decode mode (one token per step),
+ * chunks of 4 and the whole prompt in one prefill: the fast path serves
+ * every shape. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,6 +69,7 @@ static void test_fast(void **st) {
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         check_model(models[i], 1);
         check_model(models[i], 4);
+        check_model(models[i], 1 << 20);
     }
 }
 

@@ -1,5 +1,8 @@
-/* The int8-activation decode path: VNNI kernel against its scalar twin, and
- * the scalar twin against the exact f32 product within the int8 rounding. */
+/* The int8-activation path for 4-bit weights (backend/q8act.h): the
+ * AVX-512 tier against its scalar twin, bitwise (activation quantization,
+ * and the matmul on the repacked layout against the reference on the MLX
+ * layout, for any number of tokens and any row range), and the scalar twin
+ * against the exact f32 product within the int8 rounding. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,116 +20,106 @@ static uint32_t rnd(void) {
 }
 static float frand(void) { return (float)rnd() / 4294967296.0f * 2 - 1; }
 
-static void run_case(int bits, int group, int64_t cols, int64_t rows, osp_dtype sdt) {
-    int64_t ng = cols / group, rb = cols * bits / 8;
-    unsigned char *codes = malloc(rows * rb);
-    uint16_t *sc = malloc(rows * ng * 2), *bi = malloc(rows * ng * 2);
-    for (int64_t i = 0; i < rows * rb; i++) codes[i] = (unsigned char)rnd();
-    for (int64_t i = 0; i < rows * ng; i++) {
-        float s = 0.01f + 0.02f * frand(), b = -0.1f * frand() - s * (1 << (bits - 1));
-        sc[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(s) : osp_f32_to_bf16(s);
-        bi[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(b) : osp_f32_to_bf16(b);
-    }
-    osp_weight w = {.dtype = OSP_DT_U32, .rows = rows, .cols = cols, .data = codes, .qbits = bits, .group = group,
-                    .sdtype = sdt, .scales = sc, .biases = bi};
-    float *x = malloc(cols * 4), *ya = malloc(rows * 4), *yb = malloc(rows * 4), *yf = malloc(rows * 4);
-    for (int64_t i = 0; i < cols; i++) x[i] = frand() * (i % 7 == 0 ? 4 : 1);
-    void *mem = aligned_alloc(64, (osp_q8act_bytes(cols) + 63) & ~(size_t)63);
-    osp_q8act a;
-    assert_true(osp_q8act_supported(&w));
-    osp_q8act_prepare(&a, x, &w, mem);
-    osp_q8act_matvec_ref(&w, &a, ya, 0, rows);
-    osp_q8act_matvec_fast()(&w, &a, yb, 0, rows);
-    osp_ops_scalar()->matmul(&w, x, 1, yf, rows, 0, rows);
-    float *row = malloc(cols * 4);
-    for (int64_t r = 0; r < rows; r++) {
-        osp_weight_row_f32(&w, r, row);
-        double mag = 0, mag_q = 0;
-        for (int64_t c = 0; c < cols; c++) {
-            mag += fabs(x[c] * row[c]);
-            mag_q += fabs(row[c]) * a.d[c / 32] * 0.5; /* int8 rounding bound */
-        }
-        if (fabs(ya[r] - yb[r]) > 1e-5 * mag + 1e-6)
-            fail_msg("bits %d group %d cols %ld row %ld: vnni %g vs ref %g", bits, group, (long)cols, (long)r, yb[r], ya[r]);
-        if (fabs(ya[r] - yf[r]) > mag_q + 1e-5 * mag)
-            fail_msg("bits %d group %d cols %ld row %ld: int8 path %g vs f32 %g (bound %g)", bits, group, (long)cols,
-                     (long)r, ya[r], yf[r], mag_q);
-    }
-    free(row), free(codes), free(sc), free(bi), free(x), free(ya), free(yb), free(yf), free(mem);
-}
-
-static void test_all(void **st) {
-    (void)st;
-    const int bits[] = {4, 8}, groups[] = {32, 64, 128};
-    const int64_t cols[] = {128, 256, 384, 640, 704, 2048};
-    for (int b = 0; b < 2; b++)
-        for (int g = 0; g < 3; g++)
-            for (int c = 0; c < 6; c++) {
-                if (cols[c] % groups[g]) continue;
-                run_case(bits[b], groups[g], cols[c], 37, OSP_DT_BF16);
-                run_case(bits[b], groups[g], cols[c], 5, OSP_DT_F16);
-            }
-    run_case(4, 32, 96, 9, OSP_DT_BF16); /* a chunk with a tail only */
-    run_case(8, 32, 32, 9, OSP_DT_BF16);
-}
-
-/* ---- several activations at once (continuous batching) ---- */
-
 #define MM_N 33 /* activations per case: the largest batch checked */
 
 typedef struct mm_case {
     osp_weight w;
     unsigned char *codes;
     uint16_t *sc, *bi;
+    void *packed;
     float *x;        /* [MM_N, cols] */
     void *mem;       /* the prepared activations' scratch */
     osp_q8act *acts; /* [MM_N] */
+    float *yref;     /* [MM_N, rows] */
 } mm_case;
 
-static void mm_case_init(mm_case *c, int bits, int group, int64_t cols, int64_t rows, osp_dtype sdt) {
-    int64_t ng = cols / group, rb = cols * bits / 8;
+static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_dtype sdt) {
+    int64_t ng = cols / group, rb = cols / 2;
     c->codes = malloc(rows * rb);
     c->sc = malloc(rows * ng * 2), c->bi = malloc(rows * ng * 2);
     for (int64_t i = 0; i < rows * rb; i++) c->codes[i] = (unsigned char)rnd();
     for (int64_t i = 0; i < rows * ng; i++) {
-        float s = 0.01f + 0.02f * frand(), b = -0.1f * frand() - s * (1 << (bits - 1));
+        float s = 0.01f + 0.02f * frand(), b = -0.1f * frand() - s * 8;
+        if (i % 11 == 3) s = -s; /* negative scales exist (mx.quantize) */
         c->sc[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(s) : osp_f32_to_bf16(s);
         c->bi[i] = sdt == OSP_DT_F16 ? osp_f32_to_f16(b) : osp_f32_to_bf16(b);
     }
-    c->w = (osp_weight){.dtype = OSP_DT_U32, .rows = rows, .cols = cols, .data = c->codes, .qbits = bits,
+    c->w = (osp_weight){.dtype = OSP_DT_U32, .rows = rows, .cols = cols, .data = c->codes, .qbits = 4,
                         .group = group, .sdtype = sdt, .scales = c->sc, .biases = c->bi};
     assert_true(osp_q8act_supported(&c->w));
+    size_t pb = osp_q4pack_bytes(&c->w);
+    c->packed = aligned_alloc(64, (pb + 63) & ~(size_t)63);
+    int64_t tiles = (rows + 15) / 16;
+    osp_q4pack(&c->w, c->packed, 0, tiles / 2); /* in two ranges, as the loader's tasks do */
+    osp_q4pack(&c->w, c->packed, tiles / 2, tiles);
+    c->w.packed = c->packed;
     size_t stride = (osp_q8act_bytes(cols) + 63) & ~(size_t)63;
     c->x = malloc(MM_N * cols * 4);
     c->mem = aligned_alloc(64, MM_N * stride);
     c->acts = malloc(MM_N * sizeof *c->acts);
+    void *mem2 = aligned_alloc(64, stride);
     for (int t = 0; t < MM_N; t++) {
         float amp = t == 5 ? 0.0f : 1.0f + (float)(t % 4) * 3; /* one all-zero activation: d = 0 */
         for (int64_t i = 0; i < cols; i++) c->x[t * cols + i] = amp * frand() * (i % 7 == t % 7 ? 4 : 1);
-        osp_q8act_prepare(&c->acts[t], c->x + t * cols, &c->w, (char *)c->mem + t * stride);
+        if (t == 7) c->x[t * cols + 3] = 1e4f; /* one block dominated by an outlier */
+        osp_q8act_prepare(&c->acts[t], c->x + t * cols, cols, group, (char *)c->mem + t * stride);
+        /* the dispatched preparation is bitwise the scalar one */
+        osp_q8act r;
+        osp_q8act_prepare_ref(&r, c->x + t * cols, cols, group, mem2);
+        const osp_q8act *a = &c->acts[t];
+        assert_memory_equal(a->xq, r.xq, cols);
+        assert_memory_equal(a->d, r.d, cols / 32 * 4);
+        assert_memory_equal(a->nxs, r.nxs, cols / 32 * 4);
+        assert_memory_equal(a->gsum, r.gsum, cols / group * 4);
     }
+    free(mem2);
+    c->yref = malloc(MM_N * rows * 4);
+    osp_q8act_matmul_ref(&c->w, c->acts, MM_N, c->yref, rows, 0, rows);
 }
 
 static void mm_case_free(mm_case *c) {
-    free(c->codes), free(c->sc), free(c->bi), free(c->x), free(c->mem), free(c->acts);
+    free(c->codes), free(c->sc), free(c->bi), free(c->packed), free(c->x), free(c->mem), free(c->acts), free(c->yref);
 }
 
-/* matmul(acts[0..n), rows [r0, r1)) against one matvec per activation, bitwise,
+/* The reference against the exact f32 product: the int8 rounding bound. */
+static void check_accuracy(const mm_case *c) {
+    const osp_weight *w = &c->w;
+    float *row = malloc(w->cols * 4), *yf = malloc(w->rows * 4);
+    for (int t = 0; t < MM_N; t += 4) {
+        const float *x = c->x + t * w->cols;
+        osp_ops_scalar()->matmul(w, x, 1, yf, w->rows, 0, w->rows);
+        for (int64_t r = 0; r < w->rows; r++) {
+            osp_weight_row_f32(w, r, row);
+            double mag = 0, mag_q = 0;
+            for (int64_t k = 0; k < w->cols; k++) {
+                mag += fabs(x[k] * row[k]);
+                mag_q += fabs(row[k]) * c->acts[t].d[k / 32] * 0.5;
+            }
+            float got = c->yref[t * w->rows + r];
+            if (fabs(got - yf[r]) > mag_q + 1e-5 * mag)
+                fail_msg("group %d cols %ld row %ld act %d: int8 path %g vs f32 %g (bound %g)", w->group,
+                         (long)w->cols, (long)r, t, got, yf[r], mag_q);
+        }
+    }
+    free(row), free(yf);
+}
+
+/* matmul(acts[t0..t0+n), rows [r0, r1)) against the reference, bitwise,
  * with a row stride wider than the range so stray writes show. */
-static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, osp_q8act_fn mv, const char *tier, int64_t n, int64_t r0,
+static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, const char *tier, int64_t t0, int64_t n, int64_t r0,
                      int64_t r1) {
-    int64_t m = r1 - r0, ldy = m + 3;
-    float *y = malloc(n * ldy * 4), *yv = malloc(m * 4);
+    int64_t m = r1 - r0, ldy = m + 3, R = c->w.rows;
+    float *y = malloc(n * ldy * 4);
     memset(y, 0x7f, n * ldy * 4);
-    mm(&c->w, c->acts, n, y, ldy, r0, r1);
+    mm(&c->w, c->acts + t0, n, y, ldy, r0, r1);
     for (int64_t t = 0; t < n; t++) {
-        mv(&c->w, &c->acts[t], yv, r0, r1);
-        if (memcmp(y + t * ldy, yv, m * 4)) {
+        const float *want = c->yref + (t0 + t) * R + r0;
+        if (memcmp(y + t * ldy, want, m * 4)) {
             int64_t r = 0;
-            while (!memcmp(y + t * ldy + r, yv + r, 4)) r++;
-            fail_msg("%s: bits %d group %d cols %ld rows [%ld, %ld) n %ld: act %ld row %ld: matmul %a vs matvec %a", tier,
-                     c->w.qbits, c->w.group, (long)c->w.cols, (long)r0, (long)r1, (long)n, (long)t, (long)(r0 + r),
-                     y[t * ldy + r], yv[r]);
+            while (!memcmp(y + t * ldy + r, want + r, 4)) r++;
+            fail_msg("%s: group %d cols %ld rows [%ld, %ld) n %ld: act %ld row %ld: %a vs reference %a", tier,
+                     c->w.group, (long)c->w.cols, (long)r0, (long)r1, (long)n, (long)(t0 + t), (long)(r0 + r),
+                     y[t * ldy + r], want[r]);
         }
         for (int64_t k = m; k < ldy; k++) {
             uint32_t u;
@@ -134,39 +127,51 @@ static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, osp_q8act_fn mv, cons
             if (u != 0x7f7f7f7fu) fail_msg("%s: n %ld: wrote past the row range of act %ld", tier, (long)n, (long)t);
         }
     }
-    free(y), free(yv);
+    free(y);
 }
 
-static void test_matmul_batch_invariant(void **st) {
+static void test_matmul(void **st) {
     (void)st;
-    const int vnni = osp_q8act_matmul_fast() == osp_q8act_matmul_vnni;
-    if (!vnni) print_message("no AVX-512 VNNI: checking the scalar tier only\n");
-    assert_true(vnni == (osp_q8act_matvec_fast() == osp_q8act_matvec_vnni));
+    osp_q8act_mm_fn fast = osp_q8act_matmul_fast();
+    if (!fast) print_message("no AVX-512 VNNI: checking the scalar tier only\n");
     const int groups[] = {32, 64, 128};
-    /* 96, 160: a chunk with a tail; 704, 2560: a partial superblock of 16 groups */
-    const int64_t cols[] = {96, 160, 640, 704, 2048, 2560};
-    int64_t ns[18];
-    for (int i = 0; i < 17; i++) ns[i] = i + 1;
-    ns[17] = MM_N;
-    for (int bits = 4; bits <= 8; bits += 4)
-        for (int g = 0; g < 3; g++)
-            for (int ci = 0; ci < 6; ci++) {
-                if (cols[ci] % groups[g]) continue;
-                const int64_t rows = 23;
-                mm_case c;
-                mm_case_init(&c, bits, groups[g], cols[ci], rows, ci % 2 ? OSP_DT_F16 : OSP_DT_BF16);
-                for (int k = 0; k < 18; k++) {
-                    /* the full (odd) range, and random subranges: odd and even starts and lengths */
-                    int64_t r0 = k % 3 ? (int64_t)(rnd() % 8) : 0;
-                    int64_t r1 = k % 3 ? r0 + 1 + (int64_t)(rnd() % (rows - r0)) : rows;
-                    if (vnni) mm_check(&c, osp_q8act_matmul_vnni, osp_q8act_matvec_vnni, "vnni", ns[k], r0, r1);
-                    mm_check(&c, osp_q8act_matmul_ref, osp_q8act_matvec_ref, "ref", ns[k], r0, r1);
-                }
-                mm_case_free(&c);
+    const int64_t cols[] = {128, 384, 640, 2048};
+    const int64_t rows[] = {23, 16, 37, 5};
+    for (int g = 0; g < 3; g++)
+        for (int ci = 0; ci < 4; ci++) {
+            if (cols[ci] % groups[g]) continue;
+            mm_case c;
+            mm_case_init(&c, groups[g], cols[ci], rows[ci], ci % 2 ? OSP_DT_F16 : OSP_DT_BF16);
+            check_accuracy(&c);
+            for (int k = 0; k < 20; k++) {
+                /* every count of tokens 1..17 and the whole batch; the full range and
+                 * tile-aligned subranges with ragged ends; tokens from any offset */
+                int64_t n = k < 17 ? k + 1 : MM_N, t0 = n < MM_N ? (int64_t)(rnd() % (MM_N - n + 1)) : 0;
+                int64_t R = c.w.rows, r0 = k % 3 && R > 16 ? 16 : 0;
+                int64_t r1 = k % 3 ? r0 + 1 + (int64_t)(rnd() % (R - r0)) : R;
+                if (fast) mm_check(&c, fast, "vnni", t0, n, r0, r1);
+                if (k % 5 == 0) mm_check(&c, osp_q8act_matmul_ref, "ref", t0, n, r0, r1);
             }
+            mm_case_free(&c);
+        }
+}
+
+/* Odd-sized checkpoints: a 16-row tile that is mostly padding, and a group
+ * of 128 over 128 columns (one group per row). */
+static void test_edges(void **st) {
+    (void)st;
+    osp_q8act_mm_fn fast = osp_q8act_matmul_fast();
+    mm_case c;
+    mm_case_init(&c, 128, 128, 1, OSP_DT_BF16);
+    if (fast) mm_check(&c, fast, "vnni", 0, MM_N, 0, 1);
+    mm_case_free(&c);
+    mm_case_init(&c, 32, 32, 17, OSP_DT_F16);
+    if (fast) mm_check(&c, fast, "vnni", 3, 9, 16, 17);
+    check_accuracy(&c);
+    mm_case_free(&c);
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_all), cmocka_unit_test(test_matmul_batch_invariant)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_matmul), cmocka_unit_test(test_edges)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,102 +2,122 @@
 #include <string.h>
 #include "q8act.h"
 
-static int64_t chunk_codes(int bits) { return bits == 4 ? 128 : 64; }
-
-size_t osp_q8act_bytes(int64_t cols) {
-    int64_t nb = cols / 32, nch = (cols + 63) / 64; /* worst case: 8-bit chunks */
-    size_t b = 0;
-#define R(n) (((size_t)(n) + 63) & ~(size_t)63)
-    b += R(cols);                  /* xq */
-    b += R(nb * 4);                /* d */
-    b += R(nb * 4);                /* gsum (group >= 32) */
-    b += R(nch * 64 + 128);        /* xs */
-    b += R(nch * 16 * 4) * 2;      /* dl, nxs */
-#undef R
-    return b;
-}
+#define T OSP_Q4PACK_ROWS
 
 int osp_q8act_supported(const osp_weight *w) {
-    return (w->qbits == 4 || w->qbits == 8) && (w->sdtype == OSP_DT_BF16 || w->sdtype == OSP_DT_F16) &&
-           w->cols % 32 == 0 && w->group % 32 == 0 &&
-           16 * w->group / chunk_codes(w->qbits) <= 32; /* the kernels' scale-index table: 32 chunks */
+    return w->qbits == 4 && (w->sdtype == OSP_DT_BF16 || w->sdtype == OSP_DT_F16) && w->group % 32 == 0 &&
+           w->cols % w->group == 0;
 }
 
-void osp_q8act_prepare(osp_q8act *a, const float *x, const osp_weight *w, void *mem) {
-    int64_t C = w->cols, nb = C / 32, cc = chunk_codes(w->qbits), nch = (C + cc - 1) / cc;
+static size_t seg_bytes(int group) { return 64 + (size_t)group * 8; }
+
+size_t osp_q4pack_bytes(const osp_weight *w) {
+    return (size_t)((w->rows + T - 1) / T) * (size_t)(w->cols / w->group) * seg_bytes(w->group);
+}
+
+static uint16_t raw16(const void *p, int64_t i) {
+    uint16_t h;
+    memcpy(&h, (const unsigned char *)p + 2 * i, 2);
+    return h;
+}
+
+void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1) {
+    const int64_t C = w->cols, G = w->group, ng = C / G, rb = C / 2, bpg = G / 32;
+    const size_t seg = seg_bytes(w->group);
+    for (int64_t t = t0; t < t1; t++) {
+        unsigned char *tile = (unsigned char *)dst + (size_t)t * (size_t)ng * seg;
+        for (int64_t g = 0; g < ng; g++) {
+            unsigned char *sg = tile + (size_t)g * seg;
+            uint16_t sc[T], bi[T];
+            for (int l = 0; l < T; l++) {
+                int64_t r = t * T + l;
+                sc[l] = r < w->rows ? raw16(w->scales, r * ng + g) : 0;
+                bi[l] = r < w->rows ? raw16(w->biases, r * ng + g) : 0;
+            }
+            memcpy(sg, sc, sizeof sc);
+            memcpy(sg + 32, bi, sizeof bi);
+            for (int64_t v = 0; v < bpg * 4; v++) { /* 8 columns per vector */
+                unsigned char *out = sg + 64 + v * 64;
+                int64_t k = g * G + v * 8;
+                for (int l = 0; l < T; l++) {
+                    int64_t r = t * T + l;
+                    uint32_t nib = 0; /* nibble i = code k + i (LSB-first bitstream) */
+                    if (r < w->rows) memcpy(&nib, (const unsigned char *)w->data + r * rb + k / 2, 4);
+                    for (int j = 0; j < 4; j++)
+                        out[4 * l + j] = (unsigned char)(((nib >> (4 * j)) & 15u) | (((nib >> (4 * j + 16)) & 15u) << 4));
+                }
+            }
+        }
+    }
+}
+
+#define R64(n) (((size_t)(n) + 63) & ~(size_t)63)
+
+size_t osp_q8act_bytes(int64_t cols) {
+    int64_t nb = cols / 32;
+    return R64(cols) + R64(nb * 4) * 3; /* xq; d, nxs, gsum (group >= 32) */
+}
+
+/* Carve the scratch; shared by both tiers. */
+static void layout(osp_q8act *a, int64_t cols, int group, void *mem) {
     char *p = mem;
-#define TAKE(ptr, n) (ptr = (void *)p, p += (((size_t)(n) + 63) & ~(size_t)63))
-    TAKE(a->xq, C);
-    TAKE(a->d, nb * 4);
-    TAKE(a->gsum, nb * 4);
-    TAKE(a->xs, nch * cc);
-    TAKE(a->dl, nch * 16 * 4);
-    TAKE(a->nxs, nch * 16 * 4);
-#undef TAKE
-    a->cols = C;
-    a->bits = w->qbits;
-    a->group = w->group;
-    a->n_chunks = nch;
-    for (int64_t b = 0; b < nb; b++) {
+    int64_t nb = cols / 32;
+    a->cols = cols;
+    a->group = group;
+    a->xq = (int8_t *)p, p += R64(cols);
+    a->d = (float *)p, p += R64(nb * 4);
+    a->nxs = (int32_t *)p, p += R64(nb * 4);
+    a->gsum = (float *)p;
+}
+
+void osp_q8act_prepare_ref(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
+    layout(a, cols, group, mem);
+    for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++) {
+            int8_t q = (int8_t)lrintf(xb[j] * id);
+            a->xq[b * 32 + j] = q;
+            s += q;
+        }
         a->d[b] = d;
-        for (int j = 0; j < 32; j++) a->xq[b * 32 + j] = (int8_t)lrintf(xb[j] * id);
+        a->nxs[b] = -8 * s;
     }
-    for (int64_t g = 0; g < C / w->group; g++) {
-        float s = 0;
-        for (int64_t j = 0; j < w->group; j++) s += x[g * w->group + j];
-        a->gsum[g] = s;
-    }
-    int c = 1 << (w->qbits - 1), per_lane = w->qbits == 4 ? 8 : 4;
-    memset(a->xs, 0, (size_t)(nch * cc));
-    for (int64_t ch = 0; ch < nch; ch++) {
-        for (int64_t k = 0; k < cc; k++) {
-            int64_t j = ch * cc + k;
-            if (j >= C) break;
-            int64_t pos = w->qbits == 4 ? (k % 2 ? 64 + k / 2 : k / 2) : k;
-            a->xs[ch * cc + pos] = a->xq[j];
-        }
-        for (int l = 0; l < 16; l++) {
-            int64_t first = ch * cc + (int64_t)l * per_lane; /* codes of this lane: [first, first + per_lane) */
-            int32_t sum = 0;
-            for (int k = 0; k < per_lane; k++)
-                if (first + k < C) sum += a->xq[first + k];
-            a->nxs[ch * 16 + l] = -c * sum;
-            a->dl[ch * 16 + l] = first < C ? a->d[first / 32] : 0.0f;
-        }
-    }
-}
-
-void osp_q8act_matvec_ref(const osp_weight *w, const osp_q8act *a, float *y, int64_t r0, int64_t r1) {
-    int64_t C = w->cols, G = w->group, ng = C / G, rb = C * w->qbits / 8;
-    int c = 1 << (w->qbits - 1);
-    for (int64_t r = r0; r < r1; r++) {
-        const unsigned char *row = (const unsigned char *)w->data + r * rb;
-        float acc = 0;
-        for (int64_t b = 0; b < C / 32; b++) {
-            int32_t isum = 0, xs = 0;
-            for (int j = 0; j < 32; j++) {
-                isum += a->xq[b * 32 + j] * (int32_t)osp_q_code(row, w->qbits, b * 32 + j);
-                xs += a->xq[b * 32 + j];
-            }
-            float s = osp_load_float(w->scales, w->sdtype, r * ng + b * 32 / G);
-            acc += a->d[b] * s * (float)(isum - c * xs);
-        }
-        for (int64_t g = 0; g < ng; g++) {
-            float s = osp_load_float(w->scales, w->sdtype, r * ng + g);
-            float bi = osp_load_float(w->biases, w->sdtype, r * ng + g);
-            acc += (bi + (float)c * s) * a->gsum[g];
-        }
-        y[r - r0] = acc;
+    for (int64_t g = 0; g < cols / group; g++) {
+        float p[16] = {0};
+        for (int64_t i = 0; i < group; i += 16)
+            for (int l = 0; l < 16; l++) p[l] += x[g * group + i + l];
+        for (int h = 8; h >= 1; h /= 2)
+            for (int l = 0; l < h; l++) p[l] += p[l + h];
+        a->gsum[g] = p[0];
     }
 }
 
 void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                           int64_t r1) {
-    for (int64_t t = 0; t < n; t++) osp_q8act_matvec_ref(w, &acts[t], y + t * ldy, r0, r1);
+    const int64_t C = w->cols, G = w->group, ng = C / G, rb = C / 2;
+    for (int64_t r = r0; r < r1; r++) {
+        const unsigned char *row = (const unsigned char *)w->data + r * rb;
+        for (int64_t t = 0; t < n; t++) {
+            const osp_q8act *a = &acts[t];
+            float acc = 0;
+            for (int64_t g = 0; g < ng; g++) {
+                float s = osp_load_float(w->scales, w->sdtype, r * ng + g);
+                float bi = osp_load_float(w->biases, w->sdtype, r * ng + g);
+                for (int64_t b = g * G / 32; b < (g + 1) * G / 32; b++) {
+                    int32_t isum = a->nxs[b];
+                    for (int j = 0; j < 32; j++)
+                        isum += a->xq[b * 32 + j] * (int32_t)osp_q_code(row, 4, b * 32 + j);
+                    acc = fmaf((float)isum, s * a->d[b], acc);
+                }
+                acc = fmaf(fmaf(s, 8.0f, bi), a->gsum[g], acc);
+            }
+            y[t * ldy + (r - r0)] = acc;
+        }
+    }
 }
 
 static int have_vnni(void) {
@@ -106,14 +126,15 @@ static int have_vnni(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-osp_q8act_fn osp_q8act_matvec_fast(void) {
-    static osp_q8act_fn fn;
-    if (!fn) fn = have_vnni() ? osp_q8act_matvec_vnni : osp_q8act_matvec_ref;
-    return fn;
+void osp_q8act_prepare(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
+    static int tier = -1;
+    if (tier < 0) tier = have_vnni();
+    if (tier) osp_q8act_prepare_avx512(a, x, cols, group, mem);
+    else osp_q8act_prepare_ref(a, x, cols, group, mem);
 }
 
 osp_q8act_mm_fn osp_q8act_matmul_fast(void) {
-    static osp_q8act_mm_fn fn;
-    if (!fn) fn = have_vnni() ? osp_q8act_matmul_vnni : osp_q8act_matmul_ref;
-    return fn;
+    static int tier = -1;
+    if (tier < 0) tier = have_vnni();
+    return tier ? osp_q8act_matmul_vnni : NULL;
 }

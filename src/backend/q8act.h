@@ -1,77 +1,87 @@
-/* backend/q8act: the production decode path for MLX 4- and 8-bit weights.
+/* backend/q8act: the production path for MLX 4-bit weights.
  *
- * The activation x[cols] is quantized once per matmul to int8 in blocks of
- * 32 (d_b = max|x| / 127), so a weight row's dot product becomes integer
- * u8 x s8 sums (AVX-512 VNNI vpdpbusd) scaled per block and group:
+ * Activations are quantized per token to int8 in blocks of 32
+ * (d_b = max|x| / 127), so a weight row's dot product becomes exact int32
+ * sums of u8 codes x s8 activations (AVX-512 VNNI vpdpbusd), one per block,
+ * combined in f32:
  *
- *   y = sum_b d_b s_g(b) (sum_{j in b} xq_j q_j - c sum_{j in b} xq_j)
- *     + sum_g (b_g + c s_g) sum_{j in g} x_j,        c = 2^(bits-1)
+ *   acc = 0
+ *   for each group g:
+ *     for each block b of g:   acc = fma((float)isum_b, s_g * d_b, acc)
+ *                              isum_b = sum_{j in b} xq_j (q_j - 8)
+ *     acc = fma(b_g + 8 s_g, gsum_g, acc)      gsum_g = sum_{j in g} x_j (f32)
+ *   y = acc
  *
- * Centring the codes by c keeps the two terms from cancelling (8-bit
- * biases are about -128 s). The group sums of x are exact f32. This is
- * the goldens' second tier ("production fast path"); its KL against the
- * references is measured in tests/test_fast_path.c and documented in the
- * README. Prefill (many tokens) keeps the f32 path.
+ * Centring the codes by 8 keeps the two terms from cancelling. Every
+ * implementation performs exactly this sequence of f32 operations for each
+ * (row, token), and the int32 sums are exact whatever their order, so the
+ * result is bitwise the same for any number of tokens in a call, any tiling
+ * and any CPU tier: a user's numbers do not depend on the batch they share
+ * (continuous batching), and a token gets the same matmuls in a prefill
+ * chunk as in decode.
  *
- * Layout of the prepared activation, per chunk of codes (128 codes for
- * 4-bit: one 64-byte load holds them as low/high nibbles; 64 for 8-bit):
- *   xs   int8 [n_chunks * 128 | 64]: 4-bit: for each chunk the 64 even-index
- *        values then the 64 odd-index ones (so nibble k of the load meets
- *        its activation); 8-bit: natural order. Zero-padded.
- *   dl   f32 [n_chunks * 16]: d_b of the block each int32 lane belongs to
- *   nxs  i32 [n_chunks * 16]: -c * (sum of the xq a lane multiplies)
+ * The fast kernel reads the weight in a repacked layout built once at load
+ * (osp_q4pack): tiles of 16 rows, one int32 lane per row, so a block's sum
+ * for 16 rows is 8 vpdpbusd with a broadcast activation and no horizontal
+ * reduction. Per tile and group g, a segment of 64 + 8 G bytes:
+ *   [16 scales][16 biases]        raw 16-bit (the checkpoint's bf16 / f16)
+ *   then per block of 32 columns, 4 vectors of 64 bytes; vector v holds,
+ *   for row lane l, bytes 4l..4l+3 = q[k+j] | q[k+4+j] << 4 (j < 4),
+ *   k = 32 b + 8 v: the low nibbles meet activations k..k+3, the high
+ *   nibbles k+4..k+7.
+ * Rows past the end of the weight are zero. Tiles follow each other, so a
+ * range of rows is one sequential stream.
  */
 #ifndef OSP_Q8ACT_H
 #define OSP_Q8ACT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "tensor/tensor.h"
 
+#define OSP_Q4PACK_ROWS 16 /* rows per tile; row ranges start at multiples of it */
+
 typedef struct osp_q8act {
     int64_t cols;
-    int bits;        /* 4 or 8: which layout xs has */
-    int group;       /* group size the gsum entries are for */
-    int64_t n_chunks;
-    int8_t *xq;      /* [cols] natural order (scalar reference) */
-    float *d;        /* [cols / 32] block scales */
-    float *gsum;     /* [cols / group] exact sums of x */
-    int8_t *xs;      /* SIMD layout, see above */
-    float *dl;
-    int32_t *nxs;
+    int group;
+    int8_t *xq;   /* [cols] */
+    float *d;     /* [cols / 32] block scales */
+    int32_t *nxs; /* [cols / 32] -8 * (sum of the block's xq) */
+    float *gsum;  /* [cols / group] sums of x, in the order osp_q8act_prepare_ref documents */
 } osp_q8act;
 
-/* Bytes of scratch a prepared activation of `cols` needs (any bits/group). */
-size_t osp_q8act_bytes(int64_t cols);
-/* Can this weight use the path? 4 or 8 bits, bf16/f16 scales, cols a
- * multiple of 32 (partial chunks are padded). */
+/* Can this weight take the path? 4 bits, bf16/f16 scales, groups of a
+ * multiple of 32. */
 int osp_q8act_supported(const osp_weight *w);
-/* Quantize x[cols] for weights of w's bits and group, into `mem`
- * (osp_q8act_bytes(cols) bytes, 64-byte aligned). */
-void osp_q8act_prepare(osp_q8act *a, const float *x, const osp_weight *w, void *mem);
-/* Scalar reference: y[r - r0] for rows [r0, r1). */
-void osp_q8act_matvec_ref(const osp_weight *w, const osp_q8act *a, float *y, int64_t r0, int64_t r1);
-/* AVX-512 VNNI version (NULL-safe: see osp_q8act_matvec_fast()). */
-void osp_q8act_matvec_vnni(const osp_weight *w, const osp_q8act *a, float *y, int64_t r0, int64_t r1);
 
-typedef void (*osp_q8act_fn)(const osp_weight *w, const osp_q8act *a, float *y, int64_t r0, int64_t r1);
-/* The best implementation for this CPU (VNNI, else the scalar reference). */
-osp_q8act_fn osp_q8act_matvec_fast(void);
+/* The repacked layout (see above): its size, and building it from w's
+ * MLX layout into dst (64-byte aligned) for tiles [t0, t1). */
+size_t osp_q4pack_bytes(const osp_weight *w);
+void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1);
 
-/* n prepared activations (continuous batching: one per user) through rows
- * [r0, r1): y[t * ldy + (r - r0)] for t < n. Each chunk of codes is read and
- * unpacked once for all n. Batch invariant: activation t's outputs are
- * bitwise those of the matvec of the same tier on acts[t] alone, whatever
- * the other activations and n are. */
+/* Bytes of scratch a prepared activation of `cols` needs (any group). */
+size_t osp_q8act_bytes(int64_t cols);
+/* Quantize x[cols] for weights of this group into mem (osp_q8act_bytes,
+ * 64-byte aligned). Bitwise osp_q8act_prepare_ref on every CPU. */
+void osp_q8act_prepare(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
+/* Scalar reference. gsum: 16 partial sums (lane l adds x[g G + 16 i + l]
+ * over i in order), then pairs (l, l + h) for h = 8, 4, 2, 1. */
+void osp_q8act_prepare_ref(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
+
+/* y[t * ldy + (r - r0)] for tokens t < n and rows [r0, r1), r0 a multiple of
+ * OSP_Q4PACK_ROWS. The reference reads w's MLX layout (w->data); the VNNI
+ * kernel reads w->packed. Bitwise equal. */
 void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                           int64_t r1);
-/* AVX-512 VNNI version: bitwise osp_q8act_matvec_vnni per activation. */
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1);
+void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
 
 typedef void (*osp_q8act_mm_fn)(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy,
                                 int64_t r0, int64_t r1);
-/* The best implementation for this CPU, the same tier as
- * osp_q8act_matvec_fast() (so each row matches it bitwise). */
+/* The VNNI kernel when this CPU has AVX-512 VNNI, else NULL: without it
+ * the int8 path would be slower than the f32 one, so it is not used (and
+ * nothing is repacked). */
 osp_q8act_mm_fn osp_q8act_matmul_fast(void);
 
 #endif

@@ -19,64 +19,108 @@
 
 /* ---- matmul on the thread pool ---- */
 
+#define MM_MAX_W 4
+
 typedef struct mm_ctx {
     const osp_ops *ops;
-    const osp_weight *w;
     const float *x;
     int64_t n;
-    float *y;
-    int64_t block;
-    const osp_q8act *acts; /* fast path: n prepared activations */
+    const osp_q8act *acts; /* fast path: the n prepared activations */
     osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
+    int nw;
+    const osp_weight *w[MM_MAX_W];
+    float *y[MM_MAX_W];
+    int64_t block[MM_MAX_W], first[MM_MAX_W + 1]; /* weight i has tasks [first[i], first[i + 1]) */
 } mm_ctx;
 
 static void mm_task(void *p, int64_t t) {
     mm_ctx *c = p;
-    int64_t r0 = t * c->block, r1 = r0 + c->block;
-    if (r1 > c->w->rows) r1 = c->w->rows;
-    if (c->acts) { /* all activations at once, each bitwise as if alone */
-        c->q8(c->w, c->acts, c->n, c->y + r0, c->w->rows, r0, r1);
+    int i = 0;
+    while (t >= c->first[i + 1]) i++;
+    const osp_weight *w = c->w[i];
+    float *y = c->y[i];
+    int64_t r0 = (t - c->first[i]) * c->block[i], r1 = r0 + c->block[i];
+    if (r1 > w->rows) r1 = w->rows;
+    if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
+        c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
     }
     if (c->per_token) {
-        for (int64_t i = 0; i < c->n; i++)
-            c->ops->matmul(c->w, c->x + i * c->w->cols, 1, c->y + i * c->w->rows + r0, c->w->rows, r0, r1);
+        for (int64_t k = 0; k < c->n; k++)
+            c->ops->matmul(w, c->x + k * w->cols, 1, y + k * w->rows + r0, w->rows, r0, r1);
         return;
     }
-    c->ops->matmul(c->w, c->x, c->n, c->y + r0, c->w->rows, r0, r1);
+    c->ops->matmul(w, c->x, c->n, y + r0, w->rows, r0, r1);
 }
 
-void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y) {
-    int nt = osp_threads_count();
-    /* ~8 blocks per thread: balance, and a short stall when a thread is
-     * descheduled mid-block; 16-row aligned, at least 64 rows. */
-    int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
-    block = (block + 15) & ~(int64_t)15;
-    if (block < 64) block = 64;
-    mm_ctx c = {s->m->ops, w, x, n, y, block, NULL, NULL, 0};
-    /* 8-bit weights stay on the f32 path: their matvec is memory-bound there
-     * already, and int8 activations cost them more accuracy (qwen3-q8 misses
-     * the goldens' KL bound by 27%). A batched decode step (per_token) runs
-     * every activation through exactly the kernel a lone one would get, so
-     * a row's numbers do not depend on the rest of the batch. */
-    int limit = s->per_token ? s->sc.q8cap : OSP_FAST_MAX_N;
-    if (s->fast && n <= limit && w->qbits == 4 && osp_q8act_supported(w) && s->sc.q8mem) {
-        for (int64_t i = 0; i < n; i++)
-            osp_q8act_prepare(&s->sc.q8acts[i], x + i * w->cols, w, (char *)s->sc.q8mem + i * s->sc.q8stride);
+typedef struct prep_ctx {
+    osp_scratch *sc;
+    const float *x;
+    int64_t cols;
+    int group;
+} prep_ctx;
+
+static void prep_task(void *p, int64_t t) {
+    const prep_ctx *c = p;
+    osp_q8act_prepare(&c->sc->q8acts[t], c->x + t * c->cols, c->cols, c->group, (char *)c->sc->q8mem + t * c->sc->q8stride);
+}
+
+void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, const float *x, int64_t n,
+                       float *const *ys) {
+    /* The int8 path needs one activation layout for all: the same group. */
+    const osp_weight *pk = NULL;
+    int fast = s->fast && s->sc.q8mem && n <= s->sc.q8cap && osp_q8act_matmul_fast();
+    for (int i = 0; i < nw && fast; i++) {
+        if (!ws[i]->packed) continue;
+        if (pk && pk->group != ws[i]->group) {
+            for (int j = 0; j < nw; j++) osp_matmul_shared(s, &ws[j], 1, x, n, &ys[j]);
+            return;
+        }
+        pk = ws[i];
+    }
+    mm_ctx c = {.ops = s->m->ops, .x = x, .n = n, .nw = nw};
+    if (pk) {
+        prep_ctx pc = {&s->sc, x, pk->cols, pk->group};
+        if (n >= 16) osp_parallel_for(n, prep_task, &pc);
+        else
+            for (int64_t t = 0; t < n; t++) prep_task(&pc, t);
         c.acts = s->sc.q8acts;
         c.q8 = osp_q8act_matmul_fast();
-    } else if (s->per_token && n > 1) {
-        c.per_token = 1;
+    }
+    /* A batched decode step runs every other activation through exactly the
+     * kernel a lone one would get, so a row's numbers do not depend on the
+     * rest of the batch. (8-bit weights stay on the f32 path: int8
+     * activations cost them more accuracy, and their matvec is memory-bound
+     * there already.) */
+    c.per_token = s->per_token && n > 1;
+    int nt = osp_threads_count();
+    int64_t work = 0;
+    for (int i = 0; i < nw; i++) {
+        const osp_weight *w = ws[i];
+        /* ~8 blocks per thread: balance, and a short stall when a thread is
+         * descheduled mid-block; 16-row aligned (the packed tiles), at least
+         * 64 rows. */
+        int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
+        block = (block + 15) & ~(int64_t)15;
+        if (block < 64) block = 64;
+        c.w[i] = w;
+        c.y[i] = ys[i];
+        c.block[i] = block;
+        c.first[i + 1] = c.first[i] + (w->rows + block - 1) / block;
+        work += w->rows * osp_weight_row_bytes(w) * n;
     }
     /* Small matmuls (tiny models, the per-layer-input projections) cost less
      * than waking the pool: run them on this thread. */
-    if (w->rows * osp_weight_row_bytes(w) * n < (256 << 10)) {
-        c.block = w->rows;
-        mm_task(&c, 0);
+    if (work < (256 << 10)) {
+        for (int64_t t = 0; t < c.first[nw]; t++) mm_task(&c, t);
         return;
     }
-    osp_parallel_for((w->rows + block - 1) / block, mm_task, &c);
+    osp_parallel_for(c.first[nw], mm_task, &c);
+}
+
+void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y) {
+    osp_matmul_shared(s, &w, 1, x, n, &y);
 }
 
 void osp_session_set_fast(osp_session *s, int fast) { s->fast = fast != 0; }
@@ -136,7 +180,7 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
         cols = I > cols ? I : cols;
         if ((size_t)c->ple_dim > cols) cols = c->ple_dim;
         s->q8stride = (osp_q8act_bytes((int64_t)cols) + 63) & ~(size_t)63;
-        s->q8cap = B > OSP_FAST_MAX_N ? B : OSP_FAST_MAX_N;
+        s->q8cap = max_tok;
         ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * (size_t)s->q8cap)) != NULL;
         ok &= (s->q8acts = calloc((size_t)s->q8cap, sizeof *s->q8acts)) != NULL;
         ok &= (s->bpos = calloc((size_t)B, sizeof *s->bpos)) != NULL;
@@ -297,9 +341,11 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     const float *inv = sliding ? m->inv_freq_sliding : m->inv_freq_full;
 
     osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
-    osp_matmul(s, &L->wq, sc->xn, N, sc->q);
-    osp_matmul(s, &L->wk, sc->xn, N, sc->k);
-    osp_matmul(s, &L->wv, sc->xn, N, sc->v);
+    {
+        const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
+        float *ys[] = {sc->q, sc->k, sc->v};
+        osp_matmul_shared(s, ws, 3, sc->xn, N, ys);
+    }
     add_bias(sc->q, L->bq, N, Hq * D);
     add_bias(sc->k, L->bk, N, Hkv * D);
     add_bias(sc->v, L->bv, N, Hkv * D);
@@ -341,8 +387,11 @@ static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
 
     osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
-    osp_matmul(s, &L->wg, sc->xn, N, sc->g);
-    osp_matmul(s, &L->wu, sc->xn, N, sc->u);
+    {
+        const osp_weight *ws[] = {&L->wg, &L->wu};
+        float *ys[] = {sc->g, sc->u};
+        osp_matmul_shared(s, ws, 2, sc->xn, N, ys);
+    }
     add_bias(sc->g, L->bg, N, I);
     add_bias(sc->u, L->bu, N, I);
     if (c->act == OSP_ACT_SILU) ops->silu_mul(sc->g, sc->g, sc->u, N * I);

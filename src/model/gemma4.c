@@ -282,8 +282,9 @@ static void moe_block(osp_session *s, const osp_layer *L, const float *xr, const
                     n++;
                 }
         if (!n) continue;
-        osp_matmul(s, &L->ex_gate[e], sc->moe_x, n, sc->g);
-        osp_matmul(s, &L->ex_up[e], sc->moe_x, n, sc->u);
+        const osp_weight *ws[] = {&L->ex_gate[e], &L->ex_up[e]};
+        float *ys[] = {sc->g, sc->u};
+        osp_matmul_shared(s, ws, 2, sc->moe_x, n, ys);
         ops->gelu_tanh_mul(sc->g, sc->g, sc->u, n * I);
         osp_matmul(s, &L->ex_down[e], sc->g, n, sc->moe_acc);
         for (int64_t r = 0; r < n; r++) ops->axpy(out + (int64_t)sc->moe_rows[r] * H, sc->moe_w[r], sc->moe_acc + r * H, H);
@@ -303,15 +304,19 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
 
     /* attention */
     osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
-    osp_matmul(s, &L->wq, sc->xn, N, sc->q);
+    float *kd = donor < 0 && sc->donor_k[li] ? sc->donor_k[li] : sc->k;
+    float *vd = donor < 0 && sc->donor_v[li] ? sc->donor_v[li] : sc->v;
+    {
+        const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
+        float *ys[] = {sc->q, kd, vd};
+        /* q alone when the layer reads its donor's K/V; no v_proj when K = V */
+        osp_matmul_shared(s, ws, donor >= 0 ? 1 : L->wv.data ? 3 : 2, sc->xn, N, ys);
+    }
     head_norm(ops, sc->q, L->q_norm, N, Hq, D, c->eps);
     head_rope(sc->q, T, B, Hq, (int32_t)D, inv, sc->bpos);
     const float *k = sc->k, *v = sc->v;
     if (donor < 0) {
-        float *kd = sc->donor_k[li] ? sc->donor_k[li] : sc->k, *vd = sc->donor_v[li] ? sc->donor_v[li] : sc->v;
-        osp_matmul(s, &L->wk, sc->xn, N, kd);
-        if (L->wv.data) osp_matmul(s, &L->wv, sc->xn, N, vd);
-        else memcpy(vd, kd, sizeof(float) * N * Hkv * D); /* K = V: raw k_proj output */
+        if (!L->wv.data) memcpy(vd, kd, sizeof(float) * N * Hkv * D); /* K = V: raw k_proj output */
         head_norm(ops, kd, L->k_norm, N, Hkv, D, c->eps);
         head_rope(kd, T, B, Hkv, (int32_t)D, inv, sc->bpos);
         for (int64_t r = 0; r < N * Hkv; r++) ops->rmsnorm(vd + r * D, vd + r * D, NULL, D, c->eps, 0);
@@ -335,8 +340,11 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     /* MLP (+ experts) */
     int64_t I = L->intermediate;
     osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, 0);
-    osp_matmul(s, &L->wg, sc->xn, N, sc->g);
-    osp_matmul(s, &L->wu, sc->xn, N, sc->u);
+    {
+        const osp_weight *ws[] = {&L->wg, &L->wu};
+        float *ys[] = {sc->g, sc->u};
+        osp_matmul_shared(s, ws, 2, sc->xn, N, ys);
+    }
     ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
     osp_matmul(s, &L->wd, sc->g, N, sc->tmp);
     if (c->moe) {

@@ -279,6 +279,7 @@ osp_status osp_model_load(const char *path, osp_model **out) {
     osp_status rc = osp_config_load(cfgp, &m->cfg);
     if (rc == OSP_OK) rc = osp_st_open_dir(dir, &m->st);
     if (rc == OSP_OK) rc = bind_all(m);
+    if (rc == OSP_OK) rc = osp_model_pack(m);
     if (rc == OSP_OK) {
         const osp_config *c = &m->cfg;
         m->ops = osp_ops_get();
@@ -328,6 +329,7 @@ void osp_model_free(osp_model *m) {
         free(m->layers);
     }
     osp_free(m->final_norm);
+    osp_free(m->packed);
     osp_free(m->ple_proj_norm);
     osp_free(m->inv_freq_full);
     osp_free(m->inv_freq_sliding);

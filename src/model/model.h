@@ -60,6 +60,7 @@ struct osp_model {
     float *ple_proj_norm;      /* [P] */
     float embed_ple_scale;     /* sqrt(P), rounded like embed_scale */
     char dtype_name[16];
+    void *packed;              /* the 4-bit matrices repacked for the int8 path (model/pack.c), or NULL */
 };
 
 /* Scratch for one forward call of at most max_tok tokens in all rows. */
@@ -83,17 +84,15 @@ typedef struct osp_scratch {
     float *moe_w;                          /* [N] their weights */
     void *q8mem;                           /* q8cap prepared int8 activations (fast path) */
     size_t q8stride;
-    int32_t q8cap;                         /* max(OSP_FAST_MAX_N, rows) */
+    int32_t q8cap;                         /* max_tok */
     osp_q8act *q8acts;                     /* [q8cap] */
     int32_t *bpos;                         /* [rows] positions of the batch rows at the chunk's start */
 } osp_scratch;
 
-#define OSP_FAST_MAX_N 8 /* the int8-activation path serves matmuls of up to this many tokens */
-
 struct osp_session {
     const osp_model *m;
-    int fast;      /* production precision: int8 activations for 4/8-bit weights in decode */
-    int per_token; /* this chunk is a batched decode step: matmuls run each token as if alone */
+    int fast;      /* production precision: int8 activations for 4-bit weights (backend/q8act.h) */
+    int per_token; /* this chunk is a batched decode step: matmuls of other weights run each token alone */
     osp_kv *kv;
     osp_scratch sc;
     int32_t *all_rows; /* [rows] 0, 1, ... */
@@ -124,6 +123,12 @@ void osp_head(osp_session *s, const float *x, int32_t B, int32_t T, int all_logi
 /* y[n, w->rows] = x[n, w->cols] · Wᵀ on the thread pool; the session's
  * precision mode picks the kernel (see osp_session_set_fast). */
 void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y);
+/* nw matmuls of one input (q/k/v, gate/up): ys[i] = x · ws[i]ᵀ. The input's
+ * int8 form is prepared once and all run in one pass of the pool. */
+void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, const float *x, int64_t n, float *const *ys);
+
+/* Repack the 4-bit matrices for the int8 path (model/pack.c). */
+osp_status osp_model_pack(osp_model *m);
 
 /* Fill inv_freq[head_dim/2] for a RoPE configuration (HF semantics, f32). */
 void osp_rope_inv_freq(const osp_rope *r, int32_t head_dim, float *inv_freq);

@@ -79,6 +79,8 @@ typedef struct osp_weight {
     osp_dtype sdtype;     /* scales/biases dtype */
     const void *scales;
     const void *biases;
+    const void *packed;   /* 4-bit: the same weight repacked for the int8 path
+                             (backend/q8act.h), or NULL; owned by the model */
 } osp_weight;
 
 /* Bytes one row of W occupies (codes + scales + biases when quantized). */

@@ -1,230 +1,150 @@
-/* AVX-512 VNNI matvec on int8-quantized activations (see backend/q8act.h).
- * Compiled with -mavx512vnni; used only when cpuid reports it.
+/* AVX-512 VNNI tier of backend/q8act: activation quantization and the
+ * matmul on repacked 4-bit weights. Compiled with -mavx512vnni; used only
+ * when cpuid reports it. Both are bitwise their scalar twins in q8act.c:
+ * the int32 block sums are exact, and the f32 operations per (row, token)
+ * are the same ones in the same order.
  *
- * A row is walked in superblocks of 16 groups: their 16 scales and biases
- * are loaded once, converted to f32, and each chunk (64 bytes of codes)
- * picks its lanes' scales with one permute from a per-call index table. */
+ * A tile of 16 rows meets A <= 8 tokens. Per block of 32 columns its codes
+ * are loaded (4 x 64 bytes) and split into nibbles once, then each token
+ * adds 8 vpdpbusd with a broadcast quad of its int8 activations into two
+ * int32 chains (16 rows in the lanes), one cvt, one mul and one fma. */
 #include <immintrin.h>
+#include <string.h>
 #include "backend/q8act.h"
 
-/* n (<= 16) consecutive bf16/f16 values from base + g0, as f32; the rest 0. */
-static inline __m512 load16(const void *base, osp_dtype dt, int64_t g0, int64_t n) {
-    __m256i h;
-    if (n >= 16) h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + g0));
-    else h = _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), (const uint16_t *)base + g0);
-    if (dt == OSP_DT_F16) return _mm512_cvtph_ps(h);
+void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
+    const int64_t nb = cols / 32;
+    char *p = mem;
+#define R64(n) (((size_t)(n) + 63) & ~(size_t)63)
+    a->cols = cols;
+    a->group = group;
+    a->xq = (int8_t *)p, p += R64(cols);
+    a->d = (float *)p, p += R64(nb * 4);
+    a->nxs = (int32_t *)p, p += R64(nb * 4);
+    a->gsum = (float *)p;
+#undef R64
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+        _mm_storeu_si128((__m128i *)(a->xq + b * 32), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(a->xq + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
+        a->d[b] = d;
+        a->nxs[b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+    for (int64_t g = 0; g < cols / group; g++) {
+        __m512 s = _mm512_setzero_ps();
+        for (int64_t i = 0; i < group; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + g * group + i));
+        float pl[16];
+        _mm512_storeu_ps(pl, s);
+        for (int h = 8; h >= 1; h /= 2)
+            for (int l = 0; l < h; l++) pl[l] += pl[l + h];
+        a->gsum[g] = pl[0];
+    }
+}
+
+static inline __m512 load_h16(const unsigned char *p, const int f16) {
+    __m256i h = _mm256_load_si256((const __m256i *)p);
+    if (f16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* int32 dot products of one chunk of codes with the prepared activation. */
-static inline __attribute__((always_inline)) __m512i chunk_dot(const int bits, __m512i q, __m512i nxs, __m512i xa,
-                                                               __m512i xb) {
-    if (bits == 4) {
-        const __m512i nib = _mm512_set1_epi8(0x0f);
-        __m512i lo = _mm512_and_si512(q, nib), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-        return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nxs, lo, xa), hi, xb);
-    }
-    return _mm512_dpbusd_epi32(nxs, q, xa);
+static inline __m512i quad(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
 }
 
-static inline __m512i load_codes(const unsigned char *row, int64_t ch, int64_t full, int64_t C, int64_t cc, int bits) {
-    if (ch < full) return _mm512_loadu_si512(row + ch * 64);
-    int64_t nbytes = (C - ch * cc) * bits / 8;
-    return _mm512_maskz_loadu_epi8((__mmask64)((1ull << nbytes) - 1), row + ch * 64);
-}
+#define MAX_A 8
+#ifndef PF_AHEAD
+#define PF_AHEAD 8192
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 
-/* Two rows at a time: the activation's loads are shared and the two
- * dependency chains interleave. */
-static inline __attribute__((always_inline)) void rows_kernel(const int bits, const osp_weight *w, const osp_q8act *a,
-                                                              float *y, int64_t r0, int64_t r1) {
-    const int64_t C = w->cols, G = w->group, ng = C / G, rb = C * bits / 8;
-    const int64_t cc = bits == 4 ? 128 : 64, nch = a->n_chunks, per_lane = bits == 4 ? 8 : 4;
-    const int64_t cps = 16 * G / cc; /* chunks per superblock of 16 groups */
-    const int64_t full = C / cc;
-    const __m512 center = _mm512_set1_ps((float)(1 << (bits - 1)));
-    __m512i idx[32];
-    for (int64_t j = 0; j < cps; j++) {
-        int32_t t[16];
-        for (int l = 0; l < 16; l++) t[l] = (int32_t)((j * cc + l * per_lane) / G);
-        idx[j] = _mm512_loadu_si512(t);
-    }
-    for (int64_t r = r0; r < r1; r += 2) {
-        const int two = r + 1 < r1;
-        const int64_t r2 = two ? r + 1 : r; /* a lone last row is computed twice, stored once */
-        const unsigned char *rowa = (const unsigned char *)w->data + r * rb, *rowb = (const unsigned char *)w->data + r2 * rb;
-        const unsigned char *sca = (const unsigned char *)w->scales + r * ng * 2, *scb = (const unsigned char *)w->scales + r2 * ng * 2;
-        const unsigned char *bia = (const unsigned char *)w->biases + r * ng * 2, *bib = (const unsigned char *)w->biases + r2 * ng * 2;
-        __m512 acca = _mm512_setzero_ps(), accb = _mm512_setzero_ps();
-        __m512 biasa = _mm512_setzero_ps(), biasb = _mm512_setzero_ps();
-        int64_t ch = 0;
-        for (int64_t g0 = 0; g0 < ng; g0 += 16) {
-            int64_t n = ng - g0 < 16 ? ng - g0 : 16;
-            __mmask16 gm = (__mmask16)(n >= 16 ? 0xffff : ((1u << n) - 1));
-            __m512 sa = load16(sca, w->sdtype, g0, n), sb = load16(scb, w->sdtype, g0, n);
-            __m512 gs = _mm512_maskz_loadu_ps(gm, a->gsum + g0);
-            biasa = _mm512_fmadd_ps(_mm512_fmadd_ps(sa, center, load16(bia, w->sdtype, g0, n)), gs, biasa);
-            biasb = _mm512_fmadd_ps(_mm512_fmadd_ps(sb, center, load16(bib, w->sdtype, g0, n)), gs, biasb);
-            int64_t end = ch + cps < nch ? ch + cps : nch;
-            for (int64_t j = 0; ch < end; ch++, j++) {
-                __m512i qa = load_codes(rowa, ch, full, C, cc, bits), qb = load_codes(rowb, ch, full, C, cc, bits);
-                _mm_prefetch((const char *)(rowa + ch * 64 + 4096), _MM_HINT_T0);
-                _mm_prefetch((const char *)(rowb + ch * 64 + 4096), _MM_HINT_T0);
-                const __m512i nxs = _mm512_load_si512(a->nxs + ch * 16);
-                const __m512i xa = _mm512_load_si512(a->xs + ch * (bits == 4 ? 128 : 64));
-                const __m512i xb = bits == 4 ? _mm512_load_si512(a->xs + ch * 128 + 64) : xa;
-                const __m512 dl = _mm512_load_ps(a->dl + ch * 16);
-                __m512 ta = _mm512_mul_ps(_mm512_cvtepi32_ps(chunk_dot(bits, qa, nxs, xa, xb)), dl);
-                __m512 tb = _mm512_mul_ps(_mm512_cvtepi32_ps(chunk_dot(bits, qb, nxs, xa, xb)), dl);
-                acca = _mm512_fmadd_ps(ta, _mm512_permutexvar_ps(idx[j], sa), acca);
-                accb = _mm512_fmadd_ps(tb, _mm512_permutexvar_ps(idx[j], sb), accb);
+static inline __attribute__((always_inline)) void tile_kernel(const int A, const int f16, const unsigned char *tile,
+                                                              int64_t ng, int64_t bpg, size_t seg,
+                                                              const osp_q8act *acts, float *y, int64_t ldy,
+                                                              __mmask16 m) {
+    __m512 acc[MAX_A];
+    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) acc[a] = _mm512_setzero_ps();
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512 c8 = _mm512_set1_ps(8.0f);
+    for (int64_t g = 0; g < ng; g++) {
+        const unsigned char *sg = tile + g * seg;
+        const __m512 s = load_h16(sg, f16), sb = _mm512_fmadd_ps(s, c8, load_h16(sg + 32, f16));
+        for (int64_t j = 0; j < bpg; j++) {
+            const unsigned char *q = sg + 64 + j * 256;
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                _mm_prefetch((const char *)q + PF_AHEAD + 64 * i, PF_HINT);
+            __m512i lo[4], hi[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                __m512i v = _mm512_load_si512((const void *)(q + 64 * i));
+                lo[i] = _mm512_and_si512(v, nib);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            }
+            const int64_t blk = g * bpg + j;
+            _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
+                const osp_q8act *x = &acts[a];
+                const int8_t *xq = x->xq + blk * 32;
+                __m512i i0 = _mm512_set1_epi32(x->nxs[blk]), i1 = _mm512_setzero_si512();
+                i0 = _mm512_dpbusd_epi32(i0, lo[0], quad(xq + 0));
+                i1 = _mm512_dpbusd_epi32(i1, hi[0], quad(xq + 4));
+                i0 = _mm512_dpbusd_epi32(i0, lo[1], quad(xq + 8));
+                i1 = _mm512_dpbusd_epi32(i1, hi[1], quad(xq + 12));
+                i0 = _mm512_dpbusd_epi32(i0, lo[2], quad(xq + 16));
+                i1 = _mm512_dpbusd_epi32(i1, hi[2], quad(xq + 20));
+                i0 = _mm512_dpbusd_epi32(i0, lo[3], quad(xq + 24));
+                i1 = _mm512_dpbusd_epi32(i1, hi[3], quad(xq + 28));
+                const __m512 ds = _mm512_mul_ps(s, _mm512_set1_ps(x->d[blk]));
+                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), ds, acc[a]);
             }
         }
-        y[r - r0] = _mm512_reduce_add_ps(_mm512_add_ps(acca, biasa));
-        if (two) y[r2 - r0] = _mm512_reduce_add_ps(_mm512_add_ps(accb, biasb));
+        _Pragma("GCC unroll 8") for (int a = 0; a < A; a++)
+            acc[a] = _mm512_fmadd_ps(sb, _mm512_set1_ps(acts[a].gsum[g]), acc[a]);
     }
+    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) _mm512_mask_storeu_ps(y + a * ldy, m, acc[a]);
 }
 
-void osp_q8act_matvec_vnni(const osp_weight *w, const osp_q8act *a, float *y, int64_t r0, int64_t r1) {
-    if (w->qbits == 4) rows_kernel(4, w, a, y, r0, r1);
-    else rows_kernel(8, w, a, y, r0, r1);
-}
-
-/* ---- several activations (continuous batching) ----
- *
- * A tile of R rows (MM_ROWS; see MM_TILES) meets A <= MM_ACTS activations:
- * each chunk of codes is loaded and unpacked once per row, each activation's
- * chunk once per tile, and the R x A accumulators stay in registers. For every (row,
- * activation) the float operations are exactly rows_kernel's: the same int32
- * dpbusd chain, cvt, mul by dl and fmadd into one accumulator, the same bias
- * chain over superblocks, the same final add and reduction. So a user's
- * outputs are bitwise those of osp_q8act_matvec_vnni on their activation
- * alone, whoever else is in the batch; only the loads and the interleaving
- * differ. The bias chain reads no codes, so it runs after the codes loop,
- * which leaves the registers to the accumulators.
- *
- * The first tile of activations over a row group prefetches the codes 16 KiB
- * ahead into L2 (T1): with T0 (rows_kernel's 4 KiB) or none, the small
- * batches ran at about half the DRAM bandwidth of one core (Zen 4). */
-#define MM_ROWS 4
-#define MM_ACTS 4
-#define MM_PREFETCH 16384
-
-/* Keeps a loaded vector in a register: otherwise gcc reloads it from memory
- * for each row, and the loads, not the arithmetic, bound the tile. */
-#define MM_IN_REG(x) __asm__("" : "+v"(x))
-
-static inline __attribute__((always_inline)) void mm_tile(const int bits, const int R, const int A, const osp_weight *w,
-                                                          const osp_q8act *acts, float *y, int64_t ldy, int64_t r,
-                                                          int64_t r0, const __m512i *idx, int pf) {
-    const int64_t C = w->cols, G = w->group, ng = C / G, rb = C * bits / 8;
-    const int64_t cc = bits == 4 ? 128 : 64, nch = acts[0].n_chunks, cps = 16 * G / cc, full = C / cc;
-    const unsigned char *row[MM_ROWS], *sc[MM_ROWS], *bi[MM_ROWS];
-    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {
-        row[i] = (const unsigned char *)w->data + (r + i) * rb;
-        sc[i] = (const unsigned char *)w->scales + (r + i) * ng * 2;
-        bi[i] = (const unsigned char *)w->biases + (r + i) * ng * 2;
+typedef void (*tile_fn)(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts,
+                        float *y, int64_t ldy, __mmask16 m);
+#define TILE(F, A)                                                                                                 \
+    static void tile_##F##_##A(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts, \
+                               float *y, int64_t ldy, __mmask16 m) {                                               \
+        tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, m);                                                    \
     }
-    __m512 acc[MM_ROWS][MM_ACTS];
-    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < A; t++) acc[i][t] = _mm512_setzero_ps();
-    int64_t ch = 0;
-    for (int64_t g0 = 0; g0 < ng; g0 += 16) {
-        int64_t n = ng - g0 < 16 ? ng - g0 : 16;
-        __m512 s[MM_ROWS];
-        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) s[i] = load16(sc[i], w->sdtype, g0, n);
-        int64_t end = ch + cps < nch ? ch + cps : nch;
-        for (int64_t j = 0; ch < end; ch++, j++) {
-            __m512i lo[MM_ROWS], hi[MM_ROWS];
-            __m512 ps[MM_ROWS];
-            _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {
-                __m512i q = load_codes(row[i], ch, full, C, cc, bits);
-                if (pf) _mm_prefetch((const char *)(row[i] + ch * 64 + MM_PREFETCH), _MM_HINT_T1);
-                if (bits == 4) {
-                    const __m512i nib = _mm512_set1_epi8(0x0f);
-                    lo[i] = _mm512_and_si512(q, nib), hi[i] = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-                } else {
-                    lo[i] = hi[i] = q;
-                }
-                ps[i] = _mm512_permutexvar_ps(idx[j], s[i]);
-            }
-            _Pragma("GCC unroll 4") for (int t = 0; t < A; t++) {
-                const osp_q8act *a = &acts[t];
-                __m512i nxs = _mm512_load_si512(a->nxs + ch * 16);
-                __m512i xa = _mm512_load_si512(a->xs + ch * cc);
-                __m512i xb = bits == 4 ? _mm512_load_si512(a->xs + ch * 128 + 64) : xa;
-                __m512 dl = _mm512_load_ps(a->dl + ch * 16);
-                MM_IN_REG(nxs);
-                MM_IN_REG(xa);
-                MM_IN_REG(dl);
-                if (bits == 4) MM_IN_REG(xb);
-                _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {
-                    __m512i d = bits == 4 ? _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(nxs, lo[i], xa), hi[i], xb)
-                                          : _mm512_dpbusd_epi32(nxs, lo[i], xa);
-                    acc[i][t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d), dl), ps[i], acc[i][t]);
-                }
-            }
-        }
-    }
-    const __m512 center = _mm512_set1_ps((float)(1 << (bits - 1)));
-    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) {
-        __m512 bias[MM_ACTS];
-        _Pragma("GCC unroll 4") for (int t = 0; t < A; t++) bias[t] = _mm512_setzero_ps();
-        for (int64_t g0 = 0; g0 < ng; g0 += 16) {
-            int64_t n = ng - g0 < 16 ? ng - g0 : 16;
-            __mmask16 gm = (__mmask16)(n >= 16 ? 0xffff : ((1u << n) - 1));
-            __m512 sb = _mm512_fmadd_ps(load16(sc[i], w->sdtype, g0, n), center, load16(bi[i], w->sdtype, g0, n));
-            _Pragma("GCC unroll 4") for (int t = 0; t < A; t++)
-                bias[t] = _mm512_fmadd_ps(sb, _mm512_maskz_loadu_ps(gm, acts[t].gsum + g0), bias[t]);
-        }
-        _Pragma("GCC unroll 4") for (int t = 0; t < A; t++)
-            y[t * ldy + r + i - r0] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t], bias[t]));
-    }
-}
+#define TILES(F) TILE(F, 1) TILE(F, 2) TILE(F, 3) TILE(F, 4) TILE(F, 5) TILE(F, 6) TILE(F, 7) TILE(F, 8)
+TILES(0)
+TILES(1)
+static const tile_fn tiles[2][MAX_A + 1] = {
+    {NULL, tile_0_1, tile_0_2, tile_0_3, tile_0_4, tile_0_5, tile_0_6, tile_0_7, tile_0_8},
+    {NULL, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8}};
 
-typedef void (*mm_tile_fn)(const osp_weight *w, const osp_q8act *acts, float *y, int64_t ldy, int64_t r, int64_t r0,
-                           const __m512i *idx, int pf);
-#define MM_TILE(B, R, A)                                                                                              \
-    static void mm_tile_##B##_##R##_##A(const osp_weight *w, const osp_q8act *acts, float *y, int64_t ldy, int64_t r, \
-                                        int64_t r0, const __m512i *idx, int pf) {                                     \
-        mm_tile(B, R, A, w, acts, y, ldy, r, r0, idx, pf);                                                            \
-    }
-/* Two or more activations: groups of 4 rows. One activation: 2 rows (as
- * rows_kernel), which streams the codes faster than 4 (measured). The last
- * rows of a range that do not fill a group: one at a time. */
-#define MM_TILES(B)                                                                                      \
-    MM_TILE(B, 1, 1) MM_TILE(B, 1, 2) MM_TILE(B, 1, 3) MM_TILE(B, 1, 4) MM_TILE(B, 2, 1) MM_TILE(B, 4, 2) \
-    MM_TILE(B, 4, 3) MM_TILE(B, 4, 4)
-MM_TILES(4)
-MM_TILES(8)
-#define MM_TILE_TABLE(B)                                                                               \
-    {{NULL, mm_tile_##B##_1_1, mm_tile_##B##_1_2, mm_tile_##B##_1_3, mm_tile_##B##_1_4},               \
-     {NULL, mm_tile_##B##_2_1, NULL, NULL, NULL},                                                       \
-     {NULL, NULL, mm_tile_##B##_4_2, mm_tile_##B##_4_3, mm_tile_##B##_4_4}}
-/* [bits == 8][rows 1, 2, 4][activations] */
-static const mm_tile_fn mm_tiles[2][3][MM_ACTS + 1] = {MM_TILE_TABLE(4), MM_TILE_TABLE(8)};
+/* Tokens are taken 64 at a time (their int8 rows stay in L2 while the
+ * tiles pass), each tile's codes once per group of <= 8 tokens; the groups
+ * are near-equal (9 tokens run as 5 + 4, not 8 + 1). */
+#define TOK_BLOCK 64
 
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1) {
-    if (n <= 0) return;
-    const int bits = w->qbits;
-    const int64_t cc = bits == 4 ? 128 : 64, per_lane = bits == 4 ? 8 : 4, G = w->group, cps = 16 * G / cc;
-    __m512i idx[32]; /* the same table as rows_kernel */
-    for (int64_t j = 0; j < cps; j++) {
-        int32_t t[16];
-        for (int l = 0; l < 16; l++) t[l] = (int32_t)((j * cc + l * per_lane) / G);
-        idx[j] = _mm512_loadu_si512(t);
-    }
-    /* Tiles of near-equal size, so none has one activation unless n == 1:
-     * 9 activations run as 3 + 3 + 3, not 4 + 4 + 1. */
-    const int64_t nt = (n + MM_ACTS - 1) / MM_ACTS, grp = n == 1 ? 2 : MM_ROWS;
-    const mm_tile_fn(*tiles)[MM_ACTS + 1] = mm_tiles[bits == 8];
-    for (int64_t r = r0; r < r1;) {
-        const int whole = r + grp <= r1;
-        for (int64_t k = 0, t0 = 0; k < nt; k++) {
-            int64_t a = (n - t0) / (nt - k);
-            tiles[whole ? (grp == 2 ? 1 : 2) : 0][a](w, acts + t0, y + t0 * ldy, ldy, r, r0, idx, k == 0);
-            t0 += a;
+    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
+    const size_t seg = 64 + (size_t)G * 8, tile_bytes = (size_t)ng * seg;
+    const tile_fn *tab = tiles[w->sdtype == OSP_DT_F16];
+    for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
+        const int64_t an = n - a0 < TOK_BLOCK ? n - a0 : TOK_BLOCK, nt = (an + MAX_A - 1) / MAX_A;
+        for (int64_t r = r0; r < r1; r += OSP_Q4PACK_ROWS) {
+            const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / OSP_Q4PACK_ROWS) * tile_bytes;
+            const int64_t left = r1 - r;
+            const __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+            for (int64_t k = 0, t = a0; k < nt; k++) {
+                const int64_t a = (a0 + an - t) / (nt - k);
+                tab[a](tile, ng, bpg, seg, acts + t, y + t * ldy + (r - r0), ldy, m);
+                t += a;
+            }
         }
-        r += whole ? grp : 1;
     }
 }

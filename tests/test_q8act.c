@@ -54,23 +54,32 @@ static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_
     osp_q4pack(&c->w, c->packed, tiles / 2, tiles);
     c->w.packed = c->packed;
     size_t stride = (osp_q8act_bytes(cols) + 63) & ~(size_t)63;
+    int np = (MM_N + 7) / 8;
     c->x = malloc(MM_N * cols * 4);
-    c->mem = aligned_alloc(64, MM_N * stride);
-    c->acts = malloc(MM_N * sizeof *c->acts);
+    c->mem = aligned_alloc(64, np * stride);
+    c->acts = malloc(np * sizeof *c->acts);
     void *mem2 = aligned_alloc(64, stride);
     for (int t = 0; t < MM_N; t++) {
         float amp = t == 5 ? 0.0f : 1.0f + (float)(t % 4) * 3; /* one all-zero activation: d = 0 */
         for (int64_t i = 0; i < cols; i++) c->x[t * cols + i] = amp * frand() * (i % 7 == t % 7 ? 4 : 1);
         if (t == 7) c->x[t * cols + 3] = 1e4f; /* one block dominated by an outlier */
-        osp_q8act_prepare(&c->acts[t], c->x + t * cols, cols, group, (char *)c->mem + t * stride);
-        /* the dispatched preparation is bitwise the scalar one */
+    }
+    /* The panels of a matmul over all MM_N tokens; mm_check builds its own
+     * for other token ranges. The dispatched preparation is bitwise the
+     * scalar one. */
+    for (int p = 0; p < np; p++) {
+        int width = MM_N - 8 * p < 8 ? MM_N - 8 * p : 8;
         osp_q8act r;
-        osp_q8act_prepare_ref(&r, c->x + t * cols, cols, group, mem2);
-        const osp_q8act *a = &c->acts[t];
-        assert_memory_equal(a->xq, r.xq, cols);
-        assert_memory_equal(a->d, r.d, cols / 32 * 4);
-        assert_memory_equal(a->nxs, r.nxs, cols / 32 * 4);
-        assert_memory_equal(a->gsum, r.gsum, cols / group * 4);
+        osp_q8act_init(&c->acts[p], cols, group, width, (char *)c->mem + p * stride);
+        osp_q8act_init(&r, cols, group, width, mem2);
+        for (int sl = 0; sl < width; sl++) {
+            osp_q8act_prepare(&c->acts[p], sl, c->x + (8 * p + sl) * cols);
+            osp_q8act_prepare_ref(&r, sl, c->x + (8 * p + sl) * cols);
+        }
+        assert_memory_equal(c->acts[p].xq, r.xq, cols * width);
+        assert_memory_equal(c->acts[p].d, r.d, cols / 32 * width * 4);
+        assert_memory_equal(c->acts[p].nxs, r.nxs, cols / 32 * width * 4);
+        assert_memory_equal(c->acts[p].gsum, r.gsum, cols / group * width * 4);
     }
     free(mem2);
     c->yref = malloc(MM_N * rows * 4);
@@ -93,7 +102,7 @@ static void check_accuracy(const mm_case *c) {
             double mag = 0, mag_q = 0;
             for (int64_t k = 0; k < w->cols; k++) {
                 mag += fabs(x[k] * row[k]);
-                mag_q += fabs(row[k]) * c->acts[t].d[k / 32] * 0.5;
+                mag_q += fabs(row[k]) * c->acts[t / 8].d[k / 32 * c->acts[t / 8].width + t % 8] * 0.5;
             }
             float got = c->yref[t * w->rows + r];
             if (fabs(got - yf[r]) > mag_q + 1e-5 * mag)
@@ -104,14 +113,24 @@ static void check_accuracy(const mm_case *c) {
     free(row), free(yf);
 }
 
-/* matmul(acts[t0..t0+n), rows [r0, r1)) against the reference, bitwise,
+/* matmul(tokens [t0, t0 + n), rows [r0, r1)) against the reference, bitwise,
  * with a row stride wider than the range so stray writes show. */
 static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, const char *tier, int64_t t0, int64_t n, int64_t r0,
                      int64_t r1) {
-    int64_t m = r1 - r0, ldy = m + 3, R = c->w.rows;
+    int64_t m = r1 - r0, ldy = m + 3, R = c->w.rows, C = c->w.cols;
+    /* panels for tokens [t0, t0 + n): groups of 8 and a narrower last one */
+    size_t stride = (osp_q8act_bytes(C) + 63) & ~(size_t)63;
+    int np = (int)((n + 7) / 8);
+    char *mem = aligned_alloc(64, np * stride);
+    osp_q8act *acts = malloc(np * sizeof *acts);
+    for (int p = 0; p < np; p++) {
+        int width = n - 8 * p < 8 ? (int)(n - 8 * p) : 8;
+        osp_q8act_init(&acts[p], C, c->w.group, width, mem + p * stride);
+        for (int sl = 0; sl < width; sl++) osp_q8act_prepare(&acts[p], sl, c->x + (t0 + 8 * p + sl) * C);
+    }
     float *y = malloc(n * ldy * 4);
     memset(y, 0x7f, n * ldy * 4);
-    mm(&c->w, c->acts + t0, n, y, ldy, r0, r1);
+    mm(&c->w, acts, n, y, ldy, r0, r1);
     for (int64_t t = 0; t < n; t++) {
         const float *want = c->yref + (t0 + t) * R + r0;
         if (memcmp(y + t * ldy, want, m * 4)) {
@@ -127,7 +146,7 @@ static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, const char *tier, int
             if (u != 0x7f7f7f7fu) fail_msg("%s: n %ld: wrote past the row range of act %ld", tier, (long)n, (long)t);
         }
     }
-    free(y);
+    free(y), free(mem), free(acts);
 }
 
 static void test_matmul(void **st) {
@@ -146,7 +165,7 @@ static void test_matmul(void **st) {
             for (int k = 0; k < 20; k++) {
                 /* every count of tokens 1..17 and the whole batch; the full range and
                  * tile-aligned subranges with ragged ends; tokens from any offset */
-                int64_t n = k < 17 ? k + 1 : MM_N, t0 = n < MM_N ? (int64_t)(rnd() % (MM_N - n + 1)) : 0;
+                int64_t n = k < 17 ? k + 1 : MM_N, t0 = (int64_t)(rnd() % (MM_N - n + 1));
                 int64_t R = c.w.rows, r0 = k % 3 && R > 16 ? 16 : 0;
                 int64_t r1 = k % 3 ? r0 + 1 + (int64_t)(rnd() % (R - r0)) : R;
                 if (fast) mm_check(&c, fast, "vnni", t0, n, r0, r1);

@@ -52,39 +52,43 @@ void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1) {
 }
 
 #define R64(n) (((size_t)(n) + 63) & ~(size_t)63)
+#define S OSP_Q8ACT_SLOTS
 
 size_t osp_q8act_bytes(int64_t cols) {
     int64_t nb = cols / 32;
-    return R64(cols) + R64(nb * 4) * 3; /* xq; d, nxs, gsum (group >= 32) */
+    return R64(cols * S) + R64(nb * 4 * S) * 3; /* xq; d, nxs, gsum (group >= 32) */
 }
 
-/* Carve the scratch; shared by both tiers. */
-static void layout(osp_q8act *a, int64_t cols, int group, void *mem) {
+void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem) {
     char *p = mem;
     int64_t nb = cols / 32;
     a->cols = cols;
     a->group = group;
-    a->xq = (int8_t *)p, p += R64(cols);
-    a->d = (float *)p, p += R64(nb * 4);
-    a->nxs = (int32_t *)p, p += R64(nb * 4);
+    a->width = width;
+    a->xq = (int32_t *)p, p += R64(cols * width);
+    a->d = (float *)p, p += R64(nb * 4 * width);
+    a->nxs = (int32_t *)p, p += R64(nb * 4 * width);
     a->gsum = (float *)p;
 }
 
-void osp_q8act_prepare_ref(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
-    layout(a, cols, group, mem);
+void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x) {
+    const int64_t cols = a->cols, group = a->group, W = a->width;
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         int32_t s = 0;
-        for (int j = 0; j < 32; j++) {
-            int8_t q = (int8_t)lrintf(xb[j] * id);
-            a->xq[b * 32 + j] = q;
-            s += q;
+        for (int i = 0; i < 8; i++) {
+            int8_t q[4];
+            for (int j = 0; j < 4; j++) {
+                q[j] = (int8_t)lrintf(xb[4 * i + j] * id);
+                s += q[j];
+            }
+            memcpy(&a->xq[(b * 8 + i) * W + slot], q, 4);
         }
-        a->d[b] = d;
-        a->nxs[b] = -8 * s;
+        a->d[b * W + slot] = d;
+        a->nxs[b * W + slot] = -8 * s;
     }
     for (int64_t g = 0; g < cols / group; g++) {
         float p[16] = {0};
@@ -92,7 +96,7 @@ void osp_q8act_prepare_ref(osp_q8act *a, const float *x, int64_t cols, int group
             for (int l = 0; l < 16; l++) p[l] += x[g * group + i + l];
         for (int h = 8; h >= 1; h /= 2)
             for (int l = 0; l < h; l++) p[l] += p[l + h];
-        a->gsum[g] = p[0];
+        a->gsum[g * W + slot] = p[0];
     }
 }
 
@@ -102,18 +106,25 @@ void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n,
     for (int64_t r = r0; r < r1; r++) {
         const unsigned char *row = (const unsigned char *)w->data + r * rb;
         for (int64_t t = 0; t < n; t++) {
-            const osp_q8act *a = &acts[t];
+            const osp_q8act *a = &acts[t / S];
+            const int slot = (int)(t % S), W = a->width;
             float acc = 0;
             for (int64_t g = 0; g < ng; g++) {
                 float s = osp_load_float(w->scales, w->sdtype, r * ng + g);
                 float bi = osp_load_float(w->biases, w->sdtype, r * ng + g);
+                float ga = 0;
                 for (int64_t b = g * G / 32; b < (g + 1) * G / 32; b++) {
-                    int32_t isum = a->nxs[b];
-                    for (int j = 0; j < 32; j++)
-                        isum += a->xq[b * 32 + j] * (int32_t)osp_q_code(row, 4, b * 32 + j);
-                    acc = fmaf((float)isum, s * a->d[b], acc);
+                    int32_t isum = a->nxs[b * W + slot];
+                    for (int j = 0; j < 32; j++) {
+                        int8_t q[4];
+                        memcpy(q, &a->xq[(b * 8 + j / 4) * W + slot], 4);
+                        isum += q[j % 4] * (int32_t)osp_q_code(row, 4, b * 32 + j);
+                    }
+                    float f = (float)isum, d = a->d[b * W + slot];
+                    ga = b == g * G / 32 ? f * d : fmaf(f, d, ga);
                 }
-                acc = fmaf(fmaf(s, 8.0f, bi), a->gsum[g], acc);
+                acc = fmaf(ga, s, acc);
+                acc = fmaf(fmaf(s, 8.0f, bi), a->gsum[g * W + slot], acc);
             }
             y[t * ldy + (r - r0)] = acc;
         }
@@ -126,11 +137,11 @@ static int have_vnni(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-void osp_q8act_prepare(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
+void osp_q8act_prepare(osp_q8act *a, int slot, const float *x) {
     static int tier = -1;
     if (tier < 0) tier = have_vnni();
-    if (tier) osp_q8act_prepare_avx512(a, x, cols, group, mem);
-    else osp_q8act_prepare_ref(a, x, cols, group, mem);
+    if (tier) osp_q8act_prepare_avx512(a, slot, x);
+    else osp_q8act_prepare_ref(a, slot, x);
 }
 
 osp_q8act_mm_fn osp_q8act_matmul_fast(void) {

@@ -7,9 +7,10 @@
  *
  *   acc = 0
  *   for each group g:
- *     for each block b of g:   acc = fma((float)isum_b, s_g * d_b, acc)
- *                              isum_b = sum_{j in b} xq_j (q_j - 8)
- *     acc = fma(b_g + 8 s_g, gsum_g, acc)      gsum_g = sum_{j in g} x_j (f32)
+ *     ga = isum_b0 d_b0, then ga = fma(isum_b, d_b, ga) for its next blocks b
+ *          isum_b = sum_{j in b} xq_j (q_j - 8)   (exact int32, then f32)
+ *     acc = fma(ga, s_g, acc)
+ *     acc = fma(b_g + 8 s_g, gsum_g, acc)       gsum_g = sum_{j in g} x_j (f32)
  *   y = acc
  *
  * Centring the codes by 8 keeps the two terms from cancelling. Every
@@ -40,14 +41,20 @@
 #include "tensor/tensor.h"
 
 #define OSP_Q4PACK_ROWS 16 /* rows per tile; row ranges start at multiples of it */
+#define OSP_Q8ACT_SLOTS 8  /* tokens per prepared panel */
 
+/* W <= 8 tokens' int8 activations, interleaved so that a kernel finds
+ * every token's data for one block of 32 columns at fixed offsets from
+ * one pointer, and a panel of one token is as compact as a plain vector.
+ * Slot s of the panel holds token s. */
 typedef struct osp_q8act {
     int64_t cols;
     int group;
-    int8_t *xq;   /* [cols] */
-    float *d;     /* [cols / 32] block scales */
-    int32_t *nxs; /* [cols / 32] -8 * (sum of the block's xq) */
-    float *gsum;  /* [cols / group] sums of x, in the order osp_q8act_prepare_ref documents */
+    int width;    /* W: slots */
+    int32_t *xq;  /* [cols / 32][8 quads][W]: 4 int8 activations per int32 */
+    float *d;     /* [cols / 32][W] block scales */
+    int32_t *nxs; /* [cols / 32][W] -8 * (sum of the block's xq) */
+    float *gsum;  /* [cols / group][W] sums of x, in the order osp_q8act_prepare_ref documents */
 } osp_q8act;
 
 /* Can this weight take the path? 4 bits, bf16/f16 scales, groups of a
@@ -59,23 +66,27 @@ int osp_q8act_supported(const osp_weight *w);
 size_t osp_q4pack_bytes(const osp_weight *w);
 void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1);
 
-/* Bytes of scratch a prepared activation of `cols` needs (any group). */
+/* Bytes of scratch one panel of `cols` needs (any group). */
 size_t osp_q8act_bytes(int64_t cols);
-/* Quantize x[cols] for weights of this group into mem (osp_q8act_bytes,
- * 64-byte aligned). Bitwise osp_q8act_prepare_ref on every CPU. */
-void osp_q8act_prepare(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
+/* Lay a panel of `width` (1..8) slots out in mem (osp_q8act_bytes,
+ * 64-byte aligned). */
+void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem);
+/* Quantize x[cols] into slot `slot` of the panel. Bitwise
+ * osp_q8act_prepare_ref on every CPU. */
+void osp_q8act_prepare(osp_q8act *a, int slot, const float *x);
 /* Scalar reference. gsum: 16 partial sums (lane l adds x[g G + 16 i + l]
  * over i in order), then pairs (l, l + h) for h = 8, 4, 2, 1. */
-void osp_q8act_prepare_ref(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
+void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x);
+void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x);
 
 /* y[t * ldy + (r - r0)] for tokens t < n and rows [r0, r1), r0 a multiple of
- * OSP_Q4PACK_ROWS. The reference reads w's MLX layout (w->data); the VNNI
+ * OSP_Q4PACK_ROWS; token t is slot t % 8 of panel acts[t / 8], whose width is
+ * min(8, n - 8 (t / 8)). The reference reads w's MLX layout (w->data); the VNNI
  * kernel reads w->packed. Bitwise equal. */
 void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                           int64_t r1);
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1);
-void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int group, void *mem);
 
 typedef void (*osp_q8act_mm_fn)(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy,
                                 int64_t r0, int64_t r1);

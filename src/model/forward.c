@@ -58,12 +58,11 @@ typedef struct prep_ctx {
     osp_scratch *sc;
     const float *x;
     int64_t cols;
-    int group;
 } prep_ctx;
 
 static void prep_task(void *p, int64_t t) {
     const prep_ctx *c = p;
-    osp_q8act_prepare(&c->sc->q8acts[t], c->x + t * c->cols, c->cols, c->group, (char *)c->sc->q8mem + t * c->sc->q8stride);
+    osp_q8act_prepare(&c->sc->q8acts[t / OSP_Q8ACT_SLOTS], (int)(t % OSP_Q8ACT_SLOTS), c->x + t * c->cols);
 }
 
 void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, const float *x, int64_t n,
@@ -81,7 +80,11 @@ void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, cons
     }
     mm_ctx c = {.ops = s->m->ops, .x = x, .n = n, .nw = nw};
     if (pk) {
-        prep_ctx pc = {&s->sc, x, pk->cols, pk->group};
+        for (int64_t p = 0; p * OSP_Q8ACT_SLOTS < n; p++) {
+            int64_t width = n - p * OSP_Q8ACT_SLOTS < OSP_Q8ACT_SLOTS ? n - p * OSP_Q8ACT_SLOTS : OSP_Q8ACT_SLOTS;
+            osp_q8act_init(&s->sc.q8acts[p], pk->cols, pk->group, (int)width, (char *)s->sc.q8mem + p * s->sc.q8stride);
+        }
+        prep_ctx pc = {&s->sc, x, pk->cols};
         if (n >= 16) osp_parallel_for(n, prep_task, &pc);
         else
             for (int64_t t = 0; t < n; t++) prep_task(&pc, t);
@@ -181,8 +184,9 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
         if ((size_t)c->ple_dim > cols) cols = c->ple_dim;
         s->q8stride = (osp_q8act_bytes((int64_t)cols) + 63) & ~(size_t)63;
         s->q8cap = max_tok;
-        ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * (size_t)s->q8cap)) != NULL;
-        ok &= (s->q8acts = calloc((size_t)s->q8cap, sizeof *s->q8acts)) != NULL;
+        size_t panels = ((size_t)max_tok + OSP_Q8ACT_SLOTS - 1) / OSP_Q8ACT_SLOTS;
+        ok &= (s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * panels)) != NULL;
+        ok &= (s->q8acts = calloc(panels, sizeof *s->q8acts)) != NULL;
         ok &= (s->bpos = calloc((size_t)B, sizeof *s->bpos)) != NULL;
     }
     if (c->ple_dim) A(ple, N * NP), A(ple_tmp, N * c->ple_dim), A(ple_emb, NP);

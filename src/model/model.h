@@ -82,10 +82,10 @@ typedef struct osp_scratch {
     float *moe_x, *moe_out, *moe_acc;      /* [N, hidden] */
     int32_t *moe_rows;                     /* [N] tokens routed to one expert */
     float *moe_w;                          /* [N] their weights */
-    void *q8mem;                           /* q8cap prepared int8 activations (fast path) */
-    size_t q8stride;
+    void *q8mem;                           /* int8 activation panels for q8cap tokens (fast path) */
+    size_t q8stride;                       /* bytes per panel */
     int32_t q8cap;                         /* max_tok */
-    osp_q8act *q8acts;                     /* [q8cap] */
+    osp_q8act *q8acts;                     /* [q8cap / 8] panels */
     int32_t *bpos;                         /* [rows] positions of the batch rows at the chunk's start */
 } osp_scratch;
 

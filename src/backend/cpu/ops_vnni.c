@@ -12,17 +12,10 @@
 #include <string.h>
 #include "backend/q8act.h"
 
-void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int group, void *mem) {
-    const int64_t nb = cols / 32;
-    char *p = mem;
-#define R64(n) (((size_t)(n) + 63) & ~(size_t)63)
-    a->cols = cols;
-    a->group = group;
-    a->xq = (int8_t *)p, p += R64(cols);
-    a->d = (float *)p, p += R64(nb * 4);
-    a->nxs = (int32_t *)p, p += R64(nb * 4);
-    a->gsum = (float *)p;
-#undef R64
+#define S OSP_Q8ACT_SLOTS
+
+void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x) {
+    const int64_t cols = a->cols, group = a->group, nb = cols / 32, W = a->width;
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < nb; b++) {
         __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
@@ -30,10 +23,12 @@ void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int gr
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
         __m512 vid = _mm512_set1_ps(id);
         __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-        _mm_storeu_si128((__m128i *)(a->xq + b * 32), _mm512_cvtepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(a->xq + b * 32 + 16), _mm512_cvtepi32_epi8(q1));
-        a->d[b] = d;
-        a->nxs[b] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        int32_t quads[8];
+        _mm_storeu_si128((__m128i *)quads, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(quads + 4), _mm512_cvtepi32_epi8(q1));
+        for (int i = 0; i < 8; i++) a->xq[(b * 8 + i) * W + slot] = quads[i];
+        a->d[b * W + slot] = d;
+        a->nxs[b * W + slot] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
     for (int64_t g = 0; g < cols / group; g++) {
         __m512 s = _mm512_setzero_ps();
@@ -42,7 +37,7 @@ void osp_q8act_prepare_avx512(osp_q8act *a, const float *x, int64_t cols, int gr
         _mm512_storeu_ps(pl, s);
         for (int h = 8; h >= 1; h /= 2)
             for (int l = 0; l < h; l++) pl[l] += pl[l + h];
-        a->gsum[g] = pl[0];
+        a->gsum[g * W + slot] = pl[0];
     }
 }
 
@@ -52,13 +47,15 @@ static inline __m512 load_h16(const unsigned char *p, const int f16) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-static inline __m512i quad(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
 #define MAX_A 8
+
+/* acc += u8 codes x the s8 quad at p broadcast to every lane. gcc does not
+ * fold the broadcast into vpdpbusd's memory operand, and a separate
+ * vpbroadcastd per vpdpbusd costs as much again. */
+static inline __m512i dp_bcast(__m512i acc, __m512i codes, const int32_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*p));
+    return acc;
+}
 #ifndef PF_AHEAD
 #define PF_AHEAD 8192
 #endif
@@ -66,17 +63,19 @@ static inline __m512i quad(const int8_t *p) {
 #define PF_HINT _MM_HINT_T0
 #endif
 
+/* One tile of 16 rows, tokens [0, A) of one panel. Fewer than 4 tokens
+ * leave too little independent work to hide vpdpbusd's latency, so each
+ * block's sum then runs as two chains. */
 static inline __attribute__((always_inline)) void tile_kernel(const int A, const int f16, const unsigned char *tile,
                                                               int64_t ng, int64_t bpg, size_t seg,
-                                                              const osp_q8act *acts, float *y, int64_t ldy,
+                                                              const osp_q8act *p, float *y, int64_t ldy,
                                                               __mmask16 m) {
-    __m512 acc[MAX_A];
-    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) acc[a] = _mm512_setzero_ps();
+    __m512 acc[MAX_A], ga[MAX_A];
+    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) acc[a] = ga[a] = _mm512_setzero_ps();
     const __m512i nib = _mm512_set1_epi8(0x0f);
     const __m512 c8 = _mm512_set1_ps(8.0f);
     for (int64_t g = 0; g < ng; g++) {
         const unsigned char *sg = tile + g * seg;
-        const __m512 s = load_h16(sg, f16), sb = _mm512_fmadd_ps(s, c8, load_h16(sg + 32, f16));
         for (int64_t j = 0; j < bpg; j++) {
             const unsigned char *q = sg + 64 + j * 256;
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
@@ -88,24 +87,48 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
             }
             const int64_t blk = g * bpg + j;
+            const int32_t *xq = p->xq + blk * 8 * A, *nxs = p->nxs + blk * A;
+            const float *d = p->d + blk * A;
             _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
-                const osp_q8act *x = &acts[a];
-                const int8_t *xq = x->xq + blk * 32;
-                __m512i i0 = _mm512_set1_epi32(x->nxs[blk]), i1 = _mm512_setzero_si512();
-                i0 = _mm512_dpbusd_epi32(i0, lo[0], quad(xq + 0));
-                i1 = _mm512_dpbusd_epi32(i1, hi[0], quad(xq + 4));
-                i0 = _mm512_dpbusd_epi32(i0, lo[1], quad(xq + 8));
-                i1 = _mm512_dpbusd_epi32(i1, hi[1], quad(xq + 12));
-                i0 = _mm512_dpbusd_epi32(i0, lo[2], quad(xq + 16));
-                i1 = _mm512_dpbusd_epi32(i1, hi[2], quad(xq + 20));
-                i0 = _mm512_dpbusd_epi32(i0, lo[3], quad(xq + 24));
-                i1 = _mm512_dpbusd_epi32(i1, hi[3], quad(xq + 28));
-                const __m512 ds = _mm512_mul_ps(s, _mm512_set1_ps(x->d[blk]));
-                acc[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), ds, acc[a]);
+                __m512i i0 = _mm512_set1_epi32(nxs[a]), i1;
+                if (A == 1) { /* four chains */
+                    __m512i i2 = _mm512_setzero_si512(), i3 = _mm512_setzero_si512();
+                    i1 = _mm512_setzero_si512();
+                    i0 = dp_bcast(i0, lo[0], &xq[0 * A + a]);
+                    i1 = dp_bcast(i1, hi[0], &xq[1 * A + a]);
+                    i2 = dp_bcast(i2, lo[1], &xq[2 * A + a]);
+                    i3 = dp_bcast(i3, hi[1], &xq[3 * A + a]);
+                    i0 = dp_bcast(i0, lo[2], &xq[4 * A + a]);
+                    i1 = dp_bcast(i1, hi[2], &xq[5 * A + a]);
+                    i2 = dp_bcast(i2, lo[3], &xq[6 * A + a]);
+                    i3 = dp_bcast(i3, hi[3], &xq[7 * A + a]);
+                    i0 = _mm512_add_epi32(_mm512_add_epi32(i0, i1), _mm512_add_epi32(i2, i3));
+                } else if (A < 4) {
+                    i1 = dp_bcast(_mm512_setzero_si512(), hi[0], &xq[1 * A + a]);
+                    i0 = dp_bcast(i0, lo[0], &xq[0 * A + a]);
+                    i1 = dp_bcast(i1, hi[1], &xq[3 * A + a]);
+                    i0 = dp_bcast(i0, lo[1], &xq[2 * A + a]);
+                    i1 = dp_bcast(i1, hi[2], &xq[5 * A + a]);
+                    i0 = dp_bcast(i0, lo[2], &xq[4 * A + a]);
+                    i1 = dp_bcast(i1, hi[3], &xq[7 * A + a]);
+                    i0 = dp_bcast(i0, lo[3], &xq[6 * A + a]);
+                    i0 = _mm512_add_epi32(i0, i1);
+                } else {
+                    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                        i0 = dp_bcast(i0, lo[i], &xq[(2 * i) * A + a]);
+                        i0 = dp_bcast(i0, hi[i], &xq[(2 * i + 1) * A + a]);
+                    }
+                }
+                const __m512 f = _mm512_cvtepi32_ps(i0), dv = _mm512_set1_ps(d[a]);
+                ga[a] = j == 0 ? _mm512_mul_ps(f, dv) : _mm512_fmadd_ps(f, dv, ga[a]);
             }
         }
-        _Pragma("GCC unroll 8") for (int a = 0; a < A; a++)
-            acc[a] = _mm512_fmadd_ps(sb, _mm512_set1_ps(acts[a].gsum[g]), acc[a]);
+        const __m512 s = load_h16(sg, f16), sb = _mm512_fmadd_ps(s, c8, load_h16(sg + 32, f16));
+        const float *gs = p->gsum + g * A;
+        _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
+            acc[a] = _mm512_fmadd_ps(ga[a], s, acc[a]);
+            acc[a] = _mm512_fmadd_ps(sb, _mm512_set1_ps(gs[a]), acc[a]);
+        }
     }
     _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) _mm512_mask_storeu_ps(y + a * ldy, m, acc[a]);
 }
@@ -124,9 +147,8 @@ static const tile_fn tiles[2][MAX_A + 1] = {
     {NULL, tile_0_1, tile_0_2, tile_0_3, tile_0_4, tile_0_5, tile_0_6, tile_0_7, tile_0_8},
     {NULL, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8}};
 
-/* Tokens are taken 64 at a time (their int8 rows stay in L2 while the
- * tiles pass), each tile's codes once per group of <= 8 tokens; the groups
- * are near-equal (9 tokens run as 5 + 4, not 8 + 1). */
+/* Tokens are taken 64 at a time (their int8 panels stay in L2 while the
+ * tiles pass), each tile's codes once per panel of <= 8 tokens. */
 #define TOK_BLOCK 64
 
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
@@ -135,15 +157,14 @@ void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n
     const size_t seg = 64 + (size_t)G * 8, tile_bytes = (size_t)ng * seg;
     const tile_fn *tab = tiles[w->sdtype == OSP_DT_F16];
     for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
-        const int64_t an = n - a0 < TOK_BLOCK ? n - a0 : TOK_BLOCK, nt = (an + MAX_A - 1) / MAX_A;
+        const int64_t a1 = n - a0 < TOK_BLOCK ? n : a0 + TOK_BLOCK;
         for (int64_t r = r0; r < r1; r += OSP_Q4PACK_ROWS) {
             const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / OSP_Q4PACK_ROWS) * tile_bytes;
             const int64_t left = r1 - r;
             const __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
-            for (int64_t k = 0, t = a0; k < nt; k++) {
-                const int64_t a = (a0 + an - t) / (nt - k);
-                tab[a](tile, ng, bpg, seg, acts + t, y + t * ldy + (r - r0), ldy, m);
-                t += a;
+            for (int64_t t = a0; t < a1; t += S) {
+                const int64_t a = a1 - t < S ? a1 - t : S;
+                tab[a](tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0), ldy, m);
             }
         }
     }

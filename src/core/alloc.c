@@ -2,8 +2,10 @@
  * size and pool so osp_free can decrement the right counter; the user
  * pointer stays 64-byte aligned. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include "core.h"
@@ -20,8 +22,30 @@ void *osp_malloc(osp_pool pool, size_t n) {
     size_t *h = raw;
     h[0] = n;
     h[1] = (size_t)pool;
+    h[2] = 0; /* from posix_memalign */
     atomic_fetch_add(&pool_bytes[pool], n);
     return (char *)raw + HDR;
+}
+
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+void *osp_malloc_huge(osp_pool pool, size_t n) {
+    if (pool >= OSP_POOL_COUNT || n > SIZE_MAX - 2 * HUGE_ALIGN) return NULL;
+    size_t len = n + 2 * HUGE_ALIGN;
+    char *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    char *user = (char *)(((uintptr_t)base + HDR + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+#ifdef MADV_HUGEPAGE
+    madvise(user, (n + HUGE_ALIGN - 1) & ~(HUGE_ALIGN - 1), MADV_HUGEPAGE); /* advice only: fine if refused */
+#endif
+    size_t *h = (size_t *)(user - HDR);
+    h[0] = n;
+    h[1] = (size_t)pool;
+    h[2] = 1; /* from mmap */
+    h[3] = (size_t)(uintptr_t)base;
+    h[4] = len;
+    atomic_fetch_add(&pool_bytes[pool], n);
+    return user;
 }
 
 void *osp_calloc(osp_pool pool, size_t n) {
@@ -34,7 +58,8 @@ void osp_free(void *p) {
     if (!p) return;
     size_t *h = (size_t *)((char *)p - HDR);
     atomic_fetch_sub(&pool_bytes[h[1]], h[0]);
-    free(h);
+    if (h[2]) munmap((void *)(uintptr_t)h[3], h[4]);
+    else free(h);
 }
 
 size_t osp_pool_bytes(osp_pool pool) {

@@ -7,7 +7,10 @@
  * embedding's struct copy and is packed as the head. The mmapped codes
  * stay for the reference precision mode, which reads them; the fast mode
  * never touches them, so they cost address space, not memory. */
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "core/threadpool.h"
 #include "model.h"
 
@@ -37,6 +40,8 @@ static void add_size(osp_weight *w, void *ctx) {
 typedef struct pack_ctx {
     char *next;
     osp_weight *w;
+    const void *keep; /* the embedding's codes: gathered from the mmap */
+    const osp_st *st;
 } pack_ctx;
 
 #define TILES_PER_TASK 64
@@ -47,6 +52,21 @@ static void pack_task(void *p, int64_t t) {
     osp_q4pack(c->w, (void *)c->w->packed, t * TILES_PER_TASK, t1 < tiles ? t1 : tiles);
 }
 
+/* Let the kernel drop the mmapped pages packing read (a read-only private
+ * file mapping: they come back from the file if the reference mode reads
+ * them), so the process does not hold the weights twice. */
+static void release(const osp_st *st, const void *p, size_t n) {
+    int mapped = 0; /* only ever a range inside a file mapping: advice on heap memory would zero it */
+    for (int i = 0; i < st->n_files && !mapped; i++) {
+        const char *f = st->files[i].map;
+        mapped = f && (const char *)p >= f && (const char *)p + n <= f + st->files[i].size;
+    }
+    if (!mapped) return;
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
+              b = ((uintptr_t)p + n) & ~(pg - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
 static void pack_one(osp_weight *w, void *ctx) {
     pack_ctx *c = ctx;
     if (!packable(w)) return;
@@ -55,6 +75,9 @@ static void pack_one(osp_weight *w, void *ctx) {
     c->w = w;
     int64_t tiles = (w->rows + OSP_Q4PACK_ROWS - 1) / OSP_Q4PACK_ROWS;
     osp_parallel_for((tiles + TILES_PER_TASK - 1) / TILES_PER_TASK, pack_task, c);
+    if (w->data != c->keep) release(c->st, w->data, (size_t)(w->rows * w->cols / 2));
+    release(c->st, w->scales, (size_t)(w->rows * (w->cols / w->group) * 2));
+    release(c->st, w->biases, (size_t)(w->rows * (w->cols / w->group) * 2));
 }
 
 osp_status osp_model_pack(osp_model *m) {
@@ -62,10 +85,10 @@ osp_status osp_model_pack(osp_model *m) {
     size_t total = 0;
     each_matmul_weight(m, add_size, &total);
     if (!total) return OSP_OK;
-    m->packed = osp_malloc(OSP_POOL_WEIGHTS, total);
+    m->packed = osp_malloc_huge(OSP_POOL_WEIGHTS, total);
     if (!m->packed)
         return osp_err(OSP_ERR_NOMEM, "%s: out of memory repacking %.1f MB of 4-bit weights", m->dir, total / 1e6);
-    pack_ctx c = {m->packed, NULL};
+    pack_ctx c = {m->packed, NULL, m->embed.data, m->st};
     each_matmul_weight(m, pack_one, &c);
     return OSP_OK;
 }

@@ -1,4 +1,5 @@
-/* The attention weighted-sum kernel against its scalar twin. */
+/* The attention kernels (scores, weighted sum) and the sampler's scan
+ * against their scalar twins. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,6 +34,33 @@ static void test_wsum(void **st) {
         }
 }
 
+static void test_scores(void **st) {
+    (void)st;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) skip();
+    uint64_t r = 5;
+    const int64_t dims[] = {1, 15, 16, 17, 64, 80, 128, 200, 256, 512};
+    const int64_t ns[] = {0, 1, 15, 16, 17, 33, 48, 100};
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int64_t dim = dims[di], n = ns[ni], stride = dim * (1 + (int64_t)(ni % 3)); /* GQA heads interleave */
+            float *q = malloc(sizeof(float) * dim), *rows = malloc(sizeof(float) * (n * stride + 1));
+            float *a = malloc(sizeof(float) * (n + 1)), *b = malloc(sizeof(float) * (n + 1));
+            for (int64_t i = 0; i < dim; i++) q[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 8388608.0f - 1;
+            for (int64_t i = 0; i < n * stride; i++)
+                rows[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 8388608.0f - 1;
+            osp_ops_scalar()->scores(a, q, rows, n, stride, dim);
+            osp_scores_avx512(b, q, rows, n, stride, dim);
+            for (int64_t j = 0; j < n; j++) {
+                double mag = 0;
+                for (int64_t d = 0; d < dim; d++) mag += fabs(q[d] * rows[j * stride + d]);
+                if (fabs(a[j] - b[j]) > 1e-5 * mag + 1e-7)
+                    fail_msg("dim %ld n %ld row %ld: %g vs %g", (long)dim, (long)n, (long)j, b[j], a[j]);
+            }
+            free(q), free(rows), free(a), free(b);
+        }
+}
+
 static void test_select_ge(void **st) {
     (void)st;
     __builtin_cpu_init();
@@ -51,6 +79,6 @@ static void test_select_ge(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum), cmocka_unit_test(test_select_ge)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum), cmocka_unit_test(test_scores), cmocka_unit_test(test_select_ge)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,9 @@ typedef struct osp_ops {
     /* y[d] += sum_j w[j] * rows[j * stride + d] for d < dim, j < n
      * (attention's probability-weighted sum of V rows). */
     void (*wsum)(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);
+    /* y[j] = sum_d q[d] * rows[j * stride + d] for j < n, d < dim
+     * (attention's scores of one query against cached K rows). */
+    void (*scores)(float *y, const float *q, const float *rows, int64_t n, int64_t stride, int64_t dim);
     /* Indices i < n with x[i] >= thr, in increasing order, into idx; returns
      * their count (the sampler's candidate scan). */
     int32_t (*select_ge)(int32_t *idx, const float *x, int32_t n, float thr);
@@ -47,6 +50,7 @@ typedef struct osp_ops {
 
 /* Vectorized wsum (AVX-512F), used by every x86 table on CPUs that have it. */
 void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);
+void osp_scores_avx512(float *y, const float *q, const float *rows, int64_t n, int64_t stride, int64_t dim);
 int32_t osp_select_ge_avx512(int32_t *idx, const float *x, int32_t n, float thr);
 
 const osp_ops *osp_ops_scalar(void);

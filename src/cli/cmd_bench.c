@@ -53,12 +53,40 @@ static double mem_bw_gbps(void) {
     return 3.0 * tr.n * sizeof(float) / best / 1e9;
 }
 
+/* Seconds for n greedy decode steps of one sequence after a p-token
+ * prefill, on a session of its own; < 0 on failure. */
+static double single_stream_s(osp_model *m, const osp_session_opts *like, const int32_t *ids, int p, int n, int fast) {
+    const osp_model_info *in = osp_model_get_info(m);
+    osp_session_opts so = *like;
+    so.n_rows = 1;
+    osp_session *s;
+    if (osp_session_new_opts(m, &so, &s) != OSP_OK) return -1;
+    osp_session_set_fast(s, fast);
+    float *logits = malloc(sizeof(float) * in->vocab);
+    double dt = -1;
+    if (logits && osp_forward(s, ids, p, 0, logits) == OSP_OK) {
+        double t0 = osp_now_s();
+        int ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            int32_t best = 0;
+            for (int j = 1; j < in->vocab; j++)
+                if (logits[j] > logits[best]) best = j;
+            ok = osp_forward(s, &best, 1, 0, logits) == OSP_OK;
+        }
+        if (ok) dt = osp_now_s() - t0;
+    }
+    free(logits);
+    osp_session_free(s);
+    return dt;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
                     "[--precise] [--concurrency N] [--kv-bits 4|8|16] [--kv-group-size G]\n"
                     "  --precise: reference precision (f32 activations) instead of the production path\n"
                     "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
-                    "                   then the aggregate over all streams\n"
+                    "                   then the aggregate over all streams, and one sequence alone is decoded\n"
+                    "                   before and after in the same run for the speedup (batch_speedup)\n"
                     "  --kv-bits: affine-quantized KV cache (16 = full precision, the default)\n");
     return 2;
 }
@@ -109,6 +137,13 @@ int osp_cmd_bench(int argc, char **argv) {
             goto done;
         }
     double t_prefill = osp_now_s() - t0;
+    /* single-stream decode before and after the batch: the speedup is a
+     * ratio of figures measured in one run, on a machine whose speed drifts */
+    double t_single = 0;
+    if (conc > 1) {
+        double a = single_stream_s(m, &so, ids, p, n, fast);
+        t_single = a < 0 ? -1 : a;
+    }
     t0 = osp_now_s();
     for (int i = 0; i < n; i++) {
         for (int b = 0; b < conc; b++) {
@@ -124,6 +159,11 @@ int osp_cmd_bench(int argc, char **argv) {
         }
     }
     double t_decode = osp_now_s() - t0;
+    if (conc > 1 && t_single >= 0) {
+        double b = single_stream_s(m, &so, ids, p, n, fast);
+        t_single = b < 0 ? -1 : (t_single + b) / 2;
+    }
+    double single = t_single > 0 ? n / t_single : 0;
     size_t kv_bytes = osp_session_kv_bytes(s);
     /* The generation loop with the model's own sampling defaults, to measure
      * what sampling, detokenizing, stop strings and callbacks add per token. */
@@ -153,17 +193,22 @@ int osp_cmd_bench(int argc, char **argv) {
         printf("{\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
                "\"decode_gbps\":%.3f,\"mem_bw_gbps\":%.3f,\"bw_ratio\":%.4f,\"loop_overhead_pct\":%.3f,"
-               "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
+               "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"single_tok_s\":%.3f,\"batch_speedup\":%.3f,"
+               "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
                model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, bw,
-               bw > 0 ? dg / bw : 0, loop_pct, conc, per, kv_bits ? kv_bits : 16, kv_bytes,
+               bw > 0 ? dg / bw : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 16, kv_bytes,
                (double)kv_bytes / ((double)conc * (p + n)));
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
         printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production (int8 activations for q4/q8)" : "reference (f32)");
         printf("prefill:      %d tokens, %.2f tok/s\n", p, pp);
-        if (conc > 1)
+        if (conc > 1) {
             printf("decode:       %d streams x %d tokens, %.2f tok/s in all, %.2f tok/s per stream\n", conc, n, tg, per);
+            if (single > 0)
+                printf("single:       %.2f tok/s alone (before and after, same run) -> %.2fx aggregate speedup\n",
+                       single, tg / single);
+        }
         else
             printf("decode:       %d tokens, %.2f tok/s\n", n, tg);
         printf("kv cache:     %s, %.2f MB in use (%.0f bytes per token)\n",

@@ -16,8 +16,7 @@ static void cached_scores(const osp_attn_args *a, const osp_kv_layer *L, int32_t
             osp_kv_qrows k = osp_kv_q(L, row, 0, hk, slot);
             osp_kvq_ops_get()->scores(q, D, L->bits, L->group, k.codes, k.scales, k.biases, run, sc + (j - lo));
         } else {
-            osp_weight kw = {.dtype = OSP_DT_F32, .rows = run, .cols = D, .data = osp_kv_f32(L, row, 0, hk, slot)};
-            a->ops->matmul(&kw, q, 1, sc + (j - lo), run, 0, run);
+            a->ops->scores(sc + (j - lo), q, osp_kv_f32(L, row, 0, hk, slot), run, D, D);
         }
         j += run;
     }
@@ -56,8 +55,9 @@ static void attn_task(void *p, int64_t task) {
         int32_t n = p - lo + 1;
         int32_t cend = p < pos0 ? p + 1 : pos0; /* cached positions are [lo, cend) */
         cached_scores(a, L, row, hk, q, lo, cend, sc);
-        for (int32_t j = cend > lo ? cend : lo; j <= p; j++) /* this chunk's own positions */
-            sc[j - lo] = ops->dot(q, a->k + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D, D);
+        int32_t j0 = cend > lo ? cend : lo; /* this chunk's own positions [j0, p] */
+        ops->scores(sc + (j0 - lo), q, a->k + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D, p - j0 + 1,
+                    (int64_t)Hkv * D, D);
         for (int32_t i = 0; i < n; i++) {
             float v = sc[i] * a->scale;
             sc[i] = a->softcap > 0 ? a->softcap * tanhf(v / a->softcap) : v;

@@ -29,6 +29,7 @@ const osp_ops *osp_ops_get(void) {
     table = *best;
     int vec = has_avx512() && best != osp_ops_scalar();
     if (!table.wsum) table.wsum = vec ? osp_wsum_avx512 : osp_ops_scalar()->wsum;
+    if (!table.scores) table.scores = vec ? osp_scores_avx512 : osp_ops_scalar()->scores;
     if (!table.select_ge) table.select_ge = vec ? osp_select_ge_avx512 : osp_ops_scalar()->select_ge;
     chosen = &table;
     return chosen;

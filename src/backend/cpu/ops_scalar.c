@@ -106,6 +106,14 @@ static void wsum(float *y, const float *w, const float *rows, int64_t n, int64_t
         for (int64_t d = 0; d < dim; d++) y[d] += w[j] * rows[j * stride + d];
 }
 
+static void scores(float *y, const float *q, const float *rows, int64_t n, int64_t stride, int64_t dim) {
+    for (int64_t j = 0; j < n; j++) {
+        float s = 0;
+        for (int64_t d = 0; d < dim; d++) s += q[d] * rows[j * stride + d];
+        y[j] = s;
+    }
+}
+
 static int32_t select_ge(int32_t *idx, const float *x, int32_t n, float thr) {
     int32_t c = 0;
     for (int32_t i = 0; i < n; i++)
@@ -116,7 +124,7 @@ static int32_t select_ge(int32_t *idx, const float *x, int32_t n, float thr) {
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
-    .softcap = softcap, .wsum = wsum, .select_ge = select_ge,
+    .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge,
 };
 
 const osp_ops *osp_ops_scalar(void) { return &OPS; }

@@ -1,6 +1,7 @@
 /* AVX-512 helpers outside the per-ISA tables, compiled with -mavx512f:
- * the weighted sum of rows (attention's p·V) and the sampler's candidate
- * scan (compress-store of the indices passing a threshold). */
+ * attention's scores (q·K rows) and weighted sum of rows (p·V), and the
+ * sampler's candidate scan (compress-store of the indices passing a
+ * threshold). */
 #include <immintrin.h>
 #include "backend/ops.h"
 
@@ -27,6 +28,52 @@ void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int
             a = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_maskz_loadu_ps(m, rows + j * stride + d0), a);
         _mm512_mask_storeu_ps(y + d0, m, a);
     }
+}
+
+/* The 16-lane partial sums of one row's dot product. */
+static inline __m512 row_dot(const float *q, const float *r, int64_t dim) {
+    __m512 a = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= dim; d += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(r + d), a);
+    if (d < dim) {
+        __mmask16 m = (__mmask16)((1u << (dim - d)) - 1);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + d), _mm512_maskz_loadu_ps(m, r + d), a);
+    }
+    return a;
+}
+
+/* Two vectors of k entities x (16 / k) partial lanes each -> one of 2k
+ * entities x (8 / k) lanes: lane pairs (i, i + 8 / k) within each
+ * entity's run are added. */
+static inline __m512 fold(__m512 x, __m512 y, __m512i lo, __m512i hi) {
+    return _mm512_add_ps(_mm512_permutex2var_ps(x, lo, y), _mm512_permutex2var_ps(x, hi, y));
+}
+
+/* 16 rows at a time: their 16 partial-sum vectors fold into one vector of
+ * 16 scores in four levels (15 folds) instead of 16 horizontal sums. */
+void osp_scores_avx512(float *y, const float *q, const float *rows, int64_t n, int64_t stride, int64_t dim) {
+    /* level k (run length r = 16 >> k within each input): output entity e
+     * takes lanes [e r', e r' + r') of x for e < half, ..., r' = r / 2 */
+    static const int32_t L[4][2][16] = {
+        {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+         {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}},
+        {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+         {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},
+        {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+         {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},
+        {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+         {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}}};
+    __m512i lo[4], hi[4];
+    for (int k = 0; k < 4; k++) lo[k] = _mm512_loadu_si512(L[k][0]), hi[k] = _mm512_loadu_si512(L[k][1]);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 v[16];
+        for (int i = 0; i < 16; i++) v[i] = row_dot(q, rows + (j + i) * stride, dim);
+        for (int k = 0, cnt = 16; k < 4; k++, cnt /= 2)
+            for (int i = 0; i < cnt / 2; i++) v[i] = fold(v[2 * i], v[2 * i + 1], lo[k], hi[k]);
+        _mm512_storeu_ps(y + j, v[0]);
+    }
+    for (; j < n; j++) y[j] = _mm512_reduce_add_ps(row_dot(q, rows + j * stride, dim));
 }
 
 int32_t osp_select_ge_avx512(int32_t *idx, const float *x, int32_t n, float thr) {

@@ -374,6 +374,10 @@ static void test_softmax(void **state) {
                 fill_values(x0, n, (float)scale);
                 if (n > 3) x0[n / 2] = -INFINITY; /* a masked attention position */
                 memcpy(x1, x0, (size_t)n * sizeof(float));
+                /* the normalizer alone (the sampler's), before x is overwritten */
+                float m0, m1, s0 = sc->sumexp(x0, n, &m0), s1 = fast[f]->sumexp(x1, n, &m1);
+                assert_true(m0 == m1);
+                expect_close(fast[f], "sumexp", n, 0, s1, s0, 1e-5 * fabs(s0));
                 sc->softmax(x0, n);
                 fast[f]->softmax(x1, n);
                 for (int64_t i = 0; i < n; i++)

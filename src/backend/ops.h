@@ -32,6 +32,9 @@ typedef struct osp_ops {
                     float eps, int add_one);
     /* In-place softmax over n values (max-subtracted, f32 sum). */
     void (*softmax)(float *x, int64_t n);
+    /* *mx = max of x[0..n); returns sum_i exp(x[i] - *mx) (f32): the
+     * softmax's normalizer, without writing anything. */
+    float (*sumexp)(const float *x, int64_t n, float *mx);
     /* y[i] = act(g[i]) * u[i]; act = SiLU or GELU (tanh approximation). */
     void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
     void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);

@@ -366,30 +366,51 @@ static int32_t categorical_among(osp_sampler *s, const float *lp, const int32_t 
     return idx[n - 1];
 }
 
-/* top_p then top_k, the common configuration, without logprobs: the
- * probabilities come from the backend's vectorized softmax; a token top_p
- * keeps has p >= (1 - top_p) / V (the mass at and below it exceeds
- * 1 - top_p and it is the largest there), so only those are ranked. */
-static int32_t sample_top_p_k(osp_sampler *s, const float *logits) {
-    int32_t V = s->vocab;
-    const osp_sampler_params *p = &s->p;
-    memcpy(s->probs, logits, sizeof(float) * V);
-    osp_ops_get()->softmax(s->probs, V);
-    float thr = (1.0f - p->top_p) / (float)V * 0.999f;
-    int32_t nc = osp_ops_get()->select_ge(s->idx2, s->probs, V, thr);
-    if (nc <= 0) return -1;
-    int32_t k = p->top_k < nc ? p->top_k : nc;
-    top_k_among(s->probs, s->idx2, nc, k, s->idx);
+/* How many of the ranked tokens idx[0..n) top_p keeps: the first i while
+ * the mass before i is < top_p; n (and *reached = 0) when the mass of all n
+ * stays below top_p. */
+static int32_t top_p_cut(const osp_sampler *s, const float *logits, int32_t n, float mx, double inv, int *reached) {
     double above = 0;
-    int32_t keep = k;
-    for (int32_t i = 0; i < k; i++) {
-        if (above >= p->top_p) {
-            keep = i;
-            break;
+    for (int32_t i = 0; i < n; i++) {
+        if (above >= s->p.top_p) {
+            *reached = 1;
+            return i;
         }
-        above += s->probs[s->idx[i]];
+        above += expf(logits[s->idx[i]] - mx) * inv;
     }
-    return categorical_among(s, logits, s->idx, keep);
+    *reached = above >= s->p.top_p;
+    return n;
+}
+
+/* top_p then top_k, the common configuration, without logprobs. A token
+ * top_p keeps has p >= (1 - top_p) / V (the mass at and below it exceeds
+ * 1 - top_p and it is the largest there), so only those are ranked; the
+ * threshold moves to logit space (p = e^(l - max) / sum), so the whole
+ * vocabulary is only read: its max and exp-sum in two vector passes, then
+ * candidate scans. The first scan takes the tokens within e^-6 of the most
+ * likely one: when there are top_k of them, or their mass already reaches
+ * top_p, the kept tokens are all among them (everything else ranks below);
+ * only a flat distribution needs the second, wider scan. */
+static int32_t sample_top_p_k(osp_sampler *s, const float *logits) {
+    int32_t V = s->vocab, k = s->p.top_k, reached;
+    const osp_ops *ops = osp_ops_get();
+    float mx, sum = ops->sumexp(logits, V, &mx);
+    double inv = 1.0 / sum;
+    float thr = mx + logf((1.0f - s->p.top_p) / (float)V * 0.999f * sum), near = mx - 6.0f;
+    if (near > thr) {
+        int32_t nc = ops->select_ge(s->idx2, logits, V, near);
+        if (nc > 0) {
+            int32_t m = k < nc ? k : nc;
+            top_k_among(logits, s->idx2, nc, m, s->idx);
+            int32_t keep = top_p_cut(s, logits, m, mx, inv, &reached);
+            if (m == k || reached) return categorical_among(s, logits, s->idx, keep);
+        }
+    }
+    int32_t nc = ops->select_ge(s->idx2, logits, V, thr);
+    if (nc <= 0) return -1;
+    int32_t m = k < nc ? k : nc;
+    top_k_among(logits, s->idx2, nc, m, s->idx);
+    return categorical_among(s, logits, s->idx, top_p_cut(s, logits, m, mx, inv, &reached));
 }
 
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,

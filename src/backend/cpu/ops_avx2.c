@@ -571,6 +571,28 @@ static inline __m256 tanh256(__m256 z) {
     return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.5f), _CMP_LT_OQ));
 }
 
+static float sumexp(const float *x, int64_t n, float *mx_out) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mx = ninf;
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i m = tail_mask(n - i);
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_maskload_ps(x + i, m), _mm256_castsi256_ps(m)));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float mxs = _mm_cvtss_f32(h);
+    const __m256 mv = _mm256_set1_ps(mxs);
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i m = tail_mask(n - i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(x + i, m), mv));
+        sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(m)));
+    }
+    *mx_out = mxs;
+    return hsum(sum);
+}
+
 static void softmax(float *x, int64_t n) {
     if (n <= 0) return;
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -632,7 +654,7 @@ static void softcap(float *x, int64_t n, float cap) {
 
 static const osp_ops OPS = {
     .name = "avx2", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
-    .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
+    .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
     .softcap = softcap,
 };
 

@@ -647,6 +647,26 @@ static void softmax(float *x, int64_t n) {
     }
 }
 
+static float sumexp(const float *x, int64_t n, float *mx_out) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < n; i += 16)
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail_mask(n - i), x + i));
+    const float m = n > 0 ? _mm512_reduce_max_ps(mx) : -INFINITY;
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) { /* two chains */
+        s0 = _mm512_add_ps(s0, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
+        s1 = _mm512_add_ps(s1, exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), mv)));
+    }
+    for (; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        s0 = _mm512_add_ps(s0, _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv))));
+    }
+    *mx_out = m;
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
 static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
@@ -680,7 +700,7 @@ static void softcap(float *x, int64_t n, float cap) {
 
 static const osp_ops OPS = {
     .name = "avx512", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
-    .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
+    .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
     .softcap = softcap,
 };
 

@@ -85,6 +85,14 @@ static void softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+static float sumexp(const float *x, int64_t n, float *mx_out) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    for (int64_t i = 0; i < n; i++) sum += expf(x[i] - mx);
+    *mx_out = mx;
+    return sum;
+}
+
 static void silu_mul(float *y, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -123,7 +131,7 @@ static int32_t select_ge(int32_t *idx, const float *x, int32_t n, float thr) {
 
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
-    .softmax = softmax, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
+    .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
     .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge,
 };
 

@@ -83,8 +83,12 @@ int32_t osp_select_ge_avx512(int32_t *idx, const float *x, int32_t n, float thr)
     int32_t c = 0, i = 0;
     for (; i + 16 <= n; i += 16) {
         __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), t, _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_epi32(idx + c, m, iv);
-        c += __builtin_popcount(m);
+        if (m) { /* compress in a register, then a masked store: the
+                    memory form of vpcompressd is microcoded (slow on Zen 4) */
+            int k = __builtin_popcount(m);
+            _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1), _mm512_maskz_compress_epi32(m, iv));
+            c += k;
+        }
         iv = _mm512_add_epi32(iv, step);
     }
     for (; i < n; i++)

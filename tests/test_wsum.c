@@ -78,7 +78,26 @@ static void test_select_ge(void **st) {
     }
 }
 
+static void test_argmax(void **st) {
+    (void)st;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) skip();
+    uint64_t r = 11;
+    for (int32_t n = 0; n < 300; n += 7) {
+        float *x = malloc(sizeof(float) * (n + 1));
+        for (int32_t i = 0; i < n; i++) x[i] = (float)((r = r * 6364136223846793005ull + 1) >> 40) / 16777216.0f;
+        if (n > 20) x[3] = NAN, x[n - 1] = x[n / 2] = 2.0f; /* NaN skipped; the first of equal maxima */
+        assert_int_equal(osp_ops_scalar()->argmax(x, n), osp_argmax_avx512(x, n));
+        if (n > 20) assert_int_equal(osp_argmax_avx512(x, n), n / 2);
+        for (int32_t i = 0; i < n; i++) x[i] = NAN; /* nothing to choose: 0 */
+        assert_int_equal(osp_argmax_avx512(x, n), 0);
+        assert_int_equal(osp_ops_scalar()->argmax(x, n), 0);
+        free(x);
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum), cmocka_unit_test(test_scores), cmocka_unit_test(test_select_ge)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_wsum), cmocka_unit_test(test_scores), cmocka_unit_test(test_select_ge),
+                                       cmocka_unit_test(test_argmax)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

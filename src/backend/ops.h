@@ -49,12 +49,16 @@ typedef struct osp_ops {
     /* Indices i < n with x[i] >= thr, in increasing order, into idx; returns
      * their count (the sampler's candidate scan). */
     int32_t (*select_ge)(int32_t *idx, const float *x, int32_t n, float thr);
+    /* The first index of the largest of x[0..n), NaN never chosen; 0 when
+     * n <= 0 or every value is NaN (greedy decoding). */
+    int32_t (*argmax)(const float *x, int32_t n);
 } osp_ops;
 
 /* Vectorized wsum (AVX-512F), used by every x86 table on CPUs that have it. */
 void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);
 void osp_scores_avx512(float *y, const float *q, const float *rows, int64_t n, int64_t stride, int64_t dim);
 int32_t osp_select_ge_avx512(int32_t *idx, const float *x, int32_t n, float thr);
+int32_t osp_argmax_avx512(const float *x, int32_t n);
 
 const osp_ops *osp_ops_scalar(void);
 const osp_ops *osp_ops_avx2(void);   /* NULL when not compiled in */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "backend/ops.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "osprey.h"
@@ -68,9 +69,7 @@ static double single_stream_s(osp_model *m, const osp_session_opts *like, const 
         double t0 = osp_now_s();
         int ok = 1;
         for (int i = 0; i < n && ok; i++) {
-            int32_t best = 0;
-            for (int j = 1; j < in->vocab; j++)
-                if (logits[j] > logits[best]) best = j;
+            int32_t best = osp_ops_get()->argmax(logits, in->vocab);
             ok = osp_forward(s, &best, 1, 0, logits) == OSP_OK;
         }
         if (ok) dt = osp_now_s() - t0;
@@ -147,11 +146,7 @@ int osp_cmd_bench(int argc, char **argv) {
     t0 = osp_now_s();
     for (int i = 0; i < n; i++) {
         for (int b = 0; b < conc; b++) {
-            const float *lg = logits + (int64_t)b * in->vocab;
-            int best = 0;
-            for (int j = 1; j < in->vocab; j++)
-                if (lg[j] > lg[best]) best = j;
-            next[b] = best;
+            next[b] = osp_ops_get()->argmax(logits + (int64_t)b * in->vocab, in->vocab);
         }
         if (osp_forward(s, next, 1, 0, logits) != OSP_OK) {
             rc = osp_cli_fail("bench");

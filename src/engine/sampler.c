@@ -418,6 +418,7 @@ int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history
     const osp_sampler_params *p = &s->p;
     int32_t V = s->vocab;
     apply_processors(s, logits, history, n_history);
+    if (!logprobs && p->temperature == 0) return osp_ops_get()->argmax(logits, V); /* greedy: no softmax needed */
     if (!logprobs && p->temperature > 0 && p->top_p > 0 && p->top_p < 1 && p->top_k > 0 && p->top_k < V &&
         !(p->min_p > 0) && !(p->xtc_probability > 0)) {
         /* NaN probabilities never pass the candidate threshold; if nothing

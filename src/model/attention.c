@@ -39,38 +39,73 @@ static void cached_values(const osp_attn_args *a, const osp_kv_layer *L, int32_t
     }
 }
 
+/* Positions per block: the query heads of one KV head take turns on a
+ * block of K (then of V) while it is in L1, so a long cache is read from
+ * memory once per KV head instead of once per query head. */
+static int32_t block_positions(int32_t D) { return D >= 256 ? 16 : 4096 / D; }
+
+typedef struct attn_job {
+    const osp_attn_args *a;
+    int32_t n_sub; /* tasks per (row, KV head): its query heads split into n_sub runs */
+} attn_job;
+
 static void attn_task(void *p, int64_t task) {
-    const osp_attn_args *a = p;
+    const attn_job *job = p;
+    const osp_attn_args *a = job->a;
     const osp_ops *ops = a->ops;
     const osp_kv_layer *L = &a->kv->layers[a->layer];
-    int32_t Hq = a->n_heads, Hkv = a->n_kv_heads, D = a->head_dim;
-    int32_t b = (int32_t)(task / Hq), h = (int32_t)(task % Hq), hk = h / (Hq / Hkv);
-    int32_t row = a->rows[b], pos0 = a->kv->pos[row];
-    float *sc = a->scores + task * a->score_stride;
+    int32_t Hq = a->n_heads, Hkv = a->n_kv_heads, D = a->head_dim, G = Hq / Hkv, ns = job->n_sub;
+    int32_t b = (int32_t)(task / ((int64_t)Hkv * ns)), hk = (int32_t)(task / ns % Hkv), sub = (int32_t)(task % ns);
+    int32_t h0 = hk * G + sub * G / ns, h1 = hk * G + (sub + 1) * G / ns; /* query heads [h0, h1) */
+    int32_t row = a->rows[b], pos0 = a->kv->pos[row], blk = block_positions(D);
     for (int32_t t = 0; t < a->T; t++) {
         int64_t r = (int64_t)b * a->T + t;
-        const float *q = a->q + r * Hq * D + (int64_t)h * D;
         int32_t p = pos0 + t;
         int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         int32_t n = p - lo + 1;
         int32_t cend = p < pos0 ? p + 1 : pos0; /* cached positions are [lo, cend) */
-        cached_scores(a, L, row, hk, q, lo, cend, sc);
-        int32_t j0 = cend > lo ? cend : lo; /* this chunk's own positions [j0, p] */
-        ops->scores(sc + (j0 - lo), q, a->k + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D, p - j0 + 1,
-                    (int64_t)Hkv * D, D);
-        for (int32_t i = 0; i < n; i++) {
-            float v = sc[i] * a->scale;
-            sc[i] = a->softcap > 0 ? a->softcap * tanhf(v / a->softcap) : v;
+        int32_t j0 = cend > lo ? cend : lo;     /* this chunk's own positions [j0, p] */
+        const float *kc = a->k + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D;
+        const float *vc = a->v + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D;
+        for (int32_t jb = lo; jb < cend; jb += blk) {
+            int32_t je = jb + blk < cend ? jb + blk : cend;
+            for (int32_t h = h0; h < h1; h++) {
+                float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
+                cached_scores(a, L, row, hk, a->q + r * Hq * D + (int64_t)h * D, jb, je, sc + (jb - lo));
+            }
         }
-        ops->softmax(sc, n);
-        float *o = a->out + r * Hq * D + (int64_t)h * D;
-        memset(o, 0, sizeof(float) * D);
-        cached_values(a, L, row, hk, sc, lo, cend, o);
-        for (int32_t j = cend > lo ? cend : lo; j <= p; j++)
-            ops->axpy(o, sc[j - lo], a->v + ((int64_t)b * a->T + (j - pos0)) * Hkv * D + (int64_t)hk * D, D);
+        for (int32_t h = h0; h < h1; h++) {
+            float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
+            ops->scores(sc + (j0 - lo), a->q + r * Hq * D + (int64_t)h * D, kc, p - j0 + 1, (int64_t)Hkv * D, D);
+            for (int32_t i = 0; i < n; i++) {
+                float v = sc[i] * a->scale;
+                sc[i] = a->softcap > 0 ? a->softcap * tanhf(v / a->softcap) : v;
+            }
+            ops->softmax(sc, n);
+            memset(a->out + r * Hq * D + (int64_t)h * D, 0, sizeof(float) * D);
+        }
+        for (int32_t jb = lo; jb < cend; jb += blk) {
+            int32_t je = jb + blk < cend ? jb + blk : cend;
+            for (int32_t h = h0; h < h1; h++) {
+                const float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
+                cached_values(a, L, row, hk, sc + (jb - lo), jb, je, a->out + r * Hq * D + (int64_t)h * D);
+            }
+        }
+        for (int32_t h = h0; h < h1; h++) {
+            const float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
+            float *o = a->out + r * Hq * D + (int64_t)h * D;
+            for (int32_t j = j0; j <= p; j++) ops->axpy(o, sc[j - lo], vc + (int64_t)(j - j0) * Hkv * D, D);
+        }
     }
 }
 
+/* One task per (row, KV head) when that gives every thread a few; else the
+ * query heads of a KV head are split further (Gemma 4's single global KV
+ * head). A head's numbers do not depend on the split. */
 void osp_attention(const osp_attn_args *a) {
-    osp_parallel_for((int64_t)a->nb * a->n_heads, attn_task, (void *)a);
+    int32_t G = a->n_heads / a->n_kv_heads, ns = 1, want = 4 * osp_threads_count();
+    while (ns < G && (int64_t)a->nb * a->n_kv_heads * ns < want) ns *= 2;
+    if (ns > G) ns = G;
+    attn_job job = {a, ns};
+    osp_parallel_for((int64_t)a->nb * a->n_kv_heads * ns, attn_task, &job);
 }

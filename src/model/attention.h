@@ -34,7 +34,8 @@ typedef struct osp_attn_args {
     int64_t score_stride;        /* >= max positions a query can see */
 } osp_attn_args;
 
-/* Runs on the thread pool, one task per (row, query head). */
+/* Runs on the thread pool, one task per (row, KV head) or per part of a KV
+ * head's query heads. */
 void osp_attention(const osp_attn_args *a);
 
 #endif

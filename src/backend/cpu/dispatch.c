@@ -30,6 +30,7 @@ const osp_ops *osp_ops_get(void) {
     int vec = has_avx512() && best != osp_ops_scalar();
     if (!table.wsum) table.wsum = vec ? osp_wsum_avx512 : osp_ops_scalar()->wsum;
     if (!table.scores) table.scores = vec ? osp_scores_avx512 : osp_ops_scalar()->scores;
+    if (!table.argmax) table.argmax = vec ? osp_argmax_avx512 : osp_ops_scalar()->argmax;
     if (!table.select_ge) table.select_ge = vec ? osp_select_ge_avx512 : osp_ops_scalar()->select_ge;
     chosen = &table;
     return chosen;

@@ -129,10 +129,17 @@ static int32_t select_ge(int32_t *idx, const float *x, int32_t n, float thr) {
     return c;
 }
 
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t b = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (b < 0 || x[i] > x[b])) b = i;
+    return b < 0 ? 0 : b;
+}
+
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
-    .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge,
+    .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge, .argmax = argmax,
 };
 
 const osp_ops *osp_ops_scalar(void) { return &OPS; }

@@ -3,6 +3,7 @@
  * sampler's candidate scan (compress-store of the indices passing a
  * threshold). */
 #include <immintrin.h>
+#include <math.h>
 #include "backend/ops.h"
 
 void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim) {
@@ -94,4 +95,26 @@ int32_t osp_select_ge_avx512(int32_t *idx, const float *x, int32_t n, float thr)
     for (; i < n; i++)
         if (x[i] >= thr) idx[c++] = i;
     return c;
+}
+
+/* Two passes: the maximum (NaN lanes never taken), then its first index. */
+int32_t osp_argmax_avx512(const float *x, int32_t n) {
+    if (n <= 0) return 0;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    int any = 0;
+    for (int32_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __mmask16 ord = _mm512_mask_cmp_ps_mask(m, v, v, _CMP_ORD_Q);
+        any |= ord != 0;
+        mx = _mm512_mask_max_ps(mx, ord, mx, v);
+    }
+    if (!any) return 0;
+    const __m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    for (int32_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __mmask16 eq = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), best, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+    return 0;
 }

@@ -94,7 +94,7 @@ static void attn_task(void *p, int64_t task) {
         for (int32_t h = h0; h < h1; h++) {
             const float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
             float *o = a->out + r * Hq * D + (int64_t)h * D;
-            for (int32_t j = j0; j <= p; j++) ops->axpy(o, sc[j - lo], vc + (int64_t)(j - j0) * Hkv * D, D);
+            ops->wsum(o, sc + (j0 - lo), vc, p - j0 + 1, (int64_t)Hkv * D, D);
         }
     }
 }

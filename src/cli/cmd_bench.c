@@ -33,9 +33,9 @@ static void init_task(void *p, int64_t t) {
 static double mem_bw_gbps(void) {
     triad tr = {0};
     tr.n = 64LL << 20;
-    tr.a = osp_malloc(OSP_POOL_SCRATCH, tr.n * sizeof(float));
-    tr.b = osp_malloc(OSP_POOL_SCRATCH, tr.n * sizeof(float));
-    tr.c = osp_malloc(OSP_POOL_SCRATCH, tr.n * sizeof(float));
+    tr.a = osp_malloc_huge(OSP_POOL_SCRATCH, tr.n * sizeof(float));
+    tr.b = osp_malloc_huge(OSP_POOL_SCRATCH, tr.n * sizeof(float));
+    tr.c = osp_malloc_huge(OSP_POOL_SCRATCH, tr.n * sizeof(float));
     if (!tr.a || !tr.b || !tr.c) {
         osp_free(tr.a), osp_free(tr.b), osp_free(tr.c);
         return 0;

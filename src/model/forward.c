@@ -217,6 +217,7 @@ osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, o
     int32_t n_rows = o->n_rows, max_ctx = o->max_ctx;
     if (n_rows <= 0) return osp_err(OSP_ERR_INVALID, "a session needs at least one row");
     if (max_ctx <= 0 || max_ctx > c->max_pos) max_ctx = c->max_pos;
+    OSP_TRY(osp_model_place((osp_model *)m)); /* once per model: see model/pack.c */
     osp_session *s = calloc(1, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;

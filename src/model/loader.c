@@ -275,11 +275,11 @@ osp_status osp_model_load(const char *path, osp_model **out) {
     osp_model *m = calloc(1, sizeof *m);
     if (!m) return osp_err(OSP_ERR_NOMEM, "out of memory");
     m->dir = strdup(dir);
+    pthread_mutex_init(&m->place_mu, NULL);
     snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
     osp_status rc = osp_config_load(cfgp, &m->cfg);
     if (rc == OSP_OK) rc = osp_st_open_dir(dir, &m->st);
     if (rc == OSP_OK) rc = bind_all(m);
-    if (rc == OSP_OK) rc = osp_model_pack(m);
     if (rc == OSP_OK) {
         const osp_config *c = &m->cfg;
         m->ops = osp_ops_get();
@@ -330,6 +330,7 @@ void osp_model_free(osp_model *m) {
     }
     osp_free(m->final_norm);
     osp_free(m->packed);
+    pthread_mutex_destroy(&m->place_mu);
     osp_free(m->ple_proj_norm);
     osp_free(m->inv_freq_full);
     osp_free(m->inv_freq_sliding);

@@ -10,6 +10,7 @@
 #ifndef OSP_MODEL_H
 #define OSP_MODEL_H
 
+#include <pthread.h>
 #include "backend/ops.h"
 #include "backend/q8act.h"
 #include "config.h"
@@ -60,7 +61,9 @@ struct osp_model {
     float *ple_proj_norm;      /* [P] */
     float embed_ple_scale;     /* sqrt(P), rounded like embed_scale */
     char dtype_name[16];
-    void *packed;              /* the 4-bit matrices repacked for the int8 path (model/pack.c), or NULL */
+    void *packed;              /* the matmul weights, placed or repacked (model/pack.c), or NULL */
+    pthread_mutex_t place_mu;  /* the placement runs once, when the first session is made */
+    int placed;
 };
 
 /* Scratch for one forward call of at most max_tok tokens in all rows. */
@@ -127,8 +130,11 @@ void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, 
  * int8 form is prepared once and all run in one pass of the pool. */
 void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, const float *x, int64_t n, float *const *ys);
 
-/* Repack the 4-bit matrices for the int8 path (model/pack.c). */
-osp_status osp_model_pack(osp_model *m);
+/* Place the matmul weights in huge-page memory, repacking 4-bit ones for
+ * the int8 path (model/pack.c). Runs once, when the first session is made
+ * (before any forward can read the weights): loading a model only to
+ * inspect it copies nothing. Thread-safe. */
+osp_status osp_model_place(osp_model *m);
 
 /* Fill inv_freq[head_dim/2] for a RoPE configuration (HF semantics, f32). */
 void osp_rope_inv_freq(const osp_rope *r, int32_t head_dim, float *inv_freq);

@@ -1,14 +1,21 @@
-/* Repacking a model's 4-bit matrices for the int8-activation path
- * (backend/q8act.h), once at load, when this CPU has AVX-512 VNNI.
+/* Placing a model's matmul weights in memory that streams at the full
+ * bandwidth, once, when the model's first session is made: one huge-page-advised block for the model
+ * (with 4 KiB pages, two cores read half as fast here: the page walks of a
+ * virtual machine), filled on the thread pool.
  *
- * Every matrix that goes through osp_matmul gets its packed copy: one
- * allocation for the model, filled on the thread pool. Gathered tables
- * (the embeddings) keep only their mmapped form; a tied head is the
- * embedding's struct copy and is packed as the head. The mmapped codes
- * stay for the reference precision mode, which reads them; the fast mode
- * never touches them, so they cost address space, not memory. */
+ * - 4-bit matrices, when the CPU has AVX-512 VNNI, are repacked for the
+ *   int8 path (backend/q8act.h); reference precision keeps reading the
+ *   mmapped original, whose pages are given back until then.
+ * - every other matrix is copied as stored (codes, scales and biases, or
+ *   the dense rows) and its pointers move to the copy.
+ * Gathered tables (the embeddings) stay mmapped; a tied head is the
+ * embedding's struct copy and is placed as the head. The mmapped pages
+ * that were read are given back to the kernel (a read-only private file
+ * mapping: they come back from the file if read again), so the process
+ * holds the weights once. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "core/threadpool.h"
@@ -31,10 +38,28 @@ static void each_matmul_weight(osp_model *m, void (*fn)(osp_weight *w, void *ctx
     }
 }
 
-static int packable(const osp_weight *w) { return w->data && osp_q8act_supported(w); }
+static int packable(const osp_weight *w) { return w->data && w->packed == NULL && osp_q8act_supported(w); }
+
+/* Bytes of a weight that is copied as stored: [codes, scales, biases] or
+ * the dense rows. 0 for one that is repacked or absent. */
+static size_t copy_parts(const osp_weight *w, size_t part[3]) {
+    part[0] = part[1] = part[2] = 0;
+    if (!w->data || (osp_q8act_matmul_fast() && osp_q8act_supported(w))) return 0;
+    if (w->qbits) {
+        part[0] = (size_t)(w->rows * w->cols * w->qbits / 8);
+        part[1] = part[2] = (size_t)(w->rows * (w->cols / w->group)) * osp_dtype_size(w->sdtype);
+    } else {
+        part[0] = (size_t)(w->rows * w->cols) * osp_dtype_size(w->dtype);
+    }
+    return part[0] + part[1] + part[2];
+}
+
+static size_t r64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static void add_size(osp_weight *w, void *ctx) {
-    if (packable(w)) *(size_t *)ctx += (osp_q4pack_bytes(w) + 63) & ~(size_t)63;
+    size_t part[3];
+    if (osp_q8act_matmul_fast() && packable(w)) *(size_t *)ctx += r64(osp_q4pack_bytes(w));
+    else if (copy_parts(w, part)) *(size_t *)ctx += r64(part[0]) + r64(part[1]) + r64(part[2]);
 }
 
 typedef struct pack_ctx {
@@ -52,9 +77,7 @@ static void pack_task(void *p, int64_t t) {
     osp_q4pack(c->w, (void *)c->w->packed, t * TILES_PER_TASK, t1 < tiles ? t1 : tiles);
 }
 
-/* Let the kernel drop the mmapped pages packing read (a read-only private
- * file mapping: they come back from the file if the reference mode reads
- * them), so the process does not hold the weights twice. */
+/* Let the kernel drop mmapped pages that were read here. */
 static void release(const osp_st *st, const void *p, size_t n) {
     int mapped = 0; /* only ever a range inside a file mapping: advice on heap memory would zero it */
     for (int i = 0; i < st->n_files && !mapped; i++) {
@@ -67,11 +90,44 @@ static void release(const osp_st *st, const void *p, size_t n) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
+typedef struct copy_ctx {
+    const void *src;
+    void *dst;
+    size_t n;
+} copy_ctx;
+
+#define COPY_CHUNK ((size_t)4 << 20)
+
+static void copy_task(void *p, int64_t t) {
+    const copy_ctx *c = p;
+    size_t o = (size_t)t * COPY_CHUNK, n = c->n - o < COPY_CHUNK ? c->n - o : COPY_CHUNK;
+    memcpy((char *)c->dst + o, (const char *)c->src + o, n);
+}
+
+/* The bytes at *ptr move to the arena (in parallel), and the mapping's
+ * pages are given back. */
+static void move_part(pack_ctx *c, const void **ptr, size_t n, int keep_source) {
+    if (!n) return;
+    copy_ctx cc = {*ptr, c->next, n};
+    osp_parallel_for((int64_t)((n + COPY_CHUNK - 1) / COPY_CHUNK), copy_task, &cc);
+    if (!keep_source) release(c->st, *ptr, n);
+    *ptr = c->next;
+    c->next += r64(n);
+}
+
 static void pack_one(osp_weight *w, void *ctx) {
     pack_ctx *c = ctx;
-    if (!packable(w)) return;
+    size_t part[3];
+    if (!osp_q8act_matmul_fast() || !packable(w)) {
+        if (!copy_parts(w, part)) return;
+        int keep = w->data == c->keep; /* the embedding is gathered from the mapping */
+        move_part(c, &w->data, part[0], keep);
+        move_part(c, &w->scales, part[1], 0);
+        move_part(c, &w->biases, part[2], 0);
+        return;
+    }
     w->packed = c->next;
-    c->next += (osp_q4pack_bytes(w) + 63) & ~(size_t)63;
+    c->next += r64(osp_q4pack_bytes(w));
     c->w = w;
     int64_t tiles = (w->rows + OSP_Q4PACK_ROWS - 1) / OSP_Q4PACK_ROWS;
     osp_parallel_for((tiles + TILES_PER_TASK - 1) / TILES_PER_TASK, pack_task, c);
@@ -80,15 +136,25 @@ static void pack_one(osp_weight *w, void *ctx) {
     release(c->st, w->biases, (size_t)(w->rows * (w->cols / w->group) * 2));
 }
 
-osp_status osp_model_pack(osp_model *m) {
-    if (!osp_q8act_matmul_fast()) return OSP_OK;
+static osp_status place(osp_model *m) {
     size_t total = 0;
     each_matmul_weight(m, add_size, &total);
     if (!total) return OSP_OK;
     m->packed = osp_malloc_huge(OSP_POOL_WEIGHTS, total);
     if (!m->packed)
-        return osp_err(OSP_ERR_NOMEM, "%s: out of memory repacking %.1f MB of 4-bit weights", m->dir, total / 1e6);
+        return osp_err(OSP_ERR_NOMEM, "%s: out of memory placing %.1f MB of weights", m->dir, total / 1e6);
     pack_ctx c = {m->packed, NULL, m->embed.data, m->st};
     each_matmul_weight(m, pack_one, &c);
     return OSP_OK;
+}
+
+osp_status osp_model_place(osp_model *m) {
+    pthread_mutex_lock(&m->place_mu);
+    osp_status rc = OSP_OK;
+    if (!m->placed) {
+        rc = place(m);
+        m->placed = rc == OSP_OK;
+    }
+    pthread_mutex_unlock(&m->place_mu);
+    return rc;
 }

@@ -78,8 +78,9 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
         const unsigned char *sg = tile + g * seg;
         for (int64_t j = 0; j < bpg; j++) {
             const unsigned char *q = sg + 64 + j * 256;
-            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
-                _mm_prefetch((const char *)q + PF_AHEAD + 64 * i, PF_HINT);
+            if (A > 1) /* one token streams at the hardware prefetcher's pace; more need help */
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                    _mm_prefetch((const char *)q + PF_AHEAD + 64 * i, PF_HINT);
             __m512i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                 __m512i v = _mm512_load_si512((const void *)(q + 64 * i));

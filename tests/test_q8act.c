@@ -78,7 +78,7 @@ static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_
         }
         assert_memory_equal(c->acts[p].xq, r.xq, cols * width);
         assert_memory_equal(c->acts[p].d, r.d, cols / 32 * width * 4);
-        assert_memory_equal(c->acts[p].nxs, r.nxs, cols / 32 * width * 4);
+        assert_memory_equal(c->acts[p].kg, r.kg, cols / group * width * 4);
         assert_memory_equal(c->acts[p].gsum, r.gsum, cols / group * width * 4);
     }
     free(mem2);

@@ -57,7 +57,7 @@ void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1) {
 
 size_t osp_q8act_bytes(int64_t cols) {
     int64_t nb = cols / 32;
-    return R64(cols * S) + R64(nb * 4 * S) * 3; /* xq; d, nxs, gsum (group >= 32) */
+    return R64(cols * S) + R64(nb * 4 * S) * 3; /* xq; d, kg, gsum (group >= 32) */
 }
 
 void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem) {
@@ -68,12 +68,13 @@ void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem)
     a->width = width;
     a->xq = (int32_t *)p, p += R64(cols * width);
     a->d = (float *)p, p += R64(nb * 4 * width);
-    a->nxs = (int32_t *)p, p += R64(nb * 4 * width);
+    a->kg = (float *)p, p += R64(nb * 4 * width);
     a->gsum = (float *)p;
 }
 
 void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x) {
-    const int64_t cols = a->cols, group = a->group, W = a->width;
+    const int64_t cols = a->cols, group = a->group, W = a->width, bpg = group / 32;
+    float k = 0; /* k_g, accumulated over the group's blocks */
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0;
@@ -89,7 +90,8 @@ void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x) {
             memcpy(&a->xq[(b * 8 + i) * W + slot], q, 4);
         }
         a->d[b * W + slot] = d;
-        a->nxs[b * W + slot] = -8 * s;
+        k = fmaf((float)(-8 * s), d, k);
+        if ((b + 1) % bpg == 0) a->kg[b / bpg * W + slot] = k, k = 0;
     }
     for (int64_t g = 0; g < cols / group; g++) {
         float p[16] = {0};
@@ -115,16 +117,15 @@ void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n,
                 float bi = osp_load_float(w->biases, w->sdtype, r * ng + g);
                 float ga = 0;
                 for (int64_t b = g * G / 32; b < (g + 1) * G / 32; b++) {
-                    int32_t isum = a->nxs[b * W + slot];
+                    int32_t isum = 0;
                     for (int j = 0; j < 32; j++) {
                         int8_t q[4];
                         memcpy(q, &a->xq[(b * 8 + j / 4) * W + slot], 4);
                         isum += q[j % 4] * (int32_t)osp_q_code(row, 4, b * 32 + j);
                     }
-                    float f = (float)isum, d = a->d[b * W + slot];
-                    ga = b == g * G / 32 ? f * d : fmaf(f, d, ga);
+                    ga = fmaf((float)isum, a->d[b * W + slot], ga);
                 }
-                acc = fmaf(ga, s, acc);
+                acc = fmaf(ga + a->kg[g * W + slot], s, acc);
                 acc = fmaf(fmaf(s, 8.0f, bi), a->gsum[g * W + slot], acc);
             }
             y[t * ldy + (r - r0)] = acc;

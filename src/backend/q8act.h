@@ -7,13 +7,16 @@
  *
  *   acc = 0
  *   for each group g:
- *     ga = isum_b0 d_b0, then ga = fma(isum_b, d_b, ga) for its next blocks b
- *          isum_b = sum_{j in b} xq_j (q_j - 8)   (exact int32, then f32)
- *     acc = fma(ga, s_g, acc)
- *     acc = fma(b_g + 8 s_g, gsum_g, acc)       gsum_g = sum_{j in g} x_j (f32)
+ *     ga = 0, then ga = fma(isum_b, d_b, ga) for its blocks b in order
+ *          isum_b = sum_{j in b} xq_j q_j            (exact int32, then f32)
+ *     acc = fma(ga + k_g, s_g, acc)            k_g = sum_b fma(-8 sum_{j in b} xq_j, d_b)
+ *     acc = fma(b_g + 8 s_g, gsum_g, acc)      gsum_g = sum_{j in g} x_j (f32)
  *   y = acc
  *
- * Centring the codes by 8 keeps the two terms from cancelling. Every
+ * The codes are centred by 8 (k_g, from the int8 activations, and the bias
+ * term b_g + 8 s_g, from the exact x): the large common part of every
+ * weight then meets the exact sum of x, and only the centred part meets
+ * the int8 rounding. Every
  * implementation performs exactly this sequence of f32 operations for each
  * (row, token), and the int32 sums are exact whatever their order, so the
  * result is bitwise the same for any number of tokens in a call, any tiling
@@ -53,7 +56,7 @@ typedef struct osp_q8act {
     int width;    /* W: slots */
     int32_t *xq;  /* [cols / 32][8 quads][W]: 4 int8 activations per int32 */
     float *d;     /* [cols / 32][W] block scales */
-    int32_t *nxs; /* [cols / 32][W] -8 * (sum of the block's xq) */
+    float *kg;    /* [cols / group][W] k_g: -8 sum_b d_b (sum of block b's xq), in block order */
     float *gsum;  /* [cols / group][W] sums of x, in the order osp_q8act_prepare_ref documents */
 } osp_q8act;
 

@@ -9,13 +9,15 @@
  * adds 8 vpdpbusd with a broadcast quad of its int8 activations into two
  * int32 chains (16 rows in the lanes), one cvt, one mul and one fma. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 #include "backend/q8act.h"
 
 #define S OSP_Q8ACT_SLOTS
 
 void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x) {
-    const int64_t cols = a->cols, group = a->group, nb = cols / 32, W = a->width;
+    const int64_t cols = a->cols, group = a->group, nb = cols / 32, W = a->width, bpg = group / 32;
+    float k = 0; /* k_g, accumulated over the group's blocks (as the scalar twin) */
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t b = 0; b < nb; b++) {
         __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
@@ -28,7 +30,8 @@ void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x) {
         _mm_storeu_si128((__m128i *)(quads + 4), _mm512_cvtepi32_epi8(q1));
         for (int i = 0; i < 8; i++) a->xq[(b * 8 + i) * W + slot] = quads[i];
         a->d[b * W + slot] = d;
-        a->nxs[b * W + slot] = -8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        k = fmaf((float)(-8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))), d, k);
+        if ((b + 1) % bpg == 0) a->kg[b / bpg * W + slot] = k, k = 0;
     }
     for (int64_t g = 0; g < cols / group; g++) {
         __m512 s = _mm512_setzero_ps();
@@ -88,13 +91,12 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
             }
             const int64_t blk = g * bpg + j;
-            const int32_t *xq = p->xq + blk * 8 * A, *nxs = p->nxs + blk * A;
+            const int32_t *xq = p->xq + blk * 8 * A;
             const float *d = p->d + blk * A;
             _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
-                __m512i i0 = _mm512_set1_epi32(nxs[a]), i1;
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
                 if (A == 1) { /* four chains */
                     __m512i i2 = _mm512_setzero_si512(), i3 = _mm512_setzero_si512();
-                    i1 = _mm512_setzero_si512();
                     i0 = dp_bcast(i0, lo[0], &xq[0 * A + a]);
                     i1 = dp_bcast(i1, hi[0], &xq[1 * A + a]);
                     i2 = dp_bcast(i2, lo[1], &xq[2 * A + a]);
@@ -105,14 +107,10 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
                     i3 = dp_bcast(i3, hi[3], &xq[7 * A + a]);
                     i0 = _mm512_add_epi32(_mm512_add_epi32(i0, i1), _mm512_add_epi32(i2, i3));
                 } else if (A < 4) {
-                    i1 = dp_bcast(_mm512_setzero_si512(), hi[0], &xq[1 * A + a]);
-                    i0 = dp_bcast(i0, lo[0], &xq[0 * A + a]);
-                    i1 = dp_bcast(i1, hi[1], &xq[3 * A + a]);
-                    i0 = dp_bcast(i0, lo[1], &xq[2 * A + a]);
-                    i1 = dp_bcast(i1, hi[2], &xq[5 * A + a]);
-                    i0 = dp_bcast(i0, lo[2], &xq[4 * A + a]);
-                    i1 = dp_bcast(i1, hi[3], &xq[7 * A + a]);
-                    i0 = dp_bcast(i0, lo[3], &xq[6 * A + a]);
+                    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                        i0 = dp_bcast(i0, lo[i], &xq[(2 * i) * A + a]);
+                        i1 = dp_bcast(i1, hi[i], &xq[(2 * i + 1) * A + a]);
+                    }
                     i0 = _mm512_add_epi32(i0, i1);
                 } else {
                     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
@@ -120,15 +118,15 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
                         i0 = dp_bcast(i0, hi[i], &xq[(2 * i + 1) * A + a]);
                     }
                 }
-                const __m512 f = _mm512_cvtepi32_ps(i0), dv = _mm512_set1_ps(d[a]);
-                ga[a] = j == 0 ? _mm512_mul_ps(f, dv) : _mm512_fmadd_ps(f, dv, ga[a]);
+                ga[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_set1_ps(d[a]), ga[a]);
             }
         }
         const __m512 s = load_h16(sg, f16), sb = _mm512_fmadd_ps(s, c8, load_h16(sg + 32, f16));
-        const float *gs = p->gsum + g * A;
+        const float *gs = p->gsum + g * A, *kg = p->kg + g * A;
         _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
-            acc[a] = _mm512_fmadd_ps(ga[a], s, acc[a]);
+            acc[a] = _mm512_fmadd_ps(_mm512_add_ps(ga[a], _mm512_set1_ps(kg[a])), s, acc[a]);
             acc[a] = _mm512_fmadd_ps(sb, _mm512_set1_ps(gs[a]), acc[a]);
+            ga[a] = _mm512_setzero_ps();
         }
     }
     _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) _mm512_mask_storeu_ps(y + a * ldy, m, acc[a]);

@@ -226,6 +226,30 @@ static void test_matmul_dense(void **state) {
             check_matmul(fast[f], &t.w, 0, 0, 70, 70, "dense no tokens");
             tw_free(&t);
         }
+    /* long rows (x beyond L1: rows read in groups), with a column tail and a
+     * row tail; a row's value may not depend on the range it was computed in */
+    for (int f = 0; f < nf; f++)
+        for (int d = 0; d < 3; d++)
+            for (int64_t cols = 4096; cols <= 4113; cols += 17) {
+                tw t;
+                tw_dense(&t, dts[d], 37, cols, 1);
+                check_matmul(fast[f], &t.w, 1, 0, 37, 37, "dense long matvec");
+                check_matmul(fast[f], &t.w, 1, 16, 35, 19, "dense long matvec range");
+                float *x = malloc(sizeof(float) * cols), all[37], part[37];
+                assert_non_null(x);
+                for (int64_t i = 0; i < cols; i++) x[i] = rng_range(-1.0f, 1.0f);
+                fast[f]->matmul(&t.w, x, 1, all, 37, 0, 37);
+                for (int64_t r0 = 0; r0 < 37; r0 += 16) {
+                    int64_t r1 = r0 + 3 < 37 ? r0 + 3 : 37;
+                    fast[f]->matmul(&t.w, x, 1, part, 37, r0, r1);
+                    for (int64_t r = r0; r < r1; r++)
+                        if (memcmp(&part[r - r0], &all[r], sizeof(float)))
+                            fail_msg("%s long matvec: row %lld differs with range [%lld,%lld)", fast[f]->name,
+                                     (long long)r, (long long)r0, (long long)r1);
+                }
+                free(x);
+                tw_free(&t);
+            }
 }
 
 static void test_matmul_quant(void **state) {

@@ -9,6 +9,7 @@
  * All math is f32 (reference precision); weights are read as stored.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/threadpool.h"
@@ -28,20 +29,18 @@ typedef struct mm_ctx {
     const osp_q8act *acts; /* fast path: the n prepared activations */
     osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
-    int nw;
+    int nw, nt;
     const osp_weight *w[MM_MAX_W];
     float *y[MM_MAX_W];
-    int64_t block[MM_MAX_W], first[MM_MAX_W + 1]; /* weight i has tasks [first[i], first[i + 1]) */
+    /* weight i owns rows [first[i], first[i + 1]) of one row space (its
+     * rows rounded up to 16); threads claim ranges of it from cursor */
+    int64_t first[MM_MAX_W + 1], min_take;
+    _Atomic int64_t cursor;
 } mm_ctx;
 
-static void mm_task(void *p, int64_t t) {
-    mm_ctx *c = p;
-    int i = 0;
-    while (t >= c->first[i + 1]) i++;
+static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
     const osp_weight *w = c->w[i];
     float *y = c->y[i];
-    int64_t r0 = (t - c->first[i]) * c->block[i], r1 = r0 + c->block[i];
-    if (r1 > w->rows) r1 = w->rows;
     if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
@@ -52,6 +51,32 @@ static void mm_task(void *p, int64_t t) {
         return;
     }
     c->ops->matmul(w, c->x, c->n, y + r0, w->rows, r0, r1);
+}
+
+/* Guided self-scheduling: each claim takes 1/(2 threads) of what is left
+ * (16-row aligned, at least min_take rows, never past its weight), so the
+ * streams start long and the last claims are short: the threads finish
+ * within a short range of each other. A row's numbers do not depend on
+ * the range it is computed in, so the split changes nothing but time. */
+static void mm_task(void *p, int64_t t) {
+    (void)t;
+    mm_ctx *c = p;
+    const int64_t total = c->first[c->nw];
+    for (;;) {
+        int64_t cur = atomic_load(&c->cursor), take;
+        int i;
+        do {
+            if (cur >= total) return;
+            i = 0;
+            while (cur >= c->first[i + 1]) i++;
+            take = (total - cur) / (2 * c->nt);
+            take = (take + 15) & ~(int64_t)15;
+            if (take < c->min_take) take = c->min_take;
+            if (take > c->first[i + 1] - cur) take = c->first[i + 1] - cur;
+        } while (!atomic_compare_exchange_weak(&c->cursor, &cur, cur + take));
+        int64_t r0 = cur - c->first[i], r1 = r0 + take;
+        mm_rows(c, i, r0, r1 < c->w[i]->rows ? r1 : c->w[i]->rows);
+    }
 }
 
 typedef struct prep_ctx {
@@ -99,27 +124,23 @@ void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, cons
     c.per_token = s->per_token && n > 1;
     int nt = osp_threads_count();
     int64_t work = 0;
+    c.nt = nt;
+    c.min_take = 64;
     for (int i = 0; i < nw; i++) {
         const osp_weight *w = ws[i];
-        /* ~8 blocks per thread: balance, and a short stall when a thread is
-         * descheduled mid-block; 16-row aligned (the packed tiles), at least
-         * 64 rows. */
-        int64_t block = (w->rows + 8 * nt - 1) / (8 * nt);
-        block = (block + 15) & ~(int64_t)15;
-        if (block < 64) block = 64;
         c.w[i] = w;
         c.y[i] = ys[i];
-        c.block[i] = block;
-        c.first[i + 1] = c.first[i] + (w->rows + block - 1) / block;
+        c.first[i + 1] = c.first[i] + ((w->rows + 15) & ~(int64_t)15);
         work += w->rows * osp_weight_row_bytes(w) * n;
     }
+    atomic_init(&c.cursor, 0);
     /* Small matmuls (tiny models, the per-layer-input projections) cost less
      * than waking the pool: run them on this thread. */
     if (work < (256 << 10)) {
-        for (int64_t t = 0; t < c.first[nw]; t++) mm_task(&c, t);
+        mm_task(&c, 0);
         return;
     }
-    osp_parallel_for(c.first[nw], mm_task, &c);
+    osp_parallel_for(nt, mm_task, &c);
 }
 
 void osp_matmul(osp_session *s, const osp_weight *w, const float *x, int64_t n, float *y) {

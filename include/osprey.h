@@ -80,9 +80,9 @@ void osp_session_set_fast(osp_session *s, int fast);
 typedef struct osp_session_opts {
     int32_t n_rows;               /* rows (sequences), >= 1 */
     int32_t max_ctx;              /* positions per row; <= 0 or too large: the model's */
-    int32_t kv_bits;              /* 0 = f32 KV cache; 4 or 8 = MLX affine-quantized K/V */
+    int32_t kv_bits;              /* 0 = f32 KV cache; 16 = bf16; 4 or 8 = MLX affine-quantized K/V */
     int32_t kv_group;             /* quantization group along head_dim: 32, 64 (0 = 64) or 128 */
-    const int32_t *layer_kv_bits; /* optional [n_layers]: bits per layer (0 = f32), overrides kv_bits */
+    const int32_t *layer_kv_bits; /* optional [n_layers]: bits per layer (0 = f32, 16 = bf16), overrides kv_bits */
     const int32_t *layer_kv_group;/* optional [n_layers]: groups per layer (0 = kv_group) */
     int32_t spare;                /* sliding-window ring slots beyond the window: the most tokens a
                                      speculative round may roll back once the ring has wrapped */

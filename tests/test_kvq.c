@@ -55,8 +55,10 @@ static void kv_make(kvbuf *kv, int64_t n, int D, int bits, int group) {
     fill_rows(x, n, D, group);
     /* exact-sized planes, so ASan sees any read past the last row */
     kv->codes = malloc(osp_kvq_code_bytes(D, bits) * n);
-    kv->scales = malloc(sizeof(uint16_t) * n * (D / group));
-    kv->biases = malloc(sizeof(uint16_t) * n * (D / group));
+    /* 16-bit rows have no scales or biases: zero planes, never read by the
+     * kernels, so tol_unit adds nothing for them */
+    kv->scales = calloc((size_t)(n * (D / group)), sizeof(uint16_t));
+    kv->biases = calloc((size_t)(n * (D / group)), sizeof(uint16_t));
     kv->deq = malloc(sizeof(float) * n * D);
     osp_kvq_quantize(x, n, D, bits, group, kv->codes, kv->scales, kv->biases);
     osp_kvq_dequantize(kv->codes, kv->scales, kv->biases, n, D, bits, group, kv->deq);
@@ -87,8 +89,12 @@ static void wsum(const osp_kvq_ops *ops, const kvbuf *kv, float *o, const float 
     ops->wsum(o, p + j0, n, kv->D, kv->bits, kv->group, row_codes(kv, j0), row_s(kv, j0), row_b(kv, j0));
 }
 
-static const int BITS[] = {4, 8}, GROUPS[] = {32, 64, 128};
-static const int DIMS[] = {64, 128, 256, 32, 96, 192, 320, 512, 1024};
+/* bits 16 (bf16 rows) ignores the group: its "group" 16 only shapes the
+ * test data (fill_rows) and sizes the unused planes */
+static const int BITS[] = {4, 8, 16}, GROUPS[] = {32, 64, 128};
+static const int DIMS[] = {64, 128, 256, 32, 96, 192, 320, 512, 1024, 16, 48, 80};
+#define N_BITS (sizeof BITS / sizeof *BITS)
+static int group_of(int bits, size_t g) { return bits == 16 ? (g == 0 ? 16 : 0) : GROUPS[g]; }
 static const int64_t NS[] = {1, 2, 17, 300};
 
 /* ------------------------------------------------ fast vs reference */
@@ -148,12 +154,13 @@ static const osp_kvq_ops *fast_or_skip(void) {
 static void test_fast_vs_scalar(void **st) {
     (void)st;
     const osp_kvq_ops *fast = fast_or_skip();
-    for (size_t b = 0; b < 2; b++)
+    for (size_t b = 0; b < N_BITS; b++)
         for (size_t g = 0; g < 3; g++)
             for (size_t d = 0; d < sizeof DIMS / sizeof *DIMS; d++) {
-                if (!osp_kvq_supported(DIMS[d], BITS[b], GROUPS[g])) continue;
+                int group = group_of(BITS[b], g);
+                if (!group || DIMS[d] % group || !osp_kvq_supported(DIMS[d], BITS[b], group)) continue;
                 for (size_t k = 0; k < sizeof NS / sizeof *NS; k++)
-                    check_case(fast, BITS[b], GROUPS[g], DIMS[d], NS[k], 0);
+                    check_case(fast, BITS[b], group, DIMS[d], NS[k], 0);
             }
     /* long contexts: wsum's rounding must not grow with n (a plain running
      * sum of 6000 equal rows is off by ~4e-5) */
@@ -161,6 +168,8 @@ static void test_fast_vs_scalar(void **st) {
     check_case(fast, 8, 64, 256, 6000, 0);
     check_case(fast, 4, 32, 128, 6000, 1);
     check_case(fast, 8, 128, 256, 6000, 1);
+    check_case(fast, 16, 16, 128, 6000, 0);
+    check_case(fast, 16, 16, 256, 6000, 1);
 }
 
 /* ------------------------------------------------- batch invariance */
@@ -219,11 +228,13 @@ static void test_invariance(void **st) {
     const osp_kvq_ops *variants[] = {osp_kvq_ops_scalar(), osp_kvq_ops_avx512()};
     for (int v = 0; v < 2; v++) {
         if (!variants[v]) continue;
-        for (size_t b = 0; b < 2; b++)
+        for (size_t b = 0; b < N_BITS; b++)
             for (size_t g = 0; g < 3; g++)
-                for (size_t d = 0; d < sizeof DIMS / sizeof *DIMS; d++)
-                    if (osp_kvq_supported(DIMS[d], BITS[b], GROUPS[g]))
-                        check_invariance(variants[v], BITS[b], GROUPS[g], DIMS[d]);
+                for (size_t d = 0; d < sizeof DIMS / sizeof *DIMS; d++) {
+                    int group = group_of(BITS[b], g);
+                    if (group && DIMS[d] % group == 0 && osp_kvq_supported(DIMS[d], BITS[b], group))
+                        check_invariance(variants[v], BITS[b], group, DIMS[d]);
+                }
     }
 }
 
@@ -241,6 +252,24 @@ static void test_dispatch(void **st) {
     assert_false(osp_kvq_supported(OSP_KVQ_MAX_D + 128, 8, 128));
     assert_int_equal(osp_kvq_code_bytes(128, 4), 64);
     assert_int_equal(osp_kvq_code_bytes(128, 8), 128);
+    assert_true(osp_kvq_supported(16, 16, 0));
+    assert_false(osp_kvq_supported(24, 16, 0));
+    assert_int_equal(osp_kvq_code_bytes(128, 16), 256);
+}
+
+/* 16-bit rows are the values rounded to bf16 (nearest even), nothing else */
+static void test_bf16_rows(void **st) {
+    (void)st;
+    const float x[16] = {1.0f, -2.5f, 3.14159265f, 1e-30f, -0.0f, 65504.0f, 1.00390625f, 1.01171875f,
+                         0.1f, -0.2f, 7.0e10f, -3.3e-5f, 0.5f, 2.0f, 100.0f, -1.0f};
+    uint16_t h[16];
+    float back[16];
+    osp_kvq_quantize(x, 1, 16, 16, 0, (uint8_t *)h, NULL, NULL);
+    osp_kvq_dequantize((const uint8_t *)h, NULL, NULL, 1, 16, 16, 0, back);
+    for (int i = 0; i < 16; i++) assert_memory_equal(&back[i], &(float){bf16(x[i])}, sizeof(float));
+    /* ties go to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 */
+    assert_true(back[6] == 1.0f);
+    assert_true(back[7] == 1.015625f);
 }
 
 /* ------------------------------------------------- quantizer rules */
@@ -332,6 +361,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dispatch),
         cmocka_unit_test(test_quantizer_rules),
+        cmocka_unit_test(test_bf16_rows),
         cmocka_unit_test(test_fast_vs_scalar),
         cmocka_unit_test(test_invariance),
     };

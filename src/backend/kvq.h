@@ -9,7 +9,13 @@
  *                                    (high nibble); 8-bit one code a byte
  *   scales  uint16_t [n][D/group]    bf16
  *   biases  uint16_t [n][D/group]    bf16
- * Value i of row j is s*c + b with (s, b) of group i/group. The caller
+ * Value i of row j is s*c + b with (s, b) of group i/group.
+ *
+ * bits = 16 is the unquantized 16-bit cache: codes holds the values
+ * themselves as bf16 [n][D] (round to nearest even from f32), there are no
+ * scales or biases (those pointers are not read; group is ignored), and
+ * the kernels compute exactly what they would on the widened f32 values.
+ * The caller
  * owns the planes (the KV pool); no alignment is required, and every
  * load stays inside the rows it was given (masked where it is partial).
  *
@@ -47,10 +53,11 @@
 #define OSP_KVQ_MAX_D 2048
 
 /* 1 iff bits is 4 or 8, group 32, 64 or 128, and 0 < D <= OSP_KVQ_MAX_D
- * with D % group == 0. Every other function requires it. */
+ * with D % group == 0; or bits is 16 and 0 < D <= OSP_KVQ_MAX_D with
+ * D % 16 == 0 (any group). Every other function requires it. */
 int osp_kvq_supported(int D, int bits, int group);
 
-/* Bytes of codes per row: D*bits/8. */
+/* Bytes of codes per row: D*bits/8 (2*D for bits 16). */
 size_t osp_kvq_code_bytes(int D, int bits);
 
 /* Quantize n rows x[n][D] (f32; bf16-representable input reproduces

@@ -107,12 +107,12 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
-                    "[--precise] [--concurrency N] [--kv-bits 4|8|16] [--kv-group-size G]\n"
+                    "[--precise] [--concurrency N] [--kv-bits 4|8|16|32] [--kv-group-size G]\n"
                     "  --precise: reference precision (f32 activations) instead of the production path\n"
                     "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
                     "                   then the aggregate over all streams, and one sequence alone is decoded\n"
                     "                   before and after in the same run for the speedup (batch_speedup)\n"
-                    "  --kv-bits: affine-quantized KV cache (16 = full precision, the default)\n");
+                    "  --kv-bits: KV cache precision: 4 or 8 = affine-quantized, 16 = bf16, 32 = f32 (the default)\n");
     return 2;
 }
 
@@ -132,8 +132,9 @@ int osp_cmd_bench(int argc, char **argv) {
         else return usage();
     }
     if (!model) model = osp_cli_default_model();
-    if (kv_bits == 16) kv_bits = 0;
-    if (!model || p < 1 || n < 1 || conc < 1 || conc > 256 || (kv_bits != 0 && kv_bits != 4 && kv_bits != 8)) return usage();
+    if (kv_bits == 32) kv_bits = 0;
+    if (!model || p < 1 || n < 1 || conc < 1 || conc > 256 || (kv_bits != 0 && kv_bits != 4 && kv_bits != 8 && kv_bits != 16))
+        return usage();
     osp_set_threads(threads);
     osp_model *m;
     if (osp_model_load(model, &m) != OSP_OK) return osp_cli_fail("bench");
@@ -249,7 +250,7 @@ int osp_cmd_bench(int argc, char **argv) {
                "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
                model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, dgm,
                bw, bw4k, bw_mean, bw_huge.trials + bw_4k.trials, bw > 0 ? dgm / bw : 0,
-               bw > 0 ? dg / bw : 0, bw4k > 0 ? dg / bw4k : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 16, kv_bytes,
+               bw > 0 ? dg / bw : 0, bw4k > 0 ? dg / bw4k : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 32, kv_bytes,
                (double)kv_bytes / ((double)conc * (p + n)));
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
@@ -265,7 +266,7 @@ int osp_cmd_bench(int argc, char **argv) {
         else
             printf("decode:       %d tokens, %.2f tok/s\n", n, tg);
         printf("kv cache:     %s, %.2f MB in use (%.0f bytes per token)\n",
-               kv_bits == 4 ? "4-bit" : kv_bits == 8 ? "8-bit" : "f32", kv_bytes / 1e6, (double)kv_bytes / ((double)conc * (p + n)));
+               kv_bits == 4 ? "4-bit" : kv_bits == 8 ? "8-bit" : kv_bits == 16 ? "bf16" : "f32", kv_bytes / 1e6, (double)kv_bytes / ((double)conc * (p + n)));
         printf("weights/step: %.1f MB -> %.2f GB/s (mean), %.2f GB/s (median step)\n", in->decode_bytes / 1e6, dg, dgm);
         printf("memory bw:    %.2f GB/s (best triad on huge pages of %d run between the decode steps, mean %.2f; "
                "%.2f GB/s on 4 KiB pages, as STREAM)\n", bw, bw_huge.trials, bw_mean, bw4k);

@@ -33,10 +33,10 @@ static int usage(FILE *f) {
             "  --kv-budget BYTES        KV cache memory for all requests (suffix K, M, G); requests wait in the\n"
             "                           queue while it is full (default: all rows at full context, at most 3/4 of\n"
             "                           available memory)\n"
-            "  --kv-bits 4|8|16         quantize the KV cache (MLX affine; 16 = full precision). Default: the\n"
-            "                           model's kv_config.json if it has one, else full precision (f32)\n"
+            "  --kv-bits 4|8|16|32      KV cache precision: 4 or 8 = MLX affine-quantized, 16 = bf16, 32 = f32.\n"
+            "                           Default: the model's kv_config.json if it has one, else f32\n"
             "  --kv-group-size N        KV quantization group along head_dim: 32, 64 (default) or 128\n"
-            "  -ctk, -ctv TYPE          llama-server spellings: q4_0 = --kv-bits 4, q8_0 = 8, f16/bf16/f32 = 16\n"
+            "  -ctk, -ctv TYPE          llama-server spellings: q4_0 = --kv-bits 4, q8_0 = 8, f16/bf16 = 16, f32 = 32\n"
             "\n"
             "  SIGINT / SIGTERM: stop accepting requests, finish the queued ones, exit; a second signal exits at once.\n");
     return f == stdout ? 0 : 2;
@@ -54,7 +54,8 @@ static int log_level_of(const char *v) {
 static int cache_type_bits(const char *v) {
     if (!strcasecmp(v, "q4_0") || !strcasecmp(v, "q4_1")) return 4;
     if (!strcasecmp(v, "q8_0")) return 8;
-    if (!strcasecmp(v, "f16") || !strcasecmp(v, "bf16") || !strcasecmp(v, "f32")) return 0;
+    if (!strcasecmp(v, "f16") || !strcasecmp(v, "bf16")) return 16; /* stored as bf16 */
+    if (!strcasecmp(v, "f32")) return 0;
     return -1;
 }
 
@@ -124,11 +125,11 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--prefill-step-size") || IS("-ub") || IS("--ubatch-size")) { if (NUM(1, 1 << 16)) return 2; c.prefill_step = (int)d; }
         else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }
         else if (IS("--kv-bits")) {
-            if (NUM(0, 16) || (d != 4 && d != 8 && d != 16 && d != 0)) {
-                fprintf(stderr, "osprey serve: --kv-bits is 4, 8 or 16\n");
+            if (NUM(0, 32) || (d != 4 && d != 8 && d != 16 && d != 32 && d != 0)) {
+                fprintf(stderr, "osprey serve: --kv-bits is 4, 8, 16 (bf16) or 32 (f32)\n");
                 return 2;
             }
-            c.kv_bits = d == 16 ? 0 : (int)d;
+            c.kv_bits = d == 32 ? 0 : (int)d;
         }
         else if (IS("--kv-group-size")) {
             if (NUM(32, 128) || (d != 32 && d != 64 && d != 128)) {

@@ -1,6 +1,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kv.h"
+#include "backend/kvq.h"
 #include "tensor/quant.h"
 
 static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
@@ -24,6 +25,10 @@ osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs
     for (int i = 0; i < n_layers; i++) {
         const osp_kv_spec *s = &specs[i];
         if (s->bits == 0) continue;
+        if (s->bits == 16 && (s->head_dim % 16 != 0 || !osp_kvq_supported(s->head_dim, 16, 0)))
+            return osp_err(OSP_ERR_INVALID, "layer %d: a 16-bit KV cache needs head_dim a multiple of 16 up to %d "
+                           "(got %d)", i, OSP_KVQ_MAX_D, s->head_dim);
+        if (s->bits == 16) continue;
         if ((s->bits != 4 && s->bits != 8) || (s->group != 32 && s->group != 64 && s->group != 128) ||
             s->head_dim % s->group != 0)
             return osp_err(OSP_ERR_INVALID, "layer %d: a quantized KV cache needs 4 or 8 bits and a group of 32, 64 "
@@ -52,9 +57,9 @@ osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs
         l->ring = l->sliding ? s->window + spare : 0;
         if (l->ring > max_ctx) l->ring = max_ctx;
         l->bits = s->bits;
-        l->group = s->bits ? s->group : 0;
+        l->group = s->bits && s->bits != 16 ? s->group : 0;
         l->cb = s->bits ? (int64_t)s->head_dim * s->bits / 8 : 0;
-        l->ng = s->bits ? s->head_dim / s->group : 0;
+        l->ng = l->group ? s->head_dim / s->group : 0; /* 16-bit: values only, no scales or biases */
         l->slot_bytes = s->bits ? l->cb + 4 * l->ng : (int64_t)s->head_dim * (int64_t)sizeof(float);
         l->donor = i;
         if (s->share_from >= 0 && s->share_from < i) {
@@ -162,6 +167,10 @@ static void put(osp_kv_layer *L, int32_t row, int32_t h, int32_t slot, const flo
     }
     for (int which = 0; which < 2; which++) {
         osp_kv_qrows q = osp_kv_q(L, row, which, h, slot);
+        if (L->bits == 16) {
+            osp_kvq_quantize(which ? v : k, 1, L->head_dim, 16, 0, q.codes, NULL, NULL);
+            continue;
+        }
         osp_quantize_row(which ? v : k, L->head_dim, L->bits, L->group, q.codes, q.scales, q.biases);
     }
 }

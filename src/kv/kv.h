@@ -4,7 +4,9 @@
  * first use and grown in steps of OSP_KV_STEP positions. Inside a block,
  * K then V, each [Hkv, cap, D]: f32 values, or (bits = 4|8) the affine-
  * quantized planes codes [Hkv, cap, D·bits/8], scales and biases
- * [Hkv, cap, D/group] bf16 (MLX's rules, backend/kvq.h).
+ * [Hkv, cap, D/group] bf16 (MLX's rules, backend/kvq.h), or (bits = 16)
+ * bf16 values [Hkv, cap, D] read through the same accessors (the codes
+ * plane; no scales or biases).
  *
  * Positions: row b holds pos[b] tokens. A full-attention layer keeps
  * position p at slot p. A sliding layer is a ring of `ring` = window +
@@ -32,8 +34,8 @@ typedef struct osp_kv_spec {
     int32_t n_kv_heads, head_dim;
     int32_t window;     /* 0 = full attention */
     int32_t share_from; /* donor layer index, or -1 */
-    int32_t bits;       /* 0 = f32; 4 or 8 = affine-quantized */
-    int32_t group;      /* quantization group along head_dim */
+    int32_t bits;       /* 0 = f32; 4 or 8 = affine-quantized; 16 = bf16 */
+    int32_t group;      /* quantization group along head_dim (4/8 bits) */
 } osp_kv_spec;
 
 typedef struct osp_kv_layer {

@@ -38,11 +38,11 @@ osp_status osp_model_kv_config(const osp_model *m, int32_t *bits, int32_t *group
         }
         if ((bv != 4 && bv != 8 && bv != 16) || (gv != 32 && gv != 64 && gv != 128)) {
             rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: layer %lld: %lld bits, group %lld; the KV cache supports 4 or 8 "
-                         "bits (16 = full precision) in groups of 32, 64 or 128", path, (long long)li, (long long)bv,
+                         "bits (16 = unquantized, stored as bf16) in groups of 32, 64 or 128", path, (long long)li, (long long)bv,
                          (long long)gv);
             goto out;
         }
-        bits[li] = bv == 16 ? 0 : (int32_t)bv;
+        bits[li] = (int32_t)bv;
         group[li] = (int32_t)gv;
     }
     *found = 1;

@@ -255,7 +255,7 @@ osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, o
         int32_t bits = o->layer_kv_bits ? o->layer_kv_bits[i] : o->kv_bits;
         int32_t group = o->layer_kv_group && o->layer_kv_group[i] ? o->layer_kv_group[i] : o->kv_group;
         specs[i] = (osp_kv_spec){c->layer_kv_heads[i], c->layer_head_dim[i], c->layer_sliding[i] ? c->sliding_window : 0,
-                                 c->layer_kv_donor[i], bits, bits ? (group ? group : 64) : 0};
+                                 c->layer_kv_donor[i], bits, bits && bits != 16 ? (group ? group : 64) : 0};
     }
     osp_status rc = osp_kv_new(n_rows, c->n_layers, specs, max_ctx, o->spare, &s->kv);
     free(specs);

@@ -511,8 +511,8 @@ static int load_model(srv *s) {
     OSP_LOG(1, "osprey serve: loaded %s (%s, context %d, reply format %s) in %.2f s; %d parallel rows, KV %s%s, "
             "budget %.1f MiB (%.1f MiB per row at full context)", s->model_name, in->architecture, ctx,
             osp_reply_format_name(s->fmt), osp_now_s() - t0, c->parallel,
-            have_cfg ? "per kv_config.json" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
-            so.kv_bits ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
+            have_cfg ? "per kv_config.json" : so.kv_bits == 16 ? "bf16" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
+            so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
     return 0;
 }
 

@@ -35,7 +35,7 @@ typedef struct osp_serve_config {
     int parallel;               /* rows decoded together (continuous batching); default 4 */
     int prefill_step;           /* prompt tokens per prefill chunk; default 512 */
     long long kv_budget;        /* KV bytes for all rows; 0 = fit (see osp_serve) */
-    int kv_bits;                /* -1 = kv_config.json if the model has one, else full precision; 0, 4, 8 */
+    int kv_bits;                /* -1 = kv_config.json if the model has one, else f32; 0 (f32), 4, 8, 16 (bf16) */
     int kv_group;               /* 32, 64 (default) or 128 */
 } osp_serve_config;
 

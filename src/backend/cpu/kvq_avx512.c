@@ -41,6 +41,9 @@
  * Scales and biases of a 16-row block are converted once (prep_block) to
  * stack buffers: sb = s or p*s, bb = b' or p*b'. All loads of cache rows
  * are exact-sized or masked. Stack use: about 25 KB per call.
+ *
+ * 16-bit rows (bf16 values, no scales) take the same shapes without the
+ * factoring: see scores16 and wsum16.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -373,6 +376,72 @@ KVQ_INLINE void wsum_impl(float *o, const float *p, int64_t n, int D, const uint
     else for (int i = 0; i < D; i += 16) _mm512_storeu_ps(o + i, _mm512_load_ps(ob + i));
 }
 
+/* ----------------------------------------------------- 16-bit (bf16) */
+
+/* The same structure on bf16 rows (D % 16 == 0): scores per row in two
+ * chains over 16-value steps, 16 rows reduced by reduce16; wsum in blocks
+ * of 16 rows (P = fma(p_r, V_r, P), rows in order from zero), superblocks
+ * of 256, then into o. */
+KVQ_INLINE __m512 ld_row16(const uint8_t *row, int i) {
+    return ld_bf16((const uint16_t *)(const void *)row + i, 0xFFFF);
+}
+
+static void scores16(const float *q, int D, const uint8_t *codes, int64_t n, float *out) {
+    const int64_t rb = 2 * (int64_t)D;
+    __m512 accv[BLK];
+    for (int64_t j0 = 0; j0 < n; j0 += BLK) {
+        const int nr = n - j0 < BLK ? (int)(n - j0) : BLK;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *row = codes + (j0 + r) * rb;
+            __m512 a0 = _mm512_mul_ps(ld_row16(row, 0), _mm512_loadu_ps(q)), a1 = _mm512_setzero_ps();
+            int i = 16;
+            for (; i + 32 <= D; i += 32) {
+                a1 = _mm512_fmadd_ps(ld_row16(row, i), _mm512_loadu_ps(q + i), a1);
+                a0 = _mm512_fmadd_ps(ld_row16(row, i + 16), _mm512_loadu_ps(q + i + 16), a0);
+            }
+            if (i < D) a1 = _mm512_fmadd_ps(ld_row16(row, i), _mm512_loadu_ps(q + i), a1);
+            accv[r] = _mm512_add_ps(a0, a1);
+        }
+        for (int r = nr; r < BLK; r++) accv[r] = _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(out + j0, tail_mask(nr), reduce16(accv));
+    }
+}
+
+/* Values [o0, o0 + 16*NU) of rows j0..j0+nr-1 into the superblock sums. */
+KVQ_INLINE void b16_block(float *sa, int o0, const uint8_t *codes, int64_t rb, int64_t j0, int nr,
+                          const float *p, int first, const int NU) {
+    __m512 P[16];
+    for (int u = 0; u < NU; u++) P[u] = _mm512_setzero_ps();
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *row = codes + (j0 + r) * rb;
+        const __m512 pv = _mm512_set1_ps(p[j0 + r]);
+        for (int u = 0; u < NU; u++) P[u] = _mm512_fmadd_ps(ld_row16(row, o0 + 16 * u), pv, P[u]);
+    }
+    flush(sa + o0, P, NU, first);
+}
+
+static void wsum16(float *o, const float *p, int64_t n, int D, const uint8_t *codes) {
+    const int64_t rb = 2 * (int64_t)D;
+    float sa[OSP_KVQ_MAX_D] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < n; j0 += BLK) {
+        const int nr = n - j0 < BLK ? (int)(n - j0) : BLK, first = j0 % SUPER == 0;
+        for (int h = 0; h < D;) { /* passes of 256 values (16 registers), then 128, 64, 32, 16 */
+            const int w = D - h >= 256 ? 256 : D - h >= 128 ? 128 : D - h >= 64 ? 64 : D - h >= 32 ? 32 : 16;
+            switch (w) {
+            case 256: b16_block(sa, h, codes, rb, j0, nr, p, first, 16); break;
+            case 128: b16_block(sa, h, codes, rb, j0, nr, p, first, 8); break;
+            case 64: b16_block(sa, h, codes, rb, j0, nr, p, first, 4); break;
+            case 32: b16_block(sa, h, codes, rb, j0, nr, p, first, 2); break;
+            default: b16_block(sa, h, codes, rb, j0, nr, p, first, 1); break;
+            }
+            h += w;
+        }
+        if ((j0 + nr) % SUPER == 0 || j0 + nr == n) /* superblock done: into o */
+            for (int i = 0; i < D; i += 16)
+                _mm512_storeu_ps(o + i, _mm512_add_ps(_mm512_loadu_ps(o + i), _mm512_load_ps(sa + i)));
+    }
+}
+
 /* ------------------------------------------------------------ tables */
 
 #define KVQ_CASES(F, ...)                                                         \
@@ -388,12 +457,20 @@ KVQ_INLINE void wsum_impl(float *o, const float *p, int64_t n, int D, const uint
 static void scores_avx512(const float *q, int D, int bits, int group, const uint8_t *codes,
                           const uint16_t *scales, const uint16_t *biases, int64_t n, float *out) {
     OSP_ASSERT(osp_kvq_supported(D, bits, group));
+    if (bits == 16) {
+        scores16(q, D, codes, n, out);
+        return;
+    }
     KVQ_CASES(scores_impl, q, D, codes, scales, biases, n, out)
 }
 
 static void wsum_avx512(float *o, const float *p, int64_t n, int D, int bits, int group,
                         const uint8_t *codes, const uint16_t *scales, const uint16_t *biases) {
     OSP_ASSERT(osp_kvq_supported(D, bits, group));
+    if (bits == 16) {
+        wsum16(o, p, n, D, codes);
+        return;
+    }
     KVQ_CASES(wsum_impl, o, p, n, D, codes, scales, biases)
 }
 

@@ -4,7 +4,7 @@
  * average and <= 1e-2 at worst, and the same top-1 token wherever the
  * reference's top-2 margin exceeds 0.05. Decode mode (one token per step),
  * chunks of 4 and the whole prompt in one prefill: the fast path serves
- * every shape. */
+ * every shape. The same bounds hold for the 16-bit (bf16) KV cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,7 +23,7 @@ static double kl(const float *ref, const float *got, int32_t V) {
     return k;
 }
 
-static void check_model(const char *name, int32_t chunk) {
+static void check_model(const char *name, int32_t chunk, int fast, int kv_bits) {
     char dir[256];
     snprintf(dir, sizeof dir, "data/goldens/%s", name);
     osp_model *m;
@@ -32,8 +32,9 @@ static void check_model(const char *name, int32_t chunk) {
     assert_int_equal(golden_load(dir, &g), 0);
     int32_t V = g.vocab;
     osp_session *s;
-    assert_int_equal(osp_session_new(m, 1, g.T, &s), OSP_OK);
-    osp_session_set_fast(s, 1);
+    osp_session_opts so = {.n_rows = 1, .max_ctx = g.T, .kv_bits = kv_bits};
+    assert_int_equal(osp_session_new_opts(m, &so, &s), OSP_OK);
+    osp_session_set_fast(s, fast);
     float *out = malloc(sizeof(float) * g.T * V);
     for (int32_t t0 = 0; t0 < g.T; t0 += chunk) {
         int32_t n = g.T - t0 < chunk ? g.T - t0 : chunk;
@@ -53,7 +54,8 @@ static void check_model(const char *name, int32_t chunk) {
         if (a != b && r[a] - second > 0.05f) top1_bad++;
         for (int32_t i = 0; i < V; i++) maxerr = fmax(maxerr, fabs((double)r[i] - o[i]));
     }
-    printf("  %-16s chunk %d: KL mean %.2e, max %.2e; max |dlogit| %.3g; top-1 mismatches %d\n", name, chunk, sum / g.T,
+    printf("  %-16s %s, KV %s, chunk %d: KL mean %.2e, max %.2e; max |dlogit| %.3g; top-1 mismatches %d\n", name,
+           fast ? "fast" : "precise", kv_bits == 16 ? "bf16" : "f32", chunk, sum / g.T,
            worst, maxerr, top1_bad);
     if (sum / g.T > 1e-3 || worst > 1e-2 || top1_bad)
         fail_msg("%s: KL mean %.3g max %.3g, top-1 mismatches %d", name, sum / g.T, worst, top1_bad);
@@ -67,13 +69,29 @@ static void test_fast(void **st) {
     (void)st;
     const char *models[] = {"llama3-q4", "qwen3-q8", "gemma3-q4", "gemma4-e-q4", "gemma4-dense-q4"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
-        check_model(models[i], 1);
-        check_model(models[i], 4);
-        check_model(models[i], 1 << 20);
+        check_model(models[i], 1, 1, 0);
+        check_model(models[i], 4, 1, 0);
+        check_model(models[i], 1 << 20, 1, 0);
     }
 }
 
+/* The 16-bit (bf16) KV cache, alone (reference-precision matmuls) and with
+ * the fast path, on every golden of the parity suite: token by token (every
+ * step attends over stored bf16 positions) and in chunks of 4. */
+static void test_kv16(void **st) {
+    (void)st;
+    const char *models[] = {"gemma3",      "gemma3-q4",     "llama3",       "llama3-q4",       "qwen3",     "qwen3-q8",
+                            "qwen2",       "gemma4-e",      "gemma4-e-q4",  "gemma4-dense",    "gemma4-dense-q4",
+                            "gemma4-moe"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        check_model(models[i], 1, 0, 16);
+        check_model(models[i], 4, 0, 16);
+    }
+    check_model("llama3-q4", 1, 1, 16);
+    check_model("gemma4-e-q4", 4, 1, 16);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fast)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fast), cmocka_unit_test(test_kv16)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

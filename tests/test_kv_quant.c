@@ -1,4 +1,4 @@
-/* The affine-quantized KV cache (8 and 4 bits) on the bundled model, a
+/* The affine-quantized KV cache (8 and 4 bits), and the 16-bit one, on the bundled model, a
  * trained Gemma 3 (head_dim 64; the tiny goldens' head_dim of 16 is below
  * MLX's smallest group of 32):
  *  - against the reference's golden logits (prompts fed token by token, so
@@ -21,11 +21,13 @@
 
 /* Bounds: the measured values (the same with the scalar and AVX-512 kernels)
  * times 2. Measured: vs goldens 1.22e-4 (8-bit), 1.8e-2 (4-bit); along 400
- * positions mean 3.55e-3 / 0.48, max 2.9e-2 / 5.4. This small model's keys
+ * positions mean 3.55e-3 / 0.48, max 2.9e-2 / 5.4; bf16 (16-bit): 8.9e-6,
+ * mean 1.96e-4, max 5.7e-3. This small model's keys
  * have wide ranges per head vector, so 4-bit keys hurt it badly (README). */
-static const double KL_GOLDEN_MAX[2] = {2.5e-4, 3.6e-2}; /* [8-bit, 4-bit], last prompt position */
-static const double KL_SEQ_MEAN[2] = {7e-3, 1.0};        /* along the long sequence */
-static const double KL_SEQ_MAX[2] = {6e-2, 11.0};
+static const int BITS[3] = {8, 4, 16}; /* 16: the unquantized bf16 cache, measured the same way */
+static const double KL_GOLDEN_MAX[3] = {2.5e-4, 3.6e-2, 2e-5}; /* last prompt position */
+static const double KL_SEQ_MEAN[3] = {7e-3, 1.0, 4e-4};        /* along the long sequence */
+static const double KL_SEQ_MAX[3] = {6e-2, 11.0, 1.2e-2};
 
 static double kl(const float *ref, const float *got, int32_t V) {
     double mr = -1e300, mg = -1e300, zr = 0, zg = 0, k = 0;
@@ -58,7 +60,7 @@ static void test_against_goldens(void **state) {
     osp_st *st;
     assert_int_equal(osp_st_open_file(MODEL "/golden.safetensors", &st), OSP_OK);
     float *lg = malloc(sizeof(float) * 64 * V);
-    for (int bi = 0; bi < 2; bi++) {
+    for (int bi = 0; bi < 3; bi++) {
         double worst = 0;
         for (int p = 0; p < 3; p++) {
             char name[64];
@@ -69,7 +71,7 @@ static void test_against_goldens(void **state) {
             const osp_st_tensor *ref = osp_st_find(st, name);
             float *r = malloc(ref->nbytes);
             memcpy(r, ref->data, ref->nbytes);
-            osp_session *s = session(m, bi ? 4 : 8, 1, 128);
+            osp_session *s = session(m, BITS[bi], 1, 128);
             feed(s, ids, n, lg, V);
             double k = kl(r, lg + (int64_t)(n - 1) * V, V);
             worst = k > worst ? k : worst;
@@ -77,7 +79,7 @@ static void test_against_goldens(void **state) {
             free(r);
             free(ids);
         }
-        printf("KV %d-bit vs goldens: max KL %.3g (bound %.3g)\n", bi ? 4 : 8, worst, KL_GOLDEN_MAX[bi]);
+        printf("KV %d-bit vs goldens: max KL %.3g (bound %.3g)\n", BITS[bi], worst, KL_GOLDEN_MAX[bi]);
         assert_true(worst < KL_GOLDEN_MAX[bi]);
     }
     free(lg);
@@ -105,8 +107,8 @@ static void test_long_sequence(void **state) {
     }
     int64_t f32_bytes = osp_session_kv_row_bytes(s, LONG);
     osp_session_free(s);
-    for (int bi = 0; bi < 2; bi++) {
-        int bits = bi ? 4 : 8;
+    for (int bi = 0; bi < 3; bi++) {
+        int bits = BITS[bi];
         s = session(m, bits, 1, LONG + 1);
         feed(s, ids, LONG, got, V);
         double sum = 0, worst = 0;
@@ -122,6 +124,7 @@ static void test_long_sequence(void **state) {
         assert_true(sum / LONG < KL_SEQ_MEAN[bi]);
         assert_true(worst < KL_SEQ_MAX[bi]);
         if (bits == 4) assert_true(shrink >= 3.5);
+        if (bits == 16) assert_true(shrink == 1.0);
         assert_int_equal(osp_session_kv_bytes(s), qb);
         osp_session_free(s);
     }
@@ -141,7 +144,8 @@ static void test_row_ops(void **state) {
     int32_t ids[N + 4];
     for (int32_t i = 0; i < N + 4; i++) ids[i] = 5 + (i * 37) % 400;
     float *a = malloc(sizeof(float) * 4 * V), *b = malloc(sizeof(float) * 4 * V);
-    for (int bits = 4; bits <= 8; bits += 4) {
+    for (int bi = 0; bi < 3; bi++) {
+        int bits = BITS[bi];
         osp_session *plain = session(m, bits, 1, N + 8), *two = session(m, bits, 2, N + 8);
         osp_session_set_fast(plain, 1); /* batched decode bitwise as alone */
         osp_session_set_fast(two, 1);

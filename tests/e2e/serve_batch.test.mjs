@@ -112,8 +112,8 @@ test('a small KV budget queues requests instead of failing them', async () => {
   }
 });
 
-test('quantized KV (-ctk q8_0, --kv-bits 4): batched equals alone, and bad cache types are refused', async () => {
-  for (const flags of [['-ctk', 'q8_0', '-ctv', 'q8_0'], ['--kv-bits', '4', '--kv-group-size', '32']]) {
+test('quantized and 16-bit KV (-ctk q8_0, --kv-bits 4, -ctk bf16): batched equals alone, and bad cache types are refused', async () => {
+  for (const flags of [['-ctk', 'q8_0', '-ctv', 'q8_0'], ['--kv-bits', '4', '--kv-group-size', '32'], ['-ctk', 'bf16', '-ctv', 'f16']]) {
     const q = await startServer(['--parallel', '6', '--prefill-step-size', '16', ...flags]);
     try {
       const c = new OpenAI({ baseURL: `${q.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 300000 });

@@ -84,15 +84,30 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
             if (A > 1) /* one token streams at the hardware prefetcher's pace; more need help */
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
                     _mm_prefetch((const char *)q + PF_AHEAD + 64 * i, PF_HINT);
+            const int64_t blk = g * bpg + j;
+            const int32_t *xq = p->xq + blk * 8 * A;
+            const float *d = p->d + blk * A;
+            if (A >= 4) { /* the tokens' chains side by side: A independent vpdpbusd a step (the
+                           * int32 sums are exact, so the order changes nothing but speed: +3% at 8
+                           * streams, +17% at 16 with 512 positions, measured alternating per step) */
+                __m512i ia[MAX_A];
+                _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) ia[a] = _mm512_setzero_si512();
+                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                    const __m512i v = _mm512_load_si512((const void *)(q + 64 * i));
+                    const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) ia[a] = dp_bcast(ia[a], lo, &xq[(2 * i) * A + a]);
+                    _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) ia[a] = dp_bcast(ia[a], hi, &xq[(2 * i + 1) * A + a]);
+                }
+                _Pragma("GCC unroll 8") for (int a = 0; a < A; a++)
+                    ga[a] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[a]), _mm512_set1_ps(d[a]), ga[a]);
+                continue;
+            }
             __m512i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                 __m512i v = _mm512_load_si512((const void *)(q + 64 * i));
                 lo[i] = _mm512_and_si512(v, nib);
                 hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
             }
-            const int64_t blk = g * bpg + j;
-            const int32_t *xq = p->xq + blk * 8 * A;
-            const float *d = p->d + blk * A;
             _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) {
                 __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
                 if (A == 1) { /* four chains */

@@ -137,7 +137,7 @@ void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, cons
     /* Small matmuls (tiny models, the per-layer-input projections) cost less
      * than waking the pool: run them on this thread. */
     if (work < (256 << 10)) {
-        mm_task(&c, 0);
+        for (int i = 0; i < nw; i++) mm_rows(&c, i, 0, ws[i]->rows);
         return;
     }
     osp_parallel_for(nt, mm_task, &c);

@@ -58,7 +58,7 @@ static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_
     c->x = malloc(MM_N * cols * 4);
     c->mem = aligned_alloc(64, np * stride);
     c->acts = malloc(np * sizeof *c->acts);
-    void *mem2 = aligned_alloc(64, stride);
+    void *mem2 = aligned_alloc(64, stride), *mem3 = aligned_alloc(64, stride);
     for (int t = 0; t < MM_N; t++) {
         float amp = t == 5 ? 0.0f : 1.0f + (float)(t % 4) * 3; /* one all-zero activation: d = 0 */
         for (int64_t i = 0; i < cols; i++) c->x[t * cols + i] = amp * frand() * (i % 7 == t % 7 ? 4 : 1);
@@ -69,19 +69,29 @@ static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_
      * scalar one. */
     for (int p = 0; p < np; p++) {
         int width = MM_N - 8 * p < 8 ? MM_N - 8 * p : 8;
-        osp_q8act r;
+        osp_q8act r, h;
+        const int64_t ng = cols / group, mid = ng / 3;
         osp_q8act_init(&c->acts[p], cols, group, width, (char *)c->mem + p * stride);
         osp_q8act_init(&r, cols, group, width, mem2);
+        osp_q8act_init(&h, cols, group, width, mem3);
         for (int sl = 0; sl < width; sl++) {
-            osp_q8act_prepare(&c->acts[p], sl, c->x + (8 * p + sl) * cols);
-            osp_q8act_prepare_ref(&r, sl, c->x + (8 * p + sl) * cols);
+            const float *x = c->x + (8 * p + sl) * cols;
+            osp_q8act_prepare(&c->acts[p], sl, x);
+            osp_q8act_prepare_ref(&r, sl, x, 0, ng);
+            /* in two group ranges, the later one first (as threads may) */
+            osp_q8act_prepare_groups(&h, sl, x, mid, ng);
+            osp_q8act_prepare_groups(&h, sl, x, 0, mid);
         }
-        assert_memory_equal(c->acts[p].xq, r.xq, cols * width);
-        assert_memory_equal(c->acts[p].d, r.d, cols / 32 * width * 4);
-        assert_memory_equal(c->acts[p].kg, r.kg, cols / group * width * 4);
-        assert_memory_equal(c->acts[p].gsum, r.gsum, cols / group * width * 4);
+        const osp_q8act *got[2] = {&c->acts[p], &h};
+        for (int k = 0; k < 2; k++) {
+            assert_memory_equal(got[k]->xq, r.xq, cols * width);
+            assert_memory_equal(got[k]->d, r.d, cols / 32 * width * 4);
+            assert_memory_equal(got[k]->kg, r.kg, cols / group * width * 4);
+            assert_memory_equal(got[k]->gsum, r.gsum, cols / group * width * 4);
+        }
     }
     free(mem2);
+    free(mem3);
     c->yref = malloc(MM_N * rows * 4);
     osp_q8act_matmul_ref(&c->w, c->acts, MM_N, c->yref, rows, 0, rows);
 }

@@ -72,10 +72,10 @@ void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem)
     a->gsum = (float *)p;
 }
 
-void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x) {
-    const int64_t cols = a->cols, group = a->group, W = a->width, bpg = group / 32;
+void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1) {
+    const int64_t group = a->group, W = a->width, bpg = group / 32;
     float k = 0; /* k_g, accumulated over the group's blocks */
-    for (int64_t b = 0; b < cols / 32; b++) {
+    for (int64_t b = g0 * bpg; b < g1 * bpg; b++) {
         const float *xb = x + b * 32;
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
@@ -93,7 +93,7 @@ void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x) {
         k = fmaf((float)(-8 * s), d, k);
         if ((b + 1) % bpg == 0) a->kg[b / bpg * W + slot] = k, k = 0;
     }
-    for (int64_t g = 0; g < cols / group; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         float p[16] = {0};
         for (int64_t i = 0; i < group; i += 16)
             for (int l = 0; l < 16; l++) p[l] += x[g * group + i + l];
@@ -143,11 +143,15 @@ static int have_vnni(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-void osp_q8act_prepare(osp_q8act *a, int slot, const float *x) {
+void osp_q8act_prepare_groups(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1) {
     static int tier = -1;
     if (tier < 0) tier = have_vnni();
-    if (tier) osp_q8act_prepare_avx512(a, slot, x);
-    else osp_q8act_prepare_ref(a, slot, x);
+    if (tier) osp_q8act_prepare_avx512(a, slot, x, g0, g1);
+    else osp_q8act_prepare_ref(a, slot, x, g0, g1);
+}
+
+void osp_q8act_prepare(osp_q8act *a, int slot, const float *x) {
+    osp_q8act_prepare_groups(a, slot, x, 0, a->cols / a->group);
 }
 
 osp_q8act_mm_fn osp_q8act_matmul_fast(void) {

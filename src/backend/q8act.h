@@ -77,10 +77,14 @@ void osp_q8act_init(osp_q8act *a, int64_t cols, int group, int width, void *mem)
 /* Quantize x[cols] into slot `slot` of the panel. Bitwise
  * osp_q8act_prepare_ref on every CPU. */
 void osp_q8act_prepare(osp_q8act *a, int slot, const float *x);
+/* The same for groups [g0, g1) of x (x is still the whole row): what those
+ * groups own in the panel, nothing else, so ranges can be prepared by
+ * different threads; together they equal osp_q8act_prepare bitwise. */
+void osp_q8act_prepare_groups(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1);
 /* Scalar reference. gsum: 16 partial sums (lane l adds x[g G + 16 i + l]
  * over i in order), then pairs (l, l + h) for h = 8, 4, 2, 1. */
-void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x);
-void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x);
+void osp_q8act_prepare_ref(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1);
+void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1);
 
 /* y[t * ldy + (r - r0)] for tokens t < n and rows [r0, r1), r0 a multiple of
  * OSP_Q4PACK_ROWS; token t is slot t % 8 of panel acts[t / 8], whose width is

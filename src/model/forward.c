@@ -82,12 +82,17 @@ static void mm_task(void *p, int64_t t) {
 typedef struct prep_ctx {
     osp_scratch *sc;
     const float *x;
-    int64_t cols;
+    int64_t n, cols, ng; /* tokens, columns, groups */
+    int64_t parts;       /* group ranges per panel */
 } prep_ctx;
 
+/* One group range of every token of one panel: a task writes its own part
+ * of the panel (by token, two threads would share its cache lines). */
 static void prep_task(void *p, int64_t t) {
     const prep_ctx *c = p;
-    osp_q8act_prepare(&c->sc->q8acts[t / OSP_Q8ACT_SLOTS], (int)(t % OSP_Q8ACT_SLOTS), c->x + t * c->cols);
+    const int64_t panel = t / c->parts, k = t % c->parts, g0 = k * c->ng / c->parts, g1 = (k + 1) * c->ng / c->parts;
+    for (int64_t tok = panel * OSP_Q8ACT_SLOTS; tok < c->n && tok < (panel + 1) * OSP_Q8ACT_SLOTS; tok++)
+        osp_q8act_prepare_groups(&c->sc->q8acts[panel], (int)(tok % OSP_Q8ACT_SLOTS), c->x + tok * c->cols, g0, g1);
 }
 
 void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, const float *x, int64_t n,
@@ -109,10 +114,21 @@ void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, cons
             int64_t width = n - p * OSP_Q8ACT_SLOTS < OSP_Q8ACT_SLOTS ? n - p * OSP_Q8ACT_SLOTS : OSP_Q8ACT_SLOTS;
             osp_q8act_init(&s->sc.q8acts[p], pk->cols, pk->group, (int)width, (char *)s->sc.q8mem + p * s->sc.q8stride);
         }
-        prep_ctx pc = {&s->sc, x, pk->cols};
-        if (n >= 16) osp_parallel_for(n, prep_task, &pc);
+        /* 16k values or more are split over the threads: by panel, and by
+         * group ranges when there are fewer than two panels a thread.
+         * Against the earlier split (one thread below 16 tokens, else a task
+         * per token, whose threads shared the panels' cache lines): batched
+         * decode +1-2% at 8 rows, +20% at 16; pp512 +3-20%. */
+        const int64_t panels = (n + OSP_Q8ACT_SLOTS - 1) / OSP_Q8ACT_SLOTS, ng = pk->cols / pk->group;
+        const int nt = osp_threads_count(), split = n * pk->cols >= 16384;
+        prep_ctx pc = {&s->sc, x, n, pk->cols, ng, 1};
+        if (split && panels < 2 * nt) {
+            const int64_t want = (2 * nt + panels - 1) / panels;
+            pc.parts = want < ng ? want : ng;
+        }
+        if (split && panels * pc.parts > 1) osp_parallel_for(panels * pc.parts, prep_task, &pc);
         else
-            for (int64_t t = 0; t < n; t++) prep_task(&pc, t);
+            for (int64_t t = 0; t < panels * pc.parts; t++) prep_task(&pc, t);
         c.acts = s->sc.q8acts;
         c.q8 = osp_q8act_matmul_fast();
     }

@@ -15,11 +15,11 @@
 
 #define S OSP_Q8ACT_SLOTS
 
-void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x) {
-    const int64_t cols = a->cols, group = a->group, nb = cols / 32, W = a->width, bpg = group / 32;
+void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1) {
+    const int64_t group = a->group, W = a->width, bpg = group / 32;
     float k = 0; /* k_g, accumulated over the group's blocks (as the scalar twin) */
     const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = g0 * bpg; b < g1 * bpg; b++) {
         __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_and_ps(v1, sign)));
         float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
@@ -33,7 +33,7 @@ void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x) {
         k = fmaf((float)(-8 * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1))), d, k);
         if ((b + 1) % bpg == 0) a->kg[b / bpg * W + slot] = k, k = 0;
     }
-    for (int64_t g = 0; g < cols / group; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         __m512 s = _mm512_setzero_ps();
         for (int64_t i = 0; i < group; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + g * group + i));
         float pl[16];

@@ -386,24 +386,40 @@ KVQ_INLINE __m512 ld_row16(const uint8_t *row, int i) {
     return ld_bf16((const uint16_t *)(const void *)row + i, 0xFFFF);
 }
 
-static void scores16(const float *q, int D, const uint8_t *codes, int64_t n, float *out) {
+/* One row's two chains over D values; qv: q as D/16 vectors. */
+KVQ_INLINE __m512 row16(const uint8_t *row, const __m512 *qv, const int D) {
+    __m512 a0 = _mm512_mul_ps(ld_row16(row, 0), qv[0]), a1 = _mm512_setzero_ps();
+    int i = 16;
+    for (; i + 32 <= D; i += 32) {
+        a1 = _mm512_fmadd_ps(ld_row16(row, i), qv[i / 16], a1);
+        a0 = _mm512_fmadd_ps(ld_row16(row, i + 16), qv[i / 16 + 1], a0);
+    }
+    if (i < D) a1 = _mm512_fmadd_ps(ld_row16(row, i), qv[i / 16], a1);
+    return _mm512_add_ps(a0, a1);
+}
+
+/* q in registers when it fits (D up to 256: the common head sizes), read
+ * from memory beyond; the same operations either way. */
+KVQ_INLINE void scores16_d(const float *q, const int D, const uint8_t *codes, int64_t n, float *out) {
     const int64_t rb = 2 * (int64_t)D;
-    __m512 accv[BLK];
+    __m512 qv[OSP_KVQ_MAX_D / 16], accv[BLK];
+    for (int i = 0; i < D / 16; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
     for (int64_t j0 = 0; j0 < n; j0 += BLK) {
         const int nr = n - j0 < BLK ? (int)(n - j0) : BLK;
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *row = codes + (j0 + r) * rb;
-            __m512 a0 = _mm512_mul_ps(ld_row16(row, 0), _mm512_loadu_ps(q)), a1 = _mm512_setzero_ps();
-            int i = 16;
-            for (; i + 32 <= D; i += 32) {
-                a1 = _mm512_fmadd_ps(ld_row16(row, i), _mm512_loadu_ps(q + i), a1);
-                a0 = _mm512_fmadd_ps(ld_row16(row, i + 16), _mm512_loadu_ps(q + i + 16), a0);
-            }
-            if (i < D) a1 = _mm512_fmadd_ps(ld_row16(row, i), _mm512_loadu_ps(q + i), a1);
-            accv[r] = _mm512_add_ps(a0, a1);
-        }
+        for (int r = 0; r < nr; r++) accv[r] = row16(codes + (j0 + r) * rb, qv, D);
         for (int r = nr; r < BLK; r++) accv[r] = _mm512_setzero_ps();
         _mm512_mask_storeu_ps(out + j0, tail_mask(nr), reduce16(accv));
+    }
+}
+
+/* Specialized for the common head sizes: +15-23% decode at 3K positions with
+ * a bf16 cache (measured alternating per step), bitwise the same. */
+static void scores16(const float *q, int D, const uint8_t *codes, int64_t n, float *out) {
+    switch (D) {
+    case 64: scores16_d(q, 64, codes, n, out); break;
+    case 128: scores16_d(q, 128, codes, n, out); break;
+    case 256: scores16_d(q, 256, codes, n, out); break;
+    default: scores16_d(q, D, codes, n, out); break;
     }
 }
 

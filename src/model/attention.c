@@ -39,6 +39,12 @@ static void cached_values(const osp_attn_args *a, const osp_kv_layer *L, int32_t
     }
 }
 
+/* x *= s, vectorized (the per-element softcap test in the same loop kept it
+ * scalar: 7% of a 4K-token prefill); each product as the scalar one. */
+__attribute__((optimize("tree-vectorize"))) static void scale_in_place(float *x, int32_t n, float s) {
+    for (int32_t i = 0; i < n; i++) x[i] *= s;
+}
+
 /* Positions per block: the query heads of one KV head take turns on a
  * block of K (then of V) while it is in L1, so a long cache is read from
  * memory once per KV head instead of once per query head. */
@@ -77,10 +83,11 @@ static void attn_task(void *p, int64_t task) {
         for (int32_t h = h0; h < h1; h++) {
             float *sc = a->scores + ((int64_t)b * Hq + h) * a->score_stride;
             ops->scores(sc + (j0 - lo), a->q + r * Hq * D + (int64_t)h * D, kc, p - j0 + 1, (int64_t)Hkv * D, D);
-            for (int32_t i = 0; i < n; i++) {
-                float v = sc[i] * a->scale;
-                sc[i] = a->softcap > 0 ? a->softcap * tanhf(v / a->softcap) : v;
-            }
+            const float scale = a->scale, cap = a->softcap;
+            if (cap > 0)
+                for (int32_t i = 0; i < n; i++) sc[i] = cap * tanhf(sc[i] * scale / cap);
+            else
+                scale_in_place(sc, n, scale);
             ops->softmax(sc, n);
             memset(a->out + r * Hq * D + (int64_t)h * D, 0, sizeof(float) * D);
         }

@@ -63,6 +63,18 @@ static inline double golden_pos_ratio(const float *ref, const float *got, int32_
     return err / (1e-3 * (mx > 1 ? mx : 1));
 }
 
+/* KL(ref || got) of the softmaxed logits, in nats (>= 0). */
+static inline double golden_kl(const float *ref, const float *got, int32_t V) {
+    double mr = -1e300, mg = -1e300, zr = 0, zg = 0, k = 0;
+    for (int32_t i = 0; i < V; i++) mr = fmax(mr, ref[i]), mg = fmax(mg, got[i]);
+    for (int32_t i = 0; i < V; i++) zr += exp(ref[i] - mr), zg += exp(got[i] - mg);
+    for (int32_t i = 0; i < V; i++) {
+        double lp = ref[i] - mr - log(zr), lq = got[i] - mg - log(zg);
+        k += exp(lp) * (lp - lq);
+    }
+    return k > 0 ? k : 0;
+}
+
 static inline int argmax_f(const float *x, int32_t n) {
     int b = 0;
     for (int i = 1; i < n; i++)

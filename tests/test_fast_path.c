@@ -12,17 +12,6 @@
 #include "golden.h"
 #include "osprey.h"
 
-static double kl(const float *ref, const float *got, int32_t V) {
-    double mr = -1e30, mg = -1e30, sr = 0, sg = 0, k = 0;
-    for (int32_t i = 0; i < V; i++) mr = fmax(mr, ref[i]), mg = fmax(mg, got[i]);
-    for (int32_t i = 0; i < V; i++) sr += exp(ref[i] - mr), sg += exp(got[i] - mg);
-    for (int32_t i = 0; i < V; i++) {
-        double lp = ref[i] - mr - log(sr), lq = got[i] - mg - log(sg);
-        k += exp(lp) * (lp - lq);
-    }
-    return k;
-}
-
 static void check_model(const char *name, int32_t chunk, int fast, int kv_bits) {
     char dir[256];
     snprintf(dir, sizeof dir, "data/goldens/%s", name);
@@ -44,7 +33,7 @@ static void check_model(const char *name, int32_t chunk, int fast, int kv_bits) 
     int top1_bad = 0;
     for (int32_t t = 0; t < g.T; t++) {
         const float *r = g.logits + (int64_t)t * V, *o = out + (int64_t)t * V;
-        double k = kl(r, o, V);
+        double k = golden_kl(r, o, V);
         sum += k;
         worst = fmax(worst, k);
         int a = argmax_f(r, V), b = argmax_f(o, V);

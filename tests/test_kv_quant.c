@@ -29,17 +29,6 @@ static const double KL_GOLDEN_MAX[3] = {2.5e-4, 3.6e-2, 2e-5}; /* last prompt po
 static const double KL_SEQ_MEAN[3] = {7e-3, 1.0, 4e-4};        /* along the long sequence */
 static const double KL_SEQ_MAX[3] = {6e-2, 11.0, 1.2e-2};
 
-static double kl(const float *ref, const float *got, int32_t V) {
-    double mr = -1e300, mg = -1e300, zr = 0, zg = 0, k = 0;
-    for (int32_t i = 0; i < V; i++) mr = ref[i] > mr ? ref[i] : mr, mg = got[i] > mg ? got[i] : mg;
-    for (int32_t i = 0; i < V; i++) zr += exp(ref[i] - mr), zg += exp(got[i] - mg);
-    for (int32_t i = 0; i < V; i++) {
-        double lp = ref[i] - mr - log(zr), lq = got[i] - mg - log(zg);
-        k += exp(lp) * (lp - lq);
-    }
-    return k > 0 ? k : 0;
-}
-
 static osp_session *session(osp_model *m, int bits, int32_t rows, int32_t ctx) {
     osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .kv_bits = bits, .kv_group = 64, .spare = 4};
     osp_session *s;
@@ -73,7 +62,7 @@ static void test_against_goldens(void **state) {
             memcpy(r, ref->data, ref->nbytes);
             osp_session *s = session(m, BITS[bi], 1, 128);
             feed(s, ids, n, lg, V);
-            double k = kl(r, lg + (int64_t)(n - 1) * V, V);
+            double k = golden_kl(r, lg + (int64_t)(n - 1) * V, V);
             worst = k > worst ? k : worst;
             osp_session_free(s);
             free(r);
@@ -113,7 +102,7 @@ static void test_long_sequence(void **state) {
         feed(s, ids, LONG, got, V);
         double sum = 0, worst = 0;
         for (int32_t t = 0; t < LONG; t++) {
-            double k = kl(ref + (int64_t)t * V, got + (int64_t)t * V, V);
+            double k = golden_kl(ref + (int64_t)t * V, got + (int64_t)t * V, V);
             sum += k;
             worst = k > worst ? k : worst;
         }

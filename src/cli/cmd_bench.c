@@ -28,17 +28,18 @@ static void init_task(void *p, int64_t t) {
     for (int64_t i = i0; i < i1; i++) tr->a[i] = 0, tr->b[i] = 1, tr->c[i] = 2;
 }
 
+/* Models streaming fewer weight bytes per step than this decode from the
+ * caches in good part: the triad runs after their decode, not inside it. */
+#define BENCH_INTERLEAVE_BYTES (256LL << 20)
+
 /* The machine's memory bandwidth: a STREAM triad (a = b + 3c, counted as 3
  * arrays: 2 reads, 1 write) on all threads over arrays of 32 Mi floats
  * each, far beyond any cache. Its trials are interleaved with the decode
  * steps, so the decode and the triad are measured over the same seconds of
  * a shared machine whose bandwidth drifts. The figure is the best trial, as
- * STREAM reports it (the mean is kept too). On huge pages (as the weights are placed: the machine's
- * best) and on the 4 KiB pages a plain STREAM binary gets. */
-/* Models streaming fewer weight bytes per step than this decode from the
- * caches in good part: the triad runs after their decode, not inside it. */
-#define BENCH_INTERLEAVE_BYTES (256LL << 20)
-
+ * STREAM reports it (the mean is kept too). On huge pages (as the weights
+ * are placed: the machine's best) and on the 4 KiB pages a plain STREAM
+ * binary gets. */
 typedef struct bw_probe {
     triad tr;
     double bytes, secs, best; /* totals over the trials; the best trial's GB/s */

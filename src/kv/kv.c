@@ -25,7 +25,7 @@ osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs
     for (int i = 0; i < n_layers; i++) {
         const osp_kv_spec *s = &specs[i];
         if (s->bits == 0) continue;
-        if (s->bits == 16 && (s->head_dim % 16 != 0 || !osp_kvq_supported(s->head_dim, 16, 0)))
+        if (s->bits == 16 && !osp_kvq_supported(s->head_dim, 16, 0))
             return osp_err(OSP_ERR_INVALID, "layer %d: a 16-bit KV cache needs head_dim a multiple of 16 up to %d "
                            "(got %d)", i, OSP_KVQ_MAX_D, s->head_dim);
         if (s->bits == 16) continue;

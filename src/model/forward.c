@@ -21,6 +21,7 @@
 /* ---- matmul on the thread pool ---- */
 
 #define MM_MAX_W 4
+#define MM_MIN_TAKE 64 /* rows a claim takes at least */
 
 typedef struct mm_ctx {
     const osp_ops *ops;
@@ -34,7 +35,7 @@ typedef struct mm_ctx {
     float *y[MM_MAX_W];
     /* weight i owns rows [first[i], first[i + 1]) of one row space (its
      * rows rounded up to 16); threads claim ranges of it from cursor */
-    int64_t first[MM_MAX_W + 1], min_take;
+    int64_t first[MM_MAX_W + 1];
     _Atomic int64_t cursor;
 } mm_ctx;
 
@@ -54,7 +55,7 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
 }
 
 /* Guided self-scheduling: each claim takes 1/(2 threads) of what is left
- * (16-row aligned, at least min_take rows, never past its weight), so the
+ * (16-row aligned, at least MM_MIN_TAKE rows, never past its weight), so the
  * streams start long and the last claims are short: the threads finish
  * within a short range of each other. A row's numbers do not depend on
  * the range it is computed in, so the split changes nothing but time. */
@@ -71,7 +72,7 @@ static void mm_task(void *p, int64_t t) {
             while (cur >= c->first[i + 1]) i++;
             take = (total - cur) / (2 * c->nt);
             take = (take + 15) & ~(int64_t)15;
-            if (take < c->min_take) take = c->min_take;
+            if (take < MM_MIN_TAKE) take = MM_MIN_TAKE;
             if (take > c->first[i + 1] - cur) take = c->first[i + 1] - cur;
         } while (!atomic_compare_exchange_weak(&c->cursor, &cur, cur + take));
         int64_t r0 = cur - c->first[i], r1 = r0 + take;
@@ -141,7 +142,6 @@ void osp_matmul_shared(osp_session *s, const osp_weight *const *ws, int nw, cons
     int nt = osp_threads_count();
     int64_t work = 0;
     c.nt = nt;
-    c.min_take = 64;
     for (int i = 0; i < nw; i++) {
         const osp_weight *w = ws[i];
         c.w[i] = w;

@@ -43,23 +43,10 @@ static inline __m512 row_dot(const float *q, const float *r, int64_t dim) {
     return a;
 }
 
-/* row_dot for dim 64, 128 and 256 with q in registers (bitwise row_dot). */
-static inline __m512 row_dot_q4(const __m512 *qv, const float *r) {
-    __m512 a = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(r), _mm512_setzero_ps());
-    a = _mm512_fmadd_ps(qv[1], _mm512_loadu_ps(r + 16), a);
-    a = _mm512_fmadd_ps(qv[2], _mm512_loadu_ps(r + 32), a);
-    return _mm512_fmadd_ps(qv[3], _mm512_loadu_ps(r + 48), a);
-}
-
-static inline __m512 row_dot_q8(const __m512 *qv, const float *r) {
+/* row_dot for dim = 16 NV with q in registers (bitwise row_dot). */
+static inline __attribute__((always_inline)) __m512 row_dot_reg(const __m512 *qv, const float *r, const int NV) {
     __m512 a = _mm512_setzero_ps();
-    for (int i = 0; i < 8; i++) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(r + 16 * i), a);
-    return a;
-}
-
-static inline __m512 row_dot_q16(const __m512 *qv, const float *r) {
-    __m512 a = _mm512_setzero_ps();
-    for (int i = 0; i < 16; i++) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(r + 16 * i), a);
+    for (int i = 0; i < NV; i++) a = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(r + 16 * i), a);
     return a;
 }
 
@@ -71,22 +58,21 @@ static inline __m512 fold(__m512 x, __m512 y, __m512i lo, __m512i hi) {
 }
 
 /* Rows r .. r + 3 through the first two fold levels. */
-static inline __m512 quad4(const __m512 *qv, const float *r, int64_t stride, const __m512i *lo, const __m512i *hi) {
-    __m512 a = fold(row_dot_q4(qv, r), row_dot_q4(qv, r + stride), lo[0], hi[0]);
-    __m512 b = fold(row_dot_q4(qv, r + 2 * stride), row_dot_q4(qv, r + 3 * stride), lo[0], hi[0]);
+static inline __attribute__((always_inline)) __m512 quad_reg(const __m512 *qv, const float *r, int64_t stride,
+                                                             const __m512i *lo, const __m512i *hi, const int NV) {
+    __m512 a = fold(row_dot_reg(qv, r, NV), row_dot_reg(qv, r + stride, NV), lo[0], hi[0]);
+    __m512 b = fold(row_dot_reg(qv, r + 2 * stride, NV), row_dot_reg(qv, r + 3 * stride, NV), lo[0], hi[0]);
     return fold(a, b, lo[1], hi[1]);
 }
 
-static inline __m512 quad8(const __m512 *qv, const float *r, int64_t stride, const __m512i *lo, const __m512i *hi) {
-    __m512 a = fold(row_dot_q8(qv, r), row_dot_q8(qv, r + stride), lo[0], hi[0]);
-    __m512 b = fold(row_dot_q8(qv, r + 2 * stride), row_dot_q8(qv, r + 3 * stride), lo[0], hi[0]);
-    return fold(a, b, lo[1], hi[1]);
-}
-
-static inline __m512 quad16(const __m512 *qv, const float *r, int64_t stride, const __m512i *lo, const __m512i *hi) {
-    __m512 a = fold(row_dot_q16(qv, r), row_dot_q16(qv, r + stride), lo[0], hi[0]);
-    __m512 b = fold(row_dot_q16(qv, r + 2 * stride), row_dot_q16(qv, r + 3 * stride), lo[0], hi[0]);
-    return fold(a, b, lo[1], hi[1]);
+/* 16 rows from r: the fold tree of osp_scores_avx512, evaluated depth first
+ * (few live registers). */
+static inline __attribute__((always_inline)) __m512 block_reg(const __m512 *qv, const float *r, int64_t stride,
+                                                              const __m512i *lo, const __m512i *hi, const int NV) {
+    __m512 a = fold(quad_reg(qv, r, stride, lo, hi, NV), quad_reg(qv, r + 4 * stride, stride, lo, hi, NV), lo[2], hi[2]);
+    __m512 b = fold(quad_reg(qv, r + 8 * stride, stride, lo, hi, NV), quad_reg(qv, r + 12 * stride, stride, lo, hi, NV),
+                    lo[2], hi[2]);
+    return fold(a, b, lo[3], hi[3]);
 }
 
 /* 16 rows at a time: their 16 partial-sum vectors fold into one vector of
@@ -112,18 +98,11 @@ void osp_scores_avx512(float *y, const float *q, const float *rows, int64_t n, i
         const int nv = (int)(dim / 16);
         __m512 qv[16];
         for (int i = 0; i < nv; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
-        /* the fold tree below, evaluated depth first (few live registers) */
         for (; j + 16 <= n; j += 16) {
             const float *r = rows + j * stride;
-            __m512 v = nv == 4 ? fold(fold(quad4(qv, r, stride, lo, hi), quad4(qv, r + 4 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      fold(quad4(qv, r + 8 * stride, stride, lo, hi), quad4(qv, r + 12 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      lo[3], hi[3])
-                     : nv == 8 ? fold(fold(quad8(qv, r, stride, lo, hi), quad8(qv, r + 4 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      fold(quad8(qv, r + 8 * stride, stride, lo, hi), quad8(qv, r + 12 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      lo[3], hi[3])
-                               : fold(fold(quad16(qv, r, stride, lo, hi), quad16(qv, r + 4 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      fold(quad16(qv, r + 8 * stride, stride, lo, hi), quad16(qv, r + 12 * stride, stride, lo, hi), lo[2], hi[2]),
-                                      lo[3], hi[3]);
+            __m512 v = nv == 4 ? block_reg(qv, r, stride, lo, hi, 4)
+                     : nv == 8 ? block_reg(qv, r, stride, lo, hi, 8)
+                               : block_reg(qv, r, stride, lo, hi, 16);
             _mm512_storeu_ps(y + j, v);
         }
     }

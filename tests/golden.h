@@ -1,6 +1,7 @@
 /* Helpers shared by the parity tests: load golden.safetensors and compare
- * logits with the goldens' tolerance (tests/data/goldens/README.md):
- * max |ours - ref| <= 1e-3 * max(1, max |ref|) at every position. */
+ * logits with the goldens' reference-precision bound (tests/data/goldens/
+ * README.md, "Tolerances", tier 1): max |ours - ref| <= GOLDEN_TOL *
+ * max(1, max |ref|) at every position. */
 #ifndef OSP_TEST_GOLDEN_H
 #define OSP_TEST_GOLDEN_H
 
@@ -11,6 +12,18 @@
 #include <unistd.h>
 #include "model/safetensors.h"
 #include "osprey.h"
+
+#define GOLDEN_TOL 2e-5
+/* The greedy argmax must agree wherever the reference's top-2 margin
+ * exceeds this (absolute, in logits). */
+#define GOLDEN_MARGIN 1e-3
+
+/* Every language-model golden in data/goldens (the parity suite). */
+static const char *const GOLDEN_MODELS[] = {"gemma3",      "gemma3-q4",   "llama3",       "llama3-q4",
+                                            "qwen3",       "qwen3-q8",    "qwen2",        "gemma4-e",
+                                            "gemma4-e-q4", "gemma4-e-q8", "gemma4-dense", "gemma4-dense-q4",
+                                            "gemma4-moe"};
+#define N_GOLDEN_MODELS (sizeof GOLDEN_MODELS / sizeof *GOLDEN_MODELS)
 
 typedef struct golden {
     osp_st *st;
@@ -60,7 +73,7 @@ static inline double golden_pos_ratio(const float *ref, const float *got, int32_
         double e = fabs((double)ref[i] - got[i]);
         if (!(e <= err)) err = e; /* NaN counts as failure */
     }
-    return err / (1e-3 * (mx > 1 ? mx : 1));
+    return err / (GOLDEN_TOL * (mx > 1 ? mx : 1));
 }
 
 /* KL(ref || got) of the softmaxed logits, in nats (>= 0). */

@@ -56,7 +56,7 @@ static void check_model(const char *name, int32_t chunk, int fast, int kv_bits) 
 
 static void test_fast(void **st) {
     (void)st;
-    const char *models[] = {"llama3-q4", "qwen3-q8", "gemma3-q4", "gemma4-e-q4", "gemma4-dense-q4"};
+    const char *models[] = {"llama3-q4", "qwen3-q8", "gemma3-q4", "gemma4-e-q4", "gemma4-e-q8", "gemma4-dense-q4"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         check_model(models[i], 1, 1, 0);
         check_model(models[i], 4, 1, 0);
@@ -69,12 +69,9 @@ static void test_fast(void **st) {
  * step attends over stored bf16 positions) and in chunks of 4. */
 static void test_kv16(void **st) {
     (void)st;
-    const char *models[] = {"gemma3",      "gemma3-q4",     "llama3",       "llama3-q4",       "qwen3",     "qwen3-q8",
-                            "qwen2",       "gemma4-e",      "gemma4-e-q4",  "gemma4-dense",    "gemma4-dense-q4",
-                            "gemma4-moe"};
-    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
-        check_model(models[i], 1, 0, 16);
-        check_model(models[i], 4, 0, 16);
+    for (size_t i = 0; i < N_GOLDEN_MODELS; i++) {
+        check_model(GOLDEN_MODELS[i], 1, 0, 16);
+        check_model(GOLDEN_MODELS[i], 4, 0, 16);
     }
     check_model("llama3-q4", 1, 1, 16);
     check_model("gemma4-e-q4", 4, 1, 16);

@@ -19,15 +19,21 @@
 #define MODEL "../models/fortune"
 #define LONG 400
 
-/* Bounds: the measured values (the same with the scalar and AVX-512 kernels)
- * times 2. Measured: vs goldens 1.22e-4 (8-bit), 1.8e-2 (4-bit); along 400
- * positions mean 3.55e-3 / 0.48, max 2.9e-2 / 5.4; bf16 (16-bit): 8.9e-6,
- * mean 1.96e-4, max 5.7e-3. This small model's keys
- * have wide ranges per head vector, so 4-bit keys hurt it badly (README). */
+/* Bounds: the measured values (the same with the scalar, AVX2 and AVX-512
+ * kernels) times 2, where a bound measured earlier no longer held. Measured
+ * 2026-12-04, with the f32 RoPE frequencies and embedding scale (issue 15):
+ * vs goldens 1.69e-4 (8-bit), 1.5e-2 (4-bit), 6.4e-6 (bf16); along 400
+ * positions mean 5.4e-3 / 0.41 / 2.2e-4, max 0.339 / 4.0 / 2.4e-3. The 400
+ * tokens are the f32 cache's own greedy continuation, so they changed with
+ * the constants: the 8-bit max is one position (202) where the cache moves
+ * the top logit by 1.3 and the top-1 token flips; the next worst is 0.09
+ * (the earlier sequence measured 2.9e-2 at worst, mean 3.6e-3). This small
+ * model's keys have wide ranges per head vector, so 4-bit keys hurt it badly
+ * (README). */
 static const int BITS[3] = {8, 4, 16}; /* 16: the unquantized bf16 cache, measured the same way */
 static const double KL_GOLDEN_MAX[3] = {2.5e-4, 3.6e-2, 2e-5}; /* last prompt position */
 static const double KL_SEQ_MEAN[3] = {7e-3, 1.0, 4e-4};        /* along the long sequence */
-static const double KL_SEQ_MAX[3] = {6e-2, 11.0, 1.2e-2};
+static const double KL_SEQ_MAX[3] = {0.7, 11.0, 1.2e-2};
 
 static osp_session *session(osp_model *m, int bits, int32_t rows, int32_t ctx) {
     osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .kv_bits = bits, .kv_group = 64, .spare = 4};

@@ -37,8 +37,8 @@ static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_r
         r->type = OSP_ROPE_PROPORTIONAL;
     } else if (strcmp(t, "llama3") == 0) {
         r->type = OSP_ROPE_LLAMA3;
-        r->low_freq_factor = (float)get_num(o, "low_freq_factor", 1.0);
-        r->high_freq_factor = (float)get_num(o, "high_freq_factor", 4.0);
+        r->low_freq_factor = get_num(o, "low_freq_factor", 1.0);
+        r->high_freq_factor = get_num(o, "high_freq_factor", 4.0);
         r->orig_max_pos = get_int(o, "original_max_position_embeddings", 8192);
         if (r->high_freq_factor == r->low_freq_factor)
             return osp_err(OSP_ERR_FORMAT, "%s: llama3 rope needs high_freq_factor != low_freq_factor", path);
@@ -47,10 +47,10 @@ static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_r
     }
     r->factor = (float)get_num(o, "factor", 1.0);
     if (r->factor <= 0) return osp_err(OSP_ERR_FORMAT, "%s: rope factor must be positive", path);
-    r->partial = (float)get_num(o, "partial_rotary_factor", 1.0);
+    r->partial = get_num(o, "partial_rotary_factor", 1.0);
     if (r->partial <= 0 || r->partial > 1)
         return osp_err(OSP_ERR_FORMAT, "%s: partial_rotary_factor %g is out of range", path, r->partial);
-    if (r->partial != 1.0f && r->type != OSP_ROPE_PROPORTIONAL)
+    if (r->partial != 1.0 && r->type != OSP_ROPE_PROPORTIONAL)
         return osp_err(OSP_ERR_UNSUPPORTED, "%s: partial_rotary_factor %g is not supported for this architecture",
                        path, r->partial);
     return OSP_OK;
@@ -269,7 +269,7 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     json_t *tie = json_object_get(tc, "tie_word_embeddings");
     if (!tie) tie = json_object_get(root, "tie_word_embeddings");
     c->tie_embeddings = tie ? json_is_true(tie) : (c->arch == OSP_ARCH_GEMMA3);
-    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->attn_scale = (float)pow((double)c->head_dim, -0.5); /* head_dim**-0.5, as the reference */
     switch (c->arch) {
     case OSP_ARCH_LLAMA:
         c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias"));
@@ -284,7 +284,7 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
         break;
     case OSP_ARCH_GEMMA3:
         c->qk_norm = c->norm_add_one = c->sandwich_norm = c->embed_scaled = 1;
-        c->attn_scale = 1.0f / sqrtf((float)get_num(tc, "query_pre_attn_scalar", c->head_dim));
+        c->attn_scale = (float)pow(get_num(tc, "query_pre_attn_scalar", c->head_dim), -0.5);
         c->final_softcap = (float)get_num(tc, "final_logit_softcapping", 0);
         c->attn_softcap = (float)get_num(tc, "attn_logit_softcapping", 0);
         break;
@@ -297,14 +297,6 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     if (tc != root) parse_eos(json_object_get(tc, "eos_token_id"), c);
     OSP_TRY(parse_quant(root, path, c));
     OSP_TRY(parse_per_layer(tc, path, c));
-    const char *dt = get_str(tc, "dtype");
-    if (!dt) dt = get_str(tc, "torch_dtype");
-    if (!dt) dt = get_str(root, "dtype");
-    if (!dt) dt = get_str(root, "torch_dtype");
-    int rd = OSP_DT_F32;
-    if (dt && strcmp(dt, "bfloat16") == 0) rd = OSP_DT_BF16;
-    else if (dt && strcmp(dt, "float16") == 0) rd = OSP_DT_F16;
-    c->rope_full.round_dtype = c->rope_sliding.round_dtype = rd;
     return OSP_OK;
 }
 

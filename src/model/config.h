@@ -21,15 +21,10 @@ typedef struct osp_rope {
     osp_rope_type type;
     float theta;
     float factor;            /* linear and llama3 */
-    float low_freq_factor;   /* llama3 */
-    float high_freq_factor;  /* llama3 */
+    double low_freq_factor;  /* llama3 */
+    double high_freq_factor; /* llama3 */
     int32_t orig_max_pos;    /* llama3 original_max_position_embeddings */
-    float partial;           /* fraction of head_dim rotated (1 = all) */
-    /* Hugging Face computes inv_freq in f32 and then casts the buffer to
-     * the checkpoint's dtype (config "dtype"/"torch_dtype") with the rest
-     * of the model; the reference logits carry that rounding, so we do too.
-     * OSP_DT_F32 = no rounding. */
-    int round_dtype;
+    double partial;          /* fraction of head_dim rotated (1 = all) */
 } osp_rope;
 
 #define OSP_MAX_EOS 16
@@ -47,7 +42,7 @@ typedef struct osp_config {
     int norm_add_one;     /* Gemma: y = x̂ · (1 + w) */
     int sandwich_norm;    /* Gemma: norms after attention and MLP too */
     float attn_scale;     /* multiplies q·k */
-    int embed_scaled;     /* multiply embeddings by bf16(sqrt(hidden)) */
+    int embed_scaled;     /* multiply embeddings by sqrt(hidden), in f32 */
     float final_softcap;  /* 0 = none */
     float attn_softcap;   /* 0 = none */
     int32_t sliding_window; /* 0 = none */

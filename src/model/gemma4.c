@@ -226,7 +226,7 @@ static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
     osp_scratch *sc = &s->sc;
     int64_t NP = (int64_t)c->n_layers * c->ple_dim, P = c->ple_dim;
     osp_matmul(s, &m->ple_model_proj, sc->x, N, sc->ple);
-    const float hs = 1.0f / sqrtf((float)c->hidden), r2 = 0.70710678118654752f;
+    const float hs = (float)pow((double)c->hidden, -0.5), r2 = (float)pow(2.0, -0.5); /* as the reference: Python floats */
     for (int64_t i = 0; i < N; i++) {
         float *row = sc->ple + i * NP;
         for (int64_t j = 0; j < NP; j++) row[j] *= hs;
@@ -244,7 +244,7 @@ static void moe_block(osp_session *s, const osp_layer *L, const float *xr, const
     const osp_ops *ops = m->ops;
     osp_scratch *sc = &s->sc;
     int64_t H = c->hidden, E = c->n_experts, K = c->top_k_experts, I = c->moe_intermediate;
-    const float hs = 1.0f / sqrtf((float)H);
+    const float hs = (float)pow((double)H, -0.5); /* hidden**-0.5 */
     /* router on the un-normed residual */
     for (int64_t i = 0; i < N; i++) {
         float *n = sc->moe_out + i * H;

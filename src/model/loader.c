@@ -258,14 +258,10 @@ static void fill_info(osp_model *m) {
     in->dtype = m->dtype_name;
 }
 
-/* Gemma's embedding scale: sqrt(dim) rounded to the embedding's dtype, as
- * the reference's scale buffer is cast with the model (MLX: bf16 scales). */
-static float embed_scale(const osp_weight *e, float dim) {
-    float s = sqrtf(dim);
-    if (e->qbits || e->dtype == OSP_DT_BF16) return osp_bf16_to_f32(osp_f32_to_bf16(s));
-    if (e->dtype == OSP_DT_F16) return osp_f16_to_f32(osp_f32_to_f16(s));
-    return s;
-}
+/* Gemma's embedding scale: the f32 value of sqrt(dim), as the reference's
+ * scale buffer holds it (torch.tensor(dim ** 0.5)); not rounded to the
+ * embedding's dtype (docs/NOTES.md, "Reference numerics"). */
+static float embed_scale(float dim) { return (float)sqrt((double)dim); }
 
 osp_status osp_model_load(const char *path, osp_model **out) {
     *out = NULL;
@@ -283,8 +279,8 @@ osp_status osp_model_load(const char *path, osp_model **out) {
     if (rc == OSP_OK) {
         const osp_config *c = &m->cfg;
         m->ops = osp_ops_get();
-        m->embed_scale = c->embed_scaled ? embed_scale(&m->embed, (float)c->hidden) : 1.0f;
-        if (c->ple_dim) m->embed_ple_scale = embed_scale(&m->embed_ple, (float)c->ple_dim);
+        m->embed_scale = c->embed_scaled ? embed_scale((float)c->hidden) : 1.0f;
+        if (c->ple_dim) m->embed_ple_scale = embed_scale((float)c->ple_dim);
         /* RoPE tables per layer type, sized by that type's head_dim */
         int32_t d_full = c->head_dim, d_slide = c->head_dim;
         for (int i = c->n_layers - 1; i >= 0; i--) {

@@ -59,7 +59,7 @@ struct osp_model {
     osp_weight embed_ple;      /* [ple_vocab, n_layers * P] */
     osp_weight ple_model_proj; /* [n_layers * P, hidden] */
     float *ple_proj_norm;      /* [P] */
-    float embed_ple_scale;     /* sqrt(P), rounded like embed_scale */
+    float embed_ple_scale;     /* sqrt(P), in f32 like embed_scale */
     char dtype_name[16];
     void *packed;              /* the matmul weights, placed or repacked (model/pack.c), or NULL */
     pthread_mutex_t place_mu;  /* the placement runs once, when the first session is made */

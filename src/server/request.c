@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 #include "server/server_internal.h"
 
 typedef struct perr {
@@ -69,6 +71,7 @@ static int bool_field(const json_t *b, const char *k, int *out, perr *e) {
 
 static void job_free_fields(srv_job *j) {
     osp_free(j->prompt);
+    free(j->forced);
     for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
     free(j->stops);
     free(j->bias);
@@ -77,10 +80,14 @@ static void job_free_fields(srv_job *j) {
 static srv_job *job_new(srv *s) {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
+    j->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (j->wake_fd < 0) {
+        free(j);
+        return NULL;
+    }
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
-    j->conn_fd = -1;
+    j->parallel_tools = 1;
     j->gp = s->defaults;
     memcpy(j->eos, s->eos, sizeof j->eos);
     j->gp.eos = j->eos;
@@ -100,9 +107,9 @@ void srv_job_release(srv_job *j) {
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
     job_free_fields(j);
-    srv_buf_free(&j->out);
+    for (srv_event *e = j->ev_head, *n; e; e = n) n = e->next, free(e);
+    close(j->wake_fd);
     pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
 

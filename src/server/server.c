@@ -58,12 +58,6 @@ typedef struct req_ctx {
     int counted; /* in srv.active until the response is sent */
 } req_ctx;
 
-static int peer_closed(int fd) {
-    if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 /* ---- responses ---- */
 
 static const char *origin_allowed(srv *s, struct MHD_Connection *c) {
@@ -82,8 +76,8 @@ static const char *origin_allowed(srv *s, struct MHD_Connection *c) {
     return NULL;
 }
 
-static enum MHD_Result queue(srv *s, struct MHD_Connection *c, int status, struct MHD_Response *r,
-                             const char *ctype) {
+enum MHD_Result srv_queue_response(srv *s, struct MHD_Connection *c, int status, struct MHD_Response *r,
+                                   const char *ctype) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", ctype);
     const char *o = origin_allowed(s, c);
@@ -106,94 +100,11 @@ static enum MHD_Result send_json(srv *s, struct MHD_Connection *c, int status, j
     json_decref(o);
     struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
     if (!r) srv_buf_free(&b);
-    return queue(s, c, status, r, "application/json");
+    return srv_queue_response(s, c, status, r, "application/json");
 }
 
-static enum MHD_Result send_error(srv *s, struct MHD_Connection *c, int status, const char *msg) {
+enum MHD_Result srv_send_error(srv *s, struct MHD_Connection *c, int status, const char *msg) {
     return send_json(s, c, status, srv_error_json(status, msg, NULL));
-}
-
-/* ---- streaming ---- */
-
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
-    srv_job *j = cls;
-    (void)pos;
-    pthread_mutex_lock(&j->mu);
-    for (;;) {
-        if (j->out.len > j->out_off) {
-            size_t n = j->out.len - j->out_off;
-            if (n > max) n = max;
-            memcpy(buf, j->out.p + j->out_off, n);
-            j->out_off += n;
-            if (j->out_off == j->out.len) j->out.len = j->out_off = 0;
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
-        }
-        if (j->done) {
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        }
-        if (peer_closed(j->conn_fd)) {
-            atomic_store(&j->cancel, 1);
-            pthread_mutex_unlock(&j->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-    }
-}
-
-static void stream_free(void *cls) {
-    srv_job *j = cls;
-    atomic_store(&j->cancel, 1); /* no-op when it is done; stops it when the client left */
-    srv_job_release(j);
-}
-
-/* ---- handlers ---- */
-
-static enum MHD_Result run_generation(srv *s, struct MHD_Connection *c, srv_job *j) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->conn_fd = ci ? ci->connect_fd : -1;
-    if (srv_queue_push(s, j)) {
-        srv_job_release(j);
-        return send_error(s, c, 503, "the server is shutting down");
-    }
-    if (j->stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, j, stream_free);
-        if (!r) {
-            atomic_store(&j->cancel, 1);
-            srv_job_release(j);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        return queue(s, c, 200, r, "text/event-stream");
-    }
-    /* wait for the whole answer, watching for a client that leaves */
-    pthread_mutex_lock(&j->mu);
-    while (!j->done) {
-        if (peer_closed(j->conn_fd)) atomic_store(&j->cancel, 1);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-    }
-    int status = j->status;
-    srv_buf out = j->out;
-    memset(&j->out, 0, sizeof j->out);
-    pthread_mutex_unlock(&j->mu);
-    srv_job_release(j);
-    if (status == 499) {
-        srv_buf_free(&out);
-        return MHD_NO; /* the client is gone: close */
-    }
-    struct MHD_Response *r = MHD_create_response_from_buffer(out.len, out.p ? out.p : (void *)"", out.p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!r) srv_buf_free(&out);
-    return queue(s, c, status, r, "application/json");
 }
 
 static json_t *models_json(srv *s) {
@@ -216,12 +127,12 @@ static enum MHD_Result do_tokenize(srv *s, struct MHD_Connection *c, json_t *b) 
     if (!json_is_string(content)) return send_json(s, c, 400, srv_error_json(400, "'content' must be a string", "content"));
     json_t *as = json_object_get(b, "add_special"), *wp = json_object_get(b, "with_pieces");
     if ((as && !json_is_boolean(as)) || (wp && !json_is_boolean(wp)))
-        return send_error(s, c, 400, "'add_special' and 'with_pieces' must be booleans");
+        return srv_send_error(s, c, 400, "'add_special' and 'with_pieces' must be booleans");
     int32_t *ids = NULL;
     size_t n = 0;
     if (osp_tokenizer_encode_alloc(s->tok, json_string_value(content), json_string_length(content), json_is_true(as),
                                    &ids, &n) != OSP_OK)
-        return send_error(s, c, 400, osp_last_error());
+        return srv_send_error(s, c, 400, osp_last_error());
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) {
         if (json_is_true(wp)) {
@@ -248,7 +159,7 @@ static enum MHD_Result do_detokenize(srv *s, struct MHD_Connection *c, json_t *b
     if (!json_is_array(t)) return send_json(s, c, 400, srv_error_json(400, "'tokens' must be a list of token ids", "tokens"));
     size_t n = json_array_size(t);
     int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
-    if (!ids) return send_error(s, c, 500, "out of memory");
+    if (!ids) return srv_send_error(s, c, 500, "out of memory");
     int32_t V = osp_tokenizer_get_info(s->tok)->vocab_size;
     for (size_t i = 0; i < n; i++) {
         json_t *x = json_array_get(t, i);
@@ -262,7 +173,7 @@ static enum MHD_Result do_detokenize(srv *s, struct MHD_Connection *c, json_t *b
     size_t len = 0;
     osp_status rc = osp_tokenizer_decode(s->tok, ids, n, 0, &text, &len);
     free(ids);
-    if (rc != OSP_OK) return send_error(s, c, 400, osp_last_error());
+    if (rc != OSP_OK) return srv_send_error(s, c, 400, osp_last_error());
     json_t *o = json_object();
     json_object_set_new(o, "content", srv_json_string_lossy(text, len));
     osp_free(text);
@@ -320,7 +231,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             if (n / 16 > s->cfg.max_body) { /* writing would miss an early answer); absurd sizes: at once */
                 char m[128];
                 snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-                return send_error(s, c, 413, m);
+                return srv_send_error(s, c, 413, m);
             }
         }
         return MHD_YES;
@@ -348,45 +259,45 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             MHD_add_response_header(r, "Access-Control-Allow-Headers", rh ? rh : "Content-Type, Authorization");
             MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
         }
-        return queue(s, c, 204, r, "text/plain");
+        return srv_queue_response(s, c, 204, r, "text/plain");
     }
     if (rq->too_large) {
         char m[128];
         snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
-        return send_error(s, c, 413, m);
+        return srv_send_error(s, c, 413, m);
     }
     int is_post = 0, route = route_of(url, &is_post);
     if (route == R_HEALTH && !strcmp(method, "GET")) {
-        if (!atomic_load(&s->ready)) return send_error(s, c, 503, "Loading model");
+        if (!atomic_load(&s->ready)) return srv_send_error(s, c, 503, "Loading model");
         json_t *o = json_object();
         json_object_set_new(o, "status", json_string("ok"));
         return send_json(s, c, 200, o);
     }
-    if (!check_key(s, c)) return send_error(s, c, 401, "invalid or missing API key");
+    if (!check_key(s, c)) return srv_send_error(s, c, 401, "invalid or missing API key");
     if (route == R_NONE) {
         char m[160];
         snprintf(m, sizeof m, "no route %.100s", url);
-        return send_error(s, c, 404, m);
+        return srv_send_error(s, c, 404, m);
     }
     if (strcmp(method, is_post ? "POST" : "GET")) {
         char m[160];
         snprintf(m, sizeof m, "%.100s expects %s", url, is_post ? "POST" : "GET");
-        return send_error(s, c, 405, m);
+        return srv_send_error(s, c, 405, m);
     }
-    if (!atomic_load(&s->ready)) return send_error(s, c, 503, "Loading model");
+    if (!atomic_load(&s->ready)) return srv_send_error(s, c, 503, "Loading model");
     if (route == R_MODELS) return send_json(s, c, 200, models_json(s));
-    if (atomic_load(&s->draining)) return send_error(s, c, 503, "the server is shutting down");
+    if (atomic_load(&s->draining)) return srv_send_error(s, c, 503, "the server is shutting down");
 
     json_error_t je;
     json_t *body = json_loadb(rq->body.p ? rq->body.p : "", rq->body.len, JSON_REJECT_DUPLICATES, &je);
     if (!body) {
         char m[300];
         snprintf(m, sizeof m, "malformed JSON body: %s (line %d, column %d)", je.text, je.line, je.column);
-        return send_error(s, c, 400, m);
+        return srv_send_error(s, c, 400, m);
     }
     if (!json_is_object(body)) {
         json_decref(body);
-        return send_error(s, c, 400, "the body must be a JSON object");
+        return srv_send_error(s, c, 400, "the body must be a JSON object");
     }
     enum MHD_Result rc;
     int status = 400;
@@ -398,10 +309,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         j = route == R_CHAT ? srv_parse_chat(s, body, &status, &err) : srv_parse_completion(s, body, &status, &err);
         json_decref(body);
         if (!j) return send_json(s, c, status, err);
+        j->kv_need = srv_kv_need(s, j->n_prompt, j->gp.max_tokens);
+        if (s->kv_budget > 0 && j->kv_need > s->kv_budget) { /* could never be admitted: refuse it now */
+            srv_job_release(j);
+            return send_json(s, c, 400, srv_error_json(400, SRV_KV_BUDGET_MSG, "max_tokens"));
+        }
         __atomic_add_fetch(&s->n_requests, 1, __ATOMIC_RELAXED);
         atomic_fetch_add(&s->active, 1);
         rq->counted = 1;
-        return run_generation(s, c, j);
+        return srv_respond(s, c, j);
     case R_TOKENIZE: rc = do_tokenize(s, c, body); break;
     case R_DETOKENIZE: rc = do_detokenize(s, c, body); break;
     case R_TEMPLATE: {
@@ -409,7 +325,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rc = send_json(s, c, status, o);
         break;
     }
-    default: rc = send_error(s, c, 404, "no such route");
+    default: rc = srv_send_error(s, c, 404, "no such route");
     }
     json_decref(body);
     return rc;

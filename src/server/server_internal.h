@@ -3,6 +3,7 @@
 #define OSP_SERVER_INTERNAL_H
 
 #include <jansson.h>
+#include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include "osprey.h"
@@ -32,8 +33,31 @@ json_t *srv_error_json(int status, const char *message, const char *param);
 const char *srv_error_type(int status);
 
 /* ---- the job: one request's generation, shared by its connection thread
- * and the worker ---- */
+ * and the worker ----
+ *
+ * The worker (the batch loop) reports what happens to a job as typed events
+ * and never formats anything: a TEXT event per piece of text that became
+ * final, a LOGPROB event per sampled token (when asked), and one END event.
+ * The connection thread takes them off the job and turns them into SSE
+ * chunks or a JSON body (respond.c), waking on the job's eventfd. */
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+
+typedef enum srv_ev_kind { SRV_EV_TEXT, SRV_EV_LOGPROB, SRV_EV_END } srv_ev_kind;
+
+typedef struct srv_event {
+    struct srv_event *next;
+    srv_ev_kind kind;
+    int32_t token;            /* TEXT, LOGPROB */
+    float logprob;            /* LOGPROB */
+    int32_t n_top;            /* LOGPROB: top_ids / top_lp have n_top entries */
+    int32_t *top_ids;
+    float *top_lp;
+    char *text;               /* TEXT: len bytes; END: the error message (status != 200), else NULL */
+    size_t len;
+    int status;               /* END: 200 done, 499 cancelled, 4xx/5xx failed */
+    osp_gen_stats stats;      /* END */
+    int batch_max;            /* END: most rows decoded in one step with this one */
+} srv_event;
 
 typedef struct srv_job {
     /* set by the connection thread before the job is queued, then read-only */
@@ -48,30 +72,34 @@ typedef struct srv_job {
     int32_t eos[32];
     int logprobs;             /* report logprobs */
     int top_logprobs;
-    int echo_prompt;          /* completions: echo */
     osp_reply_format fmt;
     int parse_reasoning, parse_tools, start_in_reasoning;
+    int parallel_tools;       /* parallel_tool_calls: 0 keeps only the first call */
+    char *forced;             /* text the reply starts with (a forced tool call's opening), or NULL */
     char id[64];
     long long created;
-    int conn_fd;              /* the client's socket, to notice a disconnect */
+    int64_t kv_need;          /* KV bytes it may come to hold (prompt + max_tokens) */
 
     /* shared, under mu */
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    srv_buf out;              /* SSE bytes not yet sent, or the final body */
-    size_t out_off;           /* bytes of out already handed to the client */
-    int done;                 /* the worker will add nothing more */
-    int status;               /* HTTP status of a non-streamed answer */
+    srv_event *ev_head, *ev_tail; /* events not yet taken by the connection */
+    int ended;                /* the END event is queued: nothing more comes */
     int refs;
+    int wake_fd;              /* eventfd: written on every event */
     atomic_int cancel;        /* set by the connection side; the worker stops */
     struct srv_job *next;     /* queue link (under the queue's lock) */
+    int batch_max;            /* worker only */
 } srv_job;
 
 void srv_job_release(srv_job *j);
-/* Append bytes for the client and wake its thread. */
-void srv_job_emit(srv_job *j, const char *s, size_t n);
-/* Mark done (with the status of a non-streamed body) and wake. */
-void srv_job_finish(srv_job *j, int status);
+/* Worker side: queue an event (text/top arrays copied) and wake the connection. */
+int srv_job_text(srv_job *j, int32_t token, const char *text, size_t len);
+int srv_job_logprob(srv_job *j, int32_t token, float lp, const int32_t *top_ids, const float *top_lp, int32_t k);
+void srv_job_end(srv_job *j, int status, const char *error, const osp_gen_stats *st);
+/* Connection side: take every queued event (a list, oldest first; free each
+ * with free()); *ended = the job has ended (its END event is in this list or
+ * an earlier one; or it ended without one, when memory ran out). */
+srv_event *srv_job_take(srv_job *j, int *ended);
 
 /* ---- the server ---- */
 typedef struct srv_slot srv_slot; /* worker.c: one row of the running batch */
@@ -110,6 +138,17 @@ typedef struct srv {
     atomic_int active;        /* generation requests whose response is not yet sent */
 } srv;
 
+#define SRV_KV_BUDGET_MSG "the prompt plus max_tokens needs more KV cache than --kv-budget allows"
+
+/* server.c: a response with the server's headers (CORS), destroyed here. */
+enum MHD_Result srv_queue_response(srv *s, struct MHD_Connection *c, int status, struct MHD_Response *r,
+                                   const char *ctype);
+enum MHD_Result srv_send_error(srv *s, struct MHD_Connection *c, int status, const char *msg);
+
+/* respond.c: queue the job and answer the request with its result (a
+ * stream, or the body once it is done); takes the caller's reference. */
+enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j);
+
 /* request.c: build a job from a request body. On failure returns NULL with
  * *status (4xx) and *err (a new JSON error object). */
 srv_job *srv_parse_chat(srv *s, const json_t *body, int *status, json_t **err);
@@ -123,5 +162,8 @@ int srv_worker_start(srv *s);
 void srv_worker_stop(srv *s);       /* after the queue is empty */
 int srv_slots_init(srv *s);         /* the rows of the batch (s->parallel); 0 ok */
 int srv_queue_idle(srv *s);         /* nothing queued or running */
+void srv_queue_counts(srv *s, int *queued, int *running);
+/* KV bytes a job of n_prompt + max_tokens tokens may come to hold. */
+int64_t srv_kv_need(srv *s, int32_t n_prompt, int32_t max_tokens);
 
 #endif

@@ -1,0 +1,471 @@
+/* server/respond: the connection side of a generation. The connection's
+ * thread waits on the job's eventfd and on the client's socket (poll, no
+ * timer), takes the worker's events off the job and turns them into the
+ * OpenAI response: SSE chunks (role, content / reasoning_content deltas,
+ * tool_calls, finish_reason, usage, [DONE]) or one JSON body with usage.
+ * The reply parser (reasoning / tool calls) and the decoding of logprob
+ * tokens run here, never on the batch thread.
+ *
+ * The client's socket:
+ *   - reset or error (POLLHUP / POLLERR): the client is gone; the job is
+ *     cancelled and the connection closed.
+ *   - end of file (POLLRDHUP): the client closed its sending side. That is
+ *     a half-close (it may still read) or a full close; only a write tells
+ *     them apart. So nothing is cancelled: a probe is written (an SSE
+ *     comment in a stream; for a non-streamed request the response starts
+ *     at once, 200 with chunked encoding, and the probe is a newline before
+ *     the JSON body, which JSON allows). A fully closed client answers the
+ *     probe with a reset, which the next poll sees; a half-closed one gets
+ *     its answer. */
+#define _GNU_SOURCE
+#include <microhttpd.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "server/server_internal.h"
+
+enum { MODE_SSE, MODE_BODY, MODE_BODY_CHUNKED };
+
+typedef struct srv_resp {
+    srv *s;
+    srv_job *j;
+    int fd;                /* the client's socket, -1 if unknown */
+    int mode;
+    int eof, gone, probe;  /* client half-closed; client gone; a probe is owed */
+    int ended;             /* the job's end has been handled: out holds everything */
+    int status;            /* of the answer (MODE_BODY) */
+    osp_reply *reply;
+    srv_buf content, reasoning;
+    srv_buf out;           /* bytes for the client not yet handed to MHD */
+    size_t out_off;
+    json_t *lp_pending;    /* chat: logprobs entries not yet sent (stream) or all (body) */
+    json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
+    size_t text_off;
+    int failed;            /* out of memory while building output */
+} srv_resp;
+
+/* ---- formatting ---- */
+
+static json_t *chunk_base(srv_resp *r, const char *object) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", json_string(r->j->id));
+    json_object_set_new(o, "object", json_string(object));
+    json_object_set_new(o, "created", json_integer(r->j->created));
+    json_object_set_new(o, "model", json_string(r->s->model_name));
+    json_object_set_new(o, "system_fingerprint", json_string("osprey"));
+    return o;
+}
+
+static void send_event(srv_resp *r, json_t *o) {
+    if (srv_buf_add(&r->out, "data: ", 6) || srv_buf_add_json(&r->out, o) || srv_buf_add(&r->out, "\n\n", 2))
+        r->failed = 1;
+    json_decref(o);
+}
+
+static json_t *take_legacy_logprobs(srv_resp *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", r->lp_tokens);
+    json_object_set_new(o, "token_logprobs", r->lp_values);
+    json_object_set_new(o, "top_logprobs", r->lp_top);
+    json_object_set_new(o, "text_offset", r->lp_offset);
+    r->lp_tokens = json_array(), r->lp_values = json_array(), r->lp_top = json_array(), r->lp_offset = json_array();
+    return o;
+}
+
+static json_t *take_chat_logprobs(srv_resp *r) {
+    json_t *o = json_object();
+    json_object_set_new(o, "content", r->lp_pending);
+    r->lp_pending = json_array();
+    return o;
+}
+
+/* One streamed chat chunk with a delta (stolen) and a finish reason (or NULL). */
+static void chat_chunk(srv_resp *r, json_t *delta, const char *finish, int with_logprobs) {
+    json_t *o = chunk_base(r, "chat.completion.chunk");
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(0));
+    json_object_set_new(c, "delta", delta);
+    json_object_set_new(c, "logprobs", with_logprobs && r->j->logprobs ? take_chat_logprobs(r) : json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *arr = json_array();
+    json_array_append_new(arr, c);
+    json_object_set_new(o, "choices", arr);
+    send_event(r, o);
+}
+
+static void completion_chunk(srv_resp *r, const char *text, size_t len, const char *finish) {
+    json_t *o = chunk_base(r, "text_completion");
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(0));
+    json_object_set_new(c, "text", srv_json_string_lossy(text, len));
+    json_object_set_new(c, "logprobs", r->j->logprobs ? take_legacy_logprobs(r) : json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *arr = json_array();
+    json_array_append_new(arr, c);
+    json_object_set_new(o, "choices", arr);
+    send_event(r, o);
+}
+
+static int on_piece(void *user, osp_reply_kind kind, const char *text, size_t len) {
+    srv_resp *r = user;
+    if (!len) return 0;
+    if (r->mode == MODE_SSE) {
+        json_t *d = json_object();
+        json_object_set_new(d, kind == OSP_REPLY_REASONING ? "reasoning_content" : "content",
+                            srv_json_string_lossy(text, len));
+        chat_chunk(r, d, NULL, kind == OSP_REPLY_CONTENT);
+    } else if (srv_buf_add(kind == OSP_REPLY_REASONING ? &r->reasoning : &r->content, text, len)) {
+        r->failed = 1;
+    }
+    return r->failed;
+}
+
+static void on_text(srv_resp *r, const char *text, size_t len) {
+    if (r->j->kind == SRV_CHAT) {
+        if (osp_reply_feed(r->reply, text, len, on_piece, r) != OSP_OK) r->failed = 1;
+    } else if (r->mode == MODE_SSE) {
+        if (len || (r->j->logprobs && json_array_size(r->lp_tokens))) completion_chunk(r, text, len, NULL);
+    } else if (srv_buf_add(&r->content, text, len)) {
+        r->failed = 1;
+    }
+}
+
+static json_t *token_piece(srv_resp *r, int32_t id, json_t **bytes) {
+    char *t = NULL;
+    size_t n = 0;
+    if (osp_tokenizer_decode(r->s->tok, &id, 1, 0, &t, &n) != OSP_OK) n = 0;
+    json_t *str = srv_json_string_lossy(t ? t : "", n);
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)t[i]));
+    }
+    osp_free(t);
+    return str;
+}
+
+static json_t *lp_number(float lp) { return json_real(lp < -9999.0f || lp != lp ? -9999.0 : lp); }
+
+static void on_logprob(srv_resp *r, const srv_event *e) {
+    if (r->j->kind == SRV_CHAT) {
+        json_t *o = json_object(), *bytes;
+        json_object_set_new(o, "token", token_piece(r, e->token, &bytes));
+        json_object_set_new(o, "logprob", lp_number(e->logprob));
+        json_object_set_new(o, "bytes", bytes);
+        json_t *tops = json_array();
+        for (int32_t i = 0; i < e->n_top; i++) {
+            json_t *t = json_object(), *tb;
+            json_object_set_new(t, "token", token_piece(r, e->top_ids[i], &tb));
+            json_object_set_new(t, "logprob", lp_number(e->top_lp[i]));
+            json_object_set_new(t, "bytes", tb);
+            json_array_append_new(tops, t);
+        }
+        json_object_set_new(o, "top_logprobs", tops);
+        json_array_append_new(r->lp_pending, o);
+    } else {
+        json_t *piece = token_piece(r, e->token, NULL);
+        json_array_append_new(r->lp_offset, json_integer((json_int_t)r->text_off));
+        r->text_off += json_string_length(piece);
+        json_array_append_new(r->lp_tokens, piece);
+        json_array_append_new(r->lp_values, lp_number(e->logprob));
+        json_t *tops = json_object();
+        for (int32_t i = 0; i < e->n_top; i++) {
+            json_t *p = token_piece(r, e->top_ids[i], NULL);
+            json_object_set_new(tops, json_string_value(p), lp_number(e->top_lp[i]));
+            json_decref(p);
+        }
+        json_array_append_new(r->lp_top, tops);
+    }
+}
+
+static json_t *usage_json(const osp_gen_stats *st) {
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(st->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(st->n_generated));
+    json_object_set_new(u, "total_tokens", json_integer(st->n_prompt + st->n_generated));
+    json_t *d = json_object();
+    json_object_set_new(d, "cached_tokens", json_integer(0));
+    json_object_set_new(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
+    json_t *t = json_object();
+    json_object_set_new(t, "prompt_n", json_integer(st->n_prompt));
+    json_object_set_new(t, "prompt_per_second", json_real(st->prefill_tok_s));
+    json_object_set_new(t, "predicted_n", json_integer(st->n_generated));
+    json_object_set_new(t, "predicted_per_second", json_real(st->decode_tok_s));
+    json_object_set_new(t, "ttft_ms", json_real(st->ttft_s * 1e3));
+    json_object_set_new(t, "cache_n", json_integer(0));
+    json_object_set_new(t, "batch_max", json_integer(batch_max));
+    return t;
+}
+
+/* A failed job: an SSE error event, or the error body with its status. */
+static void end_failed(srv_resp *r, int status, const char *msg) {
+    json_t *e = srv_error_json(status, msg, status == 400 ? "max_tokens" : NULL);
+    if (r->mode == MODE_SSE) {
+        send_event(r, e);
+    } else {
+        srv_buf_add_json(&r->out, e);
+        srv_buf_add(&r->out, "\n", 1);
+        json_decref(e);
+    }
+    r->status = status;
+}
+
+/* Tool calls as the request allows them (parallel_tool_calls: false keeps the first). */
+static void limit_calls(srv_resp *r, json_t *calls) {
+    if (!r->j->parallel_tools)
+        while (json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
+}
+
+static void end_ok(srv_resp *r, const srv_event *e) {
+    srv_job *j = r->j;
+    json_t *tool_calls = NULL;
+    if (r->reply && osp_reply_finish(r->reply, on_piece, r, &tool_calls) != OSP_OK) r->failed = 1;
+    if (tool_calls) limit_calls(r, tool_calls);
+    const char *finish = e->stats.finish == OSP_FINISH_LENGTH ? "length" : "stop";
+    if (json_array_size(tool_calls)) finish = "tool_calls";
+    if (r->mode == MODE_SSE) {
+        if (j->kind == SRV_CHAT) {
+            if (json_array_size(tool_calls)) {
+                json_t *calls = json_array();
+                size_t i;
+                json_t *c;
+                json_array_foreach(tool_calls, i, c) {
+                    json_t *cc = json_deep_copy(c);
+                    json_object_set_new(cc, "index", json_integer((json_int_t)i));
+                    json_array_append_new(calls, cc);
+                }
+                json_t *d = json_object();
+                json_object_set_new(d, "tool_calls", calls);
+                chat_chunk(r, d, NULL, 0);
+            }
+            chat_chunk(r, json_object(), finish, 1);
+        } else {
+            completion_chunk(r, "", 0, finish);
+        }
+        if (j->include_usage) {
+            json_t *o = chunk_base(r, j->kind == SRV_CHAT ? "chat.completion.chunk" : "text_completion");
+            json_object_set_new(o, "choices", json_array());
+            json_object_set_new(o, "usage", usage_json(&e->stats));
+            json_object_set_new(o, "timings", timings_json(&e->stats, e->batch_max));
+            send_event(r, o);
+        }
+        if (srv_buf_add(&r->out, "data: [DONE]\n\n", 14)) r->failed = 1;
+    } else {
+        json_t *o = chunk_base(r, j->kind == SRV_CHAT ? "chat.completion" : "text_completion");
+        json_t *c = json_object();
+        json_object_set_new(c, "index", json_integer(0));
+        if (j->kind == SRV_CHAT) {
+            json_t *m = json_object();
+            json_object_set_new(m, "role", json_string("assistant"));
+            int has_calls = json_array_size(tool_calls) > 0;
+            json_object_set_new(m, "content", r->content.len || !has_calls
+                                                  ? srv_json_string_lossy(r->content.p ? r->content.p : "", r->content.len)
+                                                  : json_null());
+            if (r->reasoning.len)
+                json_object_set_new(m, "reasoning_content", srv_json_string_lossy(r->reasoning.p, r->reasoning.len));
+            if (has_calls) json_object_set(m, "tool_calls", tool_calls);
+            json_object_set_new(c, "message", m);
+            json_object_set_new(c, "logprobs", j->logprobs ? take_chat_logprobs(r) : json_null());
+        } else {
+            json_object_set_new(c, "text", srv_json_string_lossy(r->content.p ? r->content.p : "", r->content.len));
+            json_object_set_new(c, "logprobs", j->logprobs ? take_legacy_logprobs(r) : json_null());
+        }
+        json_object_set_new(c, "finish_reason", json_string(finish));
+        json_t *arr = json_array();
+        json_array_append_new(arr, c);
+        json_object_set_new(o, "choices", arr);
+        json_object_set_new(o, "usage", usage_json(&e->stats));
+        json_object_set_new(o, "timings", timings_json(&e->stats, e->batch_max));
+        if (srv_buf_add_json(&r->out, o) || srv_buf_add(&r->out, "\n", 1)) r->failed = 1;
+        json_decref(o);
+        r->status = 200;
+    }
+    json_decref(tool_calls);
+    if (r->failed) { /* replace what was built by an error */
+        if (r->mode != MODE_SSE) r->out.len = r->out_off = 0;
+        end_failed(r, 500, "out of memory while building the response");
+    }
+}
+
+static void handle_end(srv_resp *r, const srv_event *e) {
+    r->ended = 1;
+    if (!e || (r->failed && e->status != 200)) {
+        end_failed(r, 500, r->failed ? "out of memory while building the response" : "out of memory");
+    } else if (e->status == 499) {
+        r->gone = 1;
+        r->status = 499;
+    } else if (e->status != 200) {
+        end_failed(r, e->status, e->text ? e->text : "generation failed");
+    } else {
+        end_ok(r, e);
+    }
+}
+
+/* Take the job's events and format them. */
+static void pump(srv_resp *r) {
+    int ended;
+    srv_event *e = srv_job_take(r->j, &ended), *end = NULL;
+    while (e) {
+        srv_event *next = e->next;
+        if (!r->ended && !r->failed) {
+            if (e->kind == SRV_EV_TEXT) on_text(r, e->text, e->len);
+            else if (e->kind == SRV_EV_LOGPROB) on_logprob(r, e);
+        }
+        if (e->kind == SRV_EV_END && !end) end = e;
+        else free(e);
+        e = next;
+    }
+    if (r->failed && !ended) atomic_store(&r->j->cancel, 1); /* the worker stops; its END follows */
+    if (ended && !r->ended) handle_end(r, end);
+    free(end);
+}
+
+/* Wait until the job has news or the client's socket changes. Returns -1
+ * when the client is gone (the job is cancelled). */
+static int wait_news(srv_resp *r) {
+    struct pollfd p[2] = {{.fd = r->j->wake_fd, .events = POLLIN},
+                          {.fd = r->fd, .events = r->eof ? 0 : POLLRDHUP}};
+    for (;;) {
+        int n = poll(p, r->fd >= 0 ? 2 : 1, -1);
+        if (n < 0) continue; /* EINTR */
+        break;
+    }
+    if (r->fd >= 0 && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
+        r->gone = 1;
+        atomic_store(&r->j->cancel, 1);
+        return -1;
+    }
+    if (r->fd >= 0 && (p[1].revents & POLLRDHUP) && !r->eof) {
+        r->eof = 1;
+        r->probe = 1;
+        OSP_LOG(3, "osprey serve: %s: the client closed its sending side", r->j->id);
+    }
+    return 0;
+}
+
+/* ---- lifetime ---- */
+
+static srv_resp *resp_new(srv *s, srv_job *j, int fd) {
+    srv_resp *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->s = s;
+    r->j = j;
+    r->fd = fd;
+    r->mode = j->stream ? MODE_SSE : MODE_BODY;
+    r->lp_pending = json_array();
+    r->lp_tokens = json_array(), r->lp_values = json_array(), r->lp_top = json_array(), r->lp_offset = json_array();
+    if (j->kind == SRV_CHAT) {
+        if (osp_reply_new(j->fmt, j->parse_reasoning, j->parse_tools, j->start_in_reasoning, &r->reply) != OSP_OK) {
+            json_decref(r->lp_pending);
+            json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+            free(r);
+            return NULL;
+        }
+        if (j->forced) on_text(r, j->forced, strlen(j->forced)); /* the reply's forced opening */
+        if (r->mode == MODE_SSE) {
+            json_t *d = json_object();
+            json_object_set_new(d, "role", json_string("assistant"));
+            json_object_set_new(d, "content", json_string(""));
+            chat_chunk(r, d, NULL, 0);
+        }
+    }
+    return r;
+}
+
+/* The connection is done with it: a job still running is cancelled. */
+static void resp_free(srv_resp *r) {
+    if (!r) return;
+    if (!r->ended) atomic_store(&r->j->cancel, 1);
+    srv_job_release(r->j);
+    json_decref(r->lp_pending);
+    json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+    srv_buf_free(&r->content);
+    srv_buf_free(&r->reasoning);
+    srv_buf_free(&r->out);
+    osp_reply_free(r->reply);
+    free(r);
+}
+
+/* ---- MHD ---- */
+
+static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    srv_resp *r = cls;
+    (void)pos;
+    for (;;) {
+        if (r->out.len > r->out_off) {
+            size_t n = r->out.len - r->out_off;
+            if (n > max) n = max;
+            memcpy(buf, r->out.p + r->out_off, n);
+            r->out_off += n;
+            if (r->out_off == r->out.len) r->out.len = r->out_off = 0;
+            return (ssize_t)n;
+        }
+        if (r->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (r->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (r->probe) { /* see the top of this file */
+            r->probe = 0;
+            if (r->mode == MODE_SSE) srv_buf_add(&r->out, ": ping\n\n", 8);
+            else srv_buf_add(&r->out, "\n", 1);
+            continue;
+        }
+        if (wait_news(r) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        pump(r);
+    }
+}
+
+static void reader_free(void *cls) { resp_free(cls); }
+
+static enum MHD_Result queue_stream(srv *s, struct MHD_Connection *c, srv_resp *r, const char *ctype) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, r, reader_free);
+    if (!resp) {
+        resp_free(r);
+        return MHD_NO;
+    }
+    if (r->mode == MODE_SSE) {
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    }
+    return srv_queue_response(s, c, 200, resp, ctype);
+}
+
+enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    srv_resp *r = resp_new(s, j, ci ? ci->connect_fd : -1);
+    if (!r) {
+        srv_job_release(j);
+        return srv_send_error(s, c, 500, "out of memory");
+    }
+    if (srv_queue_push(s, j)) {
+        resp_free(r); /* never queued: nothing to cancel */
+        return srv_send_error(s, c, 503, "the server is shutting down");
+    }
+    if (r->mode == MODE_SSE) return queue_stream(s, c, r, "text/event-stream");
+    /* wait for the whole answer on this thread */
+    while (!r->ended) {
+        if (wait_news(r) < 0) {
+            resp_free(r);
+            return MHD_NO; /* the client is gone: close */
+        }
+        pump(r);
+        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on in the reader */
+            r->mode = MODE_BODY_CHUNKED;
+            return queue_stream(s, c, r, "application/json");
+        }
+    }
+    if (r->gone) {
+        resp_free(r);
+        return MHD_NO;
+    }
+    int status = r->status;
+    srv_buf out = r->out;
+    memset(&r->out, 0, sizeof r->out);
+    resp_free(r);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(out.len, out.p ? out.p : (void *)"", out.p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!resp) srv_buf_free(&out);
+    return srv_queue_response(s, c, status, resp, "application/json");
+}

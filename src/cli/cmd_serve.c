@@ -37,8 +37,19 @@ static int usage(FILE *f) {
             "                           Default: the model's kv_config.json if it has one, else f32\n"
             "  --kv-group-size N        KV quantization group along head_dim: 32, 64 (default) or 128\n"
             "  -ctk, -ctv TYPE          llama-server spellings: q4_0 = --kv-bits 4, q8_0 = 8, f16/bf16 = 16, f32 = 32\n"
+            "  --timeout S              a connection must send its request head within S seconds of connecting\n"
+            "                           (or of its previous response), and is closed after S idle seconds (default 10)\n"
+            "  --body-timeout S         a request body must arrive within S seconds of its head (default 60; 0 = none)\n"
+            "  --max-connections N      connections served at once, and as many waiting for their request head; when\n"
+            "                           that waiting set is full the oldest waiting connection is closed (default 1024)\n"
+            "  --max-connections-per-client N   connections from one address (default 0 = no cap)\n"
+            "  --drain-timeout S        after SIGINT/SIGTERM, give up delivering responses after S seconds and exit 1\n"
+            "                           (default 0 = deliver everything)\n"
+            "  --strict-model-name      refuse (404) a request whose 'model' is not the served model's name\n"
+            "                           (default: any name is answered by the served model, which the response names)\n"
             "\n"
-            "  SIGINT / SIGTERM: stop accepting requests, finish the queued ones, exit; a second signal exits at once.\n");
+            "  SIGINT / SIGTERM: /health turns 503 and new requests are refused; the queued and running ones finish\n"
+            "  and are delivered, then it exits; a second signal exits at once.\n");
     return f == stdout ? 0 : 2;
 }
 
@@ -95,6 +106,10 @@ int osp_cmd_serve(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout);
+        if (!strcmp(a, "--strict-model-name")) {
+            c.strict_model = 1;
+            continue;
+        }
         if (a[0] != '-') {
             if (c.model) return usage(stderr);
             c.model = a;
@@ -124,6 +139,11 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("-np") || IS("--parallel") || IS("--decode-concurrency")) { if (NUM(1, 256)) return 2; c.parallel = (int)d; }
         else if (IS("--prefill-step-size") || IS("-ub") || IS("--ubatch-size")) { if (NUM(1, 1 << 16)) return 2; c.prefill_step = (int)d; }
         else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }
+        else if (IS("--timeout") || IS("-to")) { if (NUM(0.1, 86400)) return 2; c.timeout = d; }
+        else if (IS("--body-timeout")) { if (NUM(0, 86400)) return 2; c.body_timeout = d; }
+        else if (IS("--max-connections")) { if (NUM(8, 1 << 20)) return 2; c.max_connections = (int)d; }
+        else if (IS("--max-connections-per-client")) { if (NUM(0, 1 << 20)) return 2; c.max_per_client = (int)d; }
+        else if (IS("--drain-timeout")) { if (NUM(0, 1e7)) return 2; c.drain_timeout = d; }
         else if (IS("--kv-bits")) {
             if (NUM(0, 32) || (d != 4 && d != 8 && d != 16 && d != 32 && d != 0)) {
                 fprintf(stderr, "osprey serve: --kv-bits is 4, 8, 16 (bf16) or 32 (f32)\n");

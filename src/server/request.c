@@ -9,6 +9,7 @@
  * generation_config.json → built-in (greedy). The server's defaults
  * (srv.defaults) already hold the last three.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +125,14 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
         return -1;
     }
     *max_tokens = mt;
+    int32_t best_of = 1;
+    if (int_field(b, "best_of", 1, 1, &best_of, e)) {
+        snprintf(e->msg, sizeof e->msg, "'best_of' is not supported (only 1)");
+        return -1;
+    }
+    int store = 0;
+    if (bool_field(b, "store", &store, e)) return -1;
+    if (store) FAIL(e, "store", "'store' is not supported: this server keeps no completions");
     if (num_field(b, "temperature", 0, 1e6, &sp->temperature, e)) return -1;
     if (num_field(b, "top_p", 0, 1, &sp->top_p, e)) return -1;
     if (num_field(b, "min_p", 0, 1, &sp->min_p, e)) return -1;
@@ -324,12 +333,14 @@ static json_t *normalize_messages(const json_t *msgs, perr *e) {
     return out;
 }
 
-/* Tools as given, unless tool_choice is "none". Returns a borrowed ref or NULL. */
-static int pick_tools(const json_t *b, const json_t **tools, perr *e) {
+/* Tools as given, unless tool_choice is "none"; *force: 0 auto, 1 required,
+ * 2 the function *name. Returns a borrowed ref in *tools or NULL. */
+static int pick_tools(const json_t *b, const json_t **tools, int *force, const char **name, perr *e) {
     *tools = NULL;
-    json_t *t = get(b, "tools");
-    if (!t) return 0;
-    if (!json_is_array(t)) FAIL(e, "tools", "'tools' must be a list");
+    *force = 0;
+    *name = NULL;
+    json_t *t = get(b, "tools"), *c = get(b, "tool_choice");
+    if (t && !json_is_array(t)) FAIL(e, "tools", "'tools' must be a list");
     size_t i;
     json_t *x;
     json_array_foreach(t, i, x) {
@@ -337,11 +348,56 @@ static int pick_tools(const json_t *b, const json_t **tools, perr *e) {
         if (!json_is_object(f) || !json_is_string(json_object_get(f, "name")))
             FAIL(e, "tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
     }
-    json_t *c = get(b, "tool_choice");
-    if (c && !json_is_string(c) && !json_is_object(c)) FAIL(e, "tool_choice", "'tool_choice' must be a string or an object");
-    if (json_is_string(c) && !strcmp(json_string_value(c), "none")) return 0;
+    if (c) {
+        const char *cs = json_is_string(c) ? json_string_value(c) : NULL;
+        if (cs && strcmp(cs, "none") && strcmp(cs, "auto") && strcmp(cs, "required"))
+            FAIL(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function");
+        if (!cs) {
+            json_t *f = json_is_object(c) ? json_object_get(c, "function") : NULL;
+            json_t *fn = json_is_object(f) ? json_object_get(f, "name") : NULL;
+            if (!json_is_string(fn))
+                FAIL(e, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                       "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            *name = json_string_value(fn);
+        }
+        if ((!cs || strcmp(cs, "none")) && !json_array_size(t))
+            FAIL(e, "tool_choice", "'tool_choice' is only allowed when 'tools' are given");
+        if (cs && !strcmp(cs, "none")) return 0;
+        if (cs && !strcmp(cs, "required")) *force = 1;
+        if (*name) {
+            int found = 0;
+            json_array_foreach(t, i, x) found |= !strcmp(json_string_value(json_object_get(json_object_get(x, "function"), "name")), *name);
+            if (!found) FAIL(e, "tool_choice", "'tool_choice' names '%.100s', which is not among 'tools'", *name);
+            for (const char *q = *name; *q; q++) /* it is written into the reply's opening */
+                if (!(isalnum((unsigned char)*q) || *q == '_' || *q == '-' || *q == '.'))
+                    FAIL(e, "tool_choice", "a forced function's name may only hold letters, digits, '_', '-' and '.'");
+            *force = 2;
+        }
+    }
     if (json_array_size(t)) *tools = t;
     return 0;
+}
+
+/* The text a forced tool call's reply starts with, in the model family's
+ * format (after closing an open reasoning block); NULL when the format has
+ * no tool calls. */
+static char *forced_opening(osp_reply_format f, int in_reasoning, int force, const char *name) {
+    srv_buf b = {0};
+    if (f == OSP_REPLY_QWEN) {
+        if (in_reasoning) srv_buf_addf(&b, "%s", "\n</think>\n\n");
+        srv_buf_addf(&b, "%s", "<tool_call>\n");
+        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"arguments\": ", name);
+    } else if (f == OSP_REPLY_LLAMA3) {
+        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"parameters\": ", name);
+        else srv_buf_addf(&b, "%s", "{\"name\": \"");
+    } else if (f == OSP_REPLY_GEMMA4) {
+        if (in_reasoning) srv_buf_addf(&b, "%s", "<channel|>");
+        srv_buf_addf(&b, "%s", "<|tool_call>call:");
+        if (force == 2) srv_buf_addf(&b, "%s{", name);
+    } else {
+        return NULL;
+    }
+    return b.p;
 }
 
 /* chat_template_kwargs (+ reasoning_effort "none" → enable_thinking false). */
@@ -361,7 +417,8 @@ static int template_extra(const json_t *b, json_t **extra, perr *e) {
     return 0;
 }
 
-static int render(srv *s, const json_t *b, char **text, size_t *len, const json_t **tools_out, perr *e) {
+static int render(srv *s, const json_t *b, char **text, size_t *len, const json_t **tools_out, int *force,
+                  const char **force_name, perr *e) {
     if (!s->tmpl) {
         e->status = 400;
         snprintf(e->msg, sizeof e->msg, "this model has no chat template (use /v1/completions or --chat-template)");
@@ -371,7 +428,9 @@ static int render(srv *s, const json_t *b, char **text, size_t *len, const json_
     if (!msgs) return -1;
     const json_t *tools;
     json_t *extra = NULL;
-    if (pick_tools(b, &tools, e) || template_extra(b, &extra, e)) {
+    int fc = 0;
+    const char *fname = NULL;
+    if (pick_tools(b, &tools, &fc, &fname, e) || template_extra(b, &extra, e)) {
         json_decref(msgs);
         return -1;
     }
@@ -384,6 +443,7 @@ static int render(srv *s, const json_t *b, char **text, size_t *len, const json_
         return -1;
     }
     if (tools_out) *tools_out = tools;
+    if (force) *force = fc, *force_name = fname;
     return 0;
 }
 
@@ -422,16 +482,42 @@ srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
     int32_t tl = 0;
     if (int_field(b, "top_logprobs", 0, 20, &tl, &e)) return fail_job(j, &e, status, err);
     j->top_logprobs = tl;
+    int ptc = 1;
+    if (bool_field(b, "parallel_tool_calls", &ptc, &e)) return fail_job(j, &e, status, err);
+    j->parallel_tools = ptc;
     char *text = NULL;
     size_t len = 0;
     const json_t *tools = NULL;
-    if (render(s, b, &text, &len, &tools, &e)) return fail_job(j, &e, status, err);
-    size_t n = 0;
-    osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
+    int force = 0;
+    const char *force_name = NULL;
+    if (render(s, b, &text, &len, &tools, &force, &force_name, &e)) return fail_job(j, &e, status, err);
     j->fmt = s->fmt;
     j->parse_tools = tools != NULL && s->fmt != OSP_REPLY_NONE;
     j->parse_reasoning = s->fmt == OSP_REPLY_QWEN || s->fmt == OSP_REPLY_GEMMA4;
     j->start_in_reasoning = j->parse_reasoning && osp_reply_prompt_opens_reasoning(s->fmt, text, len);
+    if (force) { /* the reply starts with the format's tool-call opening: the model goes on from there */
+        j->forced = forced_opening(s->fmt, j->start_in_reasoning, force, force_name);
+        if (!j->forced) {
+            osp_free(text);
+            e.status = 400, e.param = "tool_choice";
+            snprintf(e.msg, sizeof e.msg, "this model's chat template has no tool-call format: tool_choice '%s' "
+                     "cannot be honoured", force == 2 ? "function" : "required");
+            return fail_job(j, &e, status, err);
+        }
+        size_t fl = strlen(j->forced);
+        char *t2 = osp_malloc(OSP_POOL_MISC, len + fl + 1);
+        if (!t2) {
+            osp_free(text);
+            e.status = 500;
+            snprintf(e.msg, sizeof e.msg, "out of memory");
+            return fail_job(j, &e, status, err);
+        }
+        memcpy(t2, text, len), memcpy(t2 + len, j->forced, fl + 1);
+        osp_free(text);
+        text = t2, len += fl;
+    }
+    size_t n = 0;
+    osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
     /* Gemma 4's markers are special tokens: keep them in the text for the parser */
     if (s->fmt == OSP_REPLY_GEMMA4 && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
     osp_free(text);
@@ -460,6 +546,12 @@ srv_job *srv_parse_completion(srv *s, const json_t *b, int *status, json_t **err
     if (echo) {
         e.status = 400, e.param = "echo";
         snprintf(e.msg, sizeof e.msg, "'echo' is not supported");
+        return fail_job(j, &e, status, err);
+    }
+    json_t *sfx = get(b, "suffix");
+    if (sfx && (!json_is_string(sfx) || json_string_length(sfx))) {
+        e.status = 400, e.param = "suffix";
+        snprintf(e.msg, sizeof e.msg, "'suffix' is not supported (no fill-in-the-middle)");
         return fail_job(j, &e, status, err);
     }
     json_t *p = get(b, "prompt");
@@ -516,7 +608,7 @@ json_t *srv_apply_template(srv *s, const json_t *b, int *status) {
         *status = 400;
         return srv_error_json(400, "the body must be a JSON object", NULL);
     }
-    if (render(s, b, &text, &len, NULL, &e)) {
+    if (render(s, b, &text, &len, NULL, NULL, NULL, &e)) {
         *status = e.status ? e.status : 400;
         return srv_error_json(*status, e.msg, e.param);
     }

@@ -1,16 +1,20 @@
 /* server/: osprey serve, an OpenAI-compatible HTTP server.
  *
- *   HTTP (libmicrohttpd, one thread per connection)
- *     └─ http.c     routing, API key, CORS, body limit, errors in OpenAI's shape
- *        └─ request.c  JSON body ─► validated job (template, tokens, sampler)
- *           └─ queue ─► worker.c  continuous batching: up to --parallel rows;
- *                          prefill chunks interleaved with batched decode steps
- *                          └─ osp_stream per row ─► reply.c (reasoning / tool calls)
- *                             ─► SSE chunks or the final JSON, handed back
- *                                to the connection thread through the job
+ *   front.c    the listening socket; connections wait here (a poll set, no
+ *              thread) until their request head is complete, are checked
+ *              (head.c) and handed to libmicrohttpd, or refused in JSON
+ *   http.c     libmicrohttpd, one thread per connection: routing, API key,
+ *              CORS, body limit and deadline, the small routes
+ *     └─ request.c  JSON body ─► validated job (template, tokens, sampler)
+ *        └─ queue ─► worker.c  continuous batching: up to --parallel rows;
+ *                       prefill chunks interleaved with batched decode steps;
+ *                       each row's progress as events on its job
+ *     └─ respond.c  the connection thread turns the events into SSE chunks
+ *                   or the final JSON (reply.c: reasoning / tool calls)
+ *   setup.c    model, session, KV budget; server.c the lifecycle
  *
  * A client that disconnects cancels its job (queued or running); SIGINT /
- * SIGTERM stop accepting work, let the queue drain, then exit.
+ * SIGTERM stop accepting work, finish it and deliver it, then exit.
  */
 #ifndef OSP_SERVER_H
 #define OSP_SERVER_H
@@ -37,6 +41,13 @@ typedef struct osp_serve_config {
     long long kv_budget;        /* KV bytes for all rows; 0 = fit (see osp_serve) */
     int kv_bits;                /* -1 = kv_config.json if the model has one, else f32; 0 (f32), 4, 8, 16 (bf16) */
     int kv_group;               /* 32, 64 (default) or 128 */
+    double timeout;             /* s a connection may take to send a request head, and sit idle
+                                   between requests (default 10) */
+    double body_timeout;        /* s from a request's head to the end of its body (default 60; 0 = none) */
+    int max_connections;        /* connections served at once (default 1024, capped by the fd limit) */
+    int max_per_client;         /* connections from one address (default 0 = no cap) */
+    double drain_timeout;       /* s to finish after SIGTERM/SIGINT (default 0 = until all is delivered) */
+    int strict_model;           /* a request naming another model gets a 404 (default: it is served) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

@@ -4,8 +4,10 @@
 
 #include <jansson.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/socket.h>
 #include "osprey.h"
 #include "server/reply.h"
 #include "server/server.h"
@@ -26,6 +28,9 @@ int srv_buf_add_json(srv_buf *b, const json_t *v);
  * become U+FFFD). */
 json_t *srv_json_string_lossy(const char *s, size_t n);
 int srv_utf8_valid(const char *s, size_t n);
+/* A JSON string literal of bytes (invalid UTF-8 becomes U+FFFD); 0 ok. */
+int srv_buf_add_json_string(srv_buf *b, const char *s, size_t n);
+const char *srv_status_text(int status); /* "Not Found" */
 /* "prefix-" + 24 random hex digits. */
 void srv_make_id(char *out, size_t cap, const char *prefix);
 /* {"error":{"message","type","code","param"}} (param omitted when NULL). */
@@ -103,10 +108,22 @@ srv_event *srv_job_take(srv_job *j, int *ended);
 
 /* ---- the server ---- */
 typedef struct srv_slot srv_slot; /* worker.c: one row of the running batch */
+typedef struct srv_front srv_front; /* front.c */
+
+/* Connection limits and deadlines (osp_serve_config, with defaults applied). */
+typedef struct srv_limits {
+    double head_timeout;      /* s from connecting (or the previous response) to a complete request head */
+    int idle_timeout;         /* s a kept-alive connection may sit idle (libmicrohttpd's timeout) */
+    double body_timeout;      /* s from the head to the end of the body; 0 = none */
+    int max_connections;      /* connections served at once, and as many waiting for their head */
+    int per_client;           /* connections from one address; 0 = no cap */
+} srv_limits;
 
 typedef struct srv {
     osp_serve_config cfg;
+    srv_limits limits;
     char model_name[256];
+    long long created;        /* when the server started: /v1/models' "created" */
     /* set once loading is over, then read-only */
     atomic_int ready;
     osp_model *model;
@@ -136,7 +153,26 @@ typedef struct srv {
 
     long long n_requests;
     atomic_int active;        /* generation requests whose response is not yet sent */
+
+    /* connections libmicrohttpd holds, by client address (http.c) */
+    pthread_mutex_t conn_mu;
+    struct sockaddr_storage *conn_addr;
+    struct MHD_Connection **conn_of;
+    int n_conn;
 } srv;
+
+/* setup.c */
+int srv_setup(srv *s);    /* model, tokenizer, template, session, budget; 0 ok (else osp_last_error) */
+void srv_teardown(srv *s);
+void srv_model_name(const char *path, char *out, size_t cap); /* the id clients see */
+
+/* http.c */
+struct MHD_Daemon *srv_http_start(srv *s);
+int srv_conns_from(srv *s, const struct sockaddr *a);
+
+/* front.c: the listening socket; prints "listening on" once bound. 0 ok. */
+int srv_front_start(srv *s, struct MHD_Daemon *d, srv_front **out);
+void srv_front_stop(srv_front *f);
 
 #define SRV_KV_BUDGET_MSG "the prompt plus max_tokens needs more KV cache than --kv-budget allows"
 

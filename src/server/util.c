@@ -95,6 +95,54 @@ json_t *srv_json_string_lossy(const char *s, size_t n) {
     return j;
 }
 
+int srv_buf_add_json_string(srv_buf *b, const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *u = (const unsigned char *)s;
+    int bad = srv_buf_add(b, "\"", 1);
+    for (size_t i = 0; i < n && !bad;) {
+        unsigned c = u[i];
+        size_t k = utf8_seq(u + i, n - i);
+        if (!k) { /* invalid UTF-8: U+FFFD */
+            bad |= srv_buf_add(b, "\xEF\xBF\xBD", 3);
+            i++;
+        } else if (k > 1) {
+            bad |= srv_buf_add(b, s + i, k);
+            i += k;
+        } else {
+            if (c == '"' || c == '\\') {
+                char e[2] = {'\\', (char)c};
+                bad |= srv_buf_add(b, e, 2);
+            } else if (c < 0x20 || c == 0x7f) {
+                char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+                bad |= srv_buf_add(b, e, 6);
+            } else {
+                bad |= srv_buf_add(b, s + i, 1);
+            }
+            i++;
+        }
+    }
+    return bad | srv_buf_add(b, "\"", 1);
+}
+
+const char *srv_status_text(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 505: return "HTTP Version Not Supported";
+    default: return status < 500 ? "Bad Request" : "Internal Server Error";
+    }
+}
+
 void srv_make_id(char *out, size_t cap, const char *prefix) {
     static atomic_ullong counter;
     static __thread unsigned long long x;
@@ -114,6 +162,8 @@ const char *srv_error_type(int status) {
     case 403: return "permission_error";
     case 404: return "not_found_error";
     case 405: return "invalid_request_error";
+    case 408: return "timeout_error";
+    case 501: return "not_implemented_error";
     case 413: return "invalid_request_error";
     case 503: return "unavailable_error";
     default: return status >= 500 ? "server_error" : "invalid_request_error";

@@ -1,0 +1,98 @@
+/* server/setup: what the server computes on before it can answer: the
+ * model, its tokenizer and chat template, the batch session with its KV
+ * cache precision, the KV budget and the generation defaults. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "server/server_internal.h"
+
+/* Bytes of memory the system can still give (MemAvailable), or 0. */
+static int64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    fclose(f);
+    return (int64_t)kb * 1024;
+}
+
+
+void srv_model_name(const char *path, char *out, size_t cap) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    size_t n = strlen(tmp);
+    while (n > 1 && tmp[n - 1] == '/') tmp[--n] = 0;
+    const char *b = strrchr(tmp, '/');
+    b = b ? b + 1 : tmp;
+    if (!strncmp(b, "models--", 8)) { /* Hugging Face cache: models--ORG--NAME */
+        snprintf(out, cap, "%s", b + 8);
+        char *d = strstr(out, "--");
+        if (d) memmove(d + 1, d + 2, strlen(d + 2) + 1), *d = '/';
+    } else {
+        snprintf(out, cap, "%s", b);
+    }
+}
+
+int srv_setup(srv *s) {
+    const osp_serve_config *c = &s->cfg;
+    double t0 = osp_now_s();
+    if (osp_model_load(c->model, &s->model) != OSP_OK) return -1;
+    const osp_model_info *in = osp_model_get_info(s->model);
+    if (osp_tokenizer_load(in->dir, &s->tok) != OSP_OK) return -1;
+    if (osp_chat_template_load(in->dir, c->chat_template, &s->tmpl) != OSP_OK) {
+        if (c->chat_template) return -1;
+        OSP_LOG(1, "osprey serve: no chat template (%s); /v1/chat/completions is unavailable", osp_last_error());
+        s->tmpl = NULL;
+    }
+    s->fmt = s->tmpl ? osp_reply_format_detect(osp_chat_template_source(s->tmpl)) : OSP_REPLY_NONE;
+    int ctx = c->ctx > 0 ? c->ctx : (in->max_ctx > 0 && in->max_ctx < 8192 ? in->max_ctx : 8192);
+    if (in->max_ctx > 0 && ctx > in->max_ctx) {
+        OSP_LOG(1, "osprey serve: -c %d is larger than the model's %d positions; using %d", ctx, in->max_ctx, in->max_ctx);
+        ctx = in->max_ctx;
+    }
+    s->ctx = ctx;
+    int32_t n_layers = in->n_layers, lbits[n_layers], lgroup[n_layers];
+    int have_cfg = 0;
+    osp_session_opts so = {.n_rows = c->parallel, .max_ctx = ctx, .kv_bits = c->kv_bits > 0 ? c->kv_bits : 0,
+                           .kv_group = c->kv_group,
+                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step};
+    if (c->kv_bits < 0) { /* no flag: the model's kv_config.json, if any */
+        if (osp_model_kv_config(s->model, lbits, lgroup, &have_cfg) != OSP_OK) return -1;
+        if (have_cfg) so.layer_kv_bits = lbits, so.layer_kv_group = lgroup;
+    }
+    if (osp_session_new_opts(s->model, &so, &s->session) != OSP_OK) return -1;
+    osp_session_set_fast(s->session, 1); /* the production path, as osprey generate and bench use */
+    /* the KV budget: the flag, else what all rows at full context take, capped at 3/4 of available memory */
+    int64_t full = osp_session_kv_row_bytes(s->session, ctx) * c->parallel, avail = mem_available() / 4 * 3;
+    s->kv_budget = c->kv_budget > 0 ? c->kv_budget : (avail > 0 && avail < full ? avail : full);
+    s->parallel = c->parallel;
+    s->prefill_step = c->prefill_step;
+    s->vocab = in->vocab;
+    s->logits = malloc(sizeof(float) * (size_t)c->parallel * in->vocab);
+    if (!s->logits || srv_slots_init(s)) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
+    osp_gen_defaults(s->model, s->tok, &s->defaults, s->eos);
+    s->n_eos = s->defaults.n_eos;
+    if (c->temp >= 0) s->defaults.sampler.temperature = c->temp;
+    if (c->top_p >= 0) s->defaults.sampler.top_p = c->top_p;
+    if (c->top_k >= 0) s->defaults.sampler.top_k = c->top_k;
+    if (c->min_p >= 0) s->defaults.sampler.min_p = c->min_p;
+    OSP_LOG(1, "osprey serve: loaded %s (%s, context %d, reply format %s) in %.2f s; %d parallel rows, KV %s%s, "
+            "budget %.1f MiB (%.1f MiB per row at full context)", s->model_name, in->architecture, ctx,
+            osp_reply_format_name(s->fmt), osp_now_s() - t0, c->parallel,
+            have_cfg ? "per kv_config.json" : so.kv_bits == 16 ? "bf16" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
+            so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
+    return 0;
+}
+
+
+void srv_teardown(srv *s) {
+    osp_session_free(s->session);
+    free(s->slots);
+    free(s->logits);
+    osp_chat_template_free(s->tmpl);
+    osp_tokenizer_free(s->tok);
+    osp_model_free(s->model);
+    s->session = NULL, s->slots = NULL, s->logits = NULL, s->tmpl = NULL, s->tok = NULL, s->model = NULL;
+}

@@ -28,6 +28,7 @@ typedef struct req_ctx {
     srv *s;
     srv_buf body;
     int too_large;
+    int refused;      /* 401: the body is read and dropped, then this is the answer */
     int counted;      /* in srv.active until the response is sent */
     double t_start;   /* when the head arrived: the body's deadline counts from here */
 } req_ctx;
@@ -278,13 +279,21 @@ static enum MHD_Result on_head(srv *s, req_ctx *rq, struct MHD_Connection *c, co
     int is_post = 0;
     const char *arg = NULL;
     int route = route_of(url, &is_post, &arg);
-    if (strcmp(method, "OPTIONS") && route != R_HEALTH && !check_key(s, c))
-        return srv_send_error(s, c, 401, "invalid or missing API key");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
     unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
+    int absurd = n / 16 > s->cfg.max_body;
+    if (strcmp(method, "OPTIONS") && route != R_HEALTH && !check_key(s, c)) {
+        /* decided now, before any body: nothing of it is kept. Without a body (or with an absurd one) the
+         * answer goes at once; otherwise once the body is read and dropped (or --body-timeout), so that a
+         * client still writing it sees the 401 rather than a reset connection */
+        if ((!n && !te) || absurd) return srv_send_error(s, c, 401, "invalid or missing API key");
+        rq->refused = 401;
+        return MHD_YES;
+    }
     if (n > s->cfg.max_body) {
         rq->too_large = 1; /* read and drop the body, then answer 413: a client still writing would */
-        if (n / 16 > s->cfg.max_body) { /* miss an early answer; absurd sizes: at once */
+        if (absurd) { /* miss an early answer; absurd sizes: at once */
             char m[128];
             snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
             return srv_send_error(s, c, 413, m);
@@ -310,10 +319,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         if (s->limits.body_timeout > 0 && osp_now_s() - rq->t_start > s->limits.body_timeout) {
             *upload_size = 0;
             srv_buf_free(&rq->body);
-            rq->too_large = 2;
+            if (rq->refused) return srv_send_error(s, c, 401, "invalid or missing API key");
             return srv_send_error(s, c, 408, "the request body did not arrive within --body-timeout");
         }
-        if (!rq->too_large) {
+        if (!rq->too_large && !rq->refused) {
             if (rq->body.len + *upload_size > s->cfg.max_body) {
                 rq->too_large = 1;
                 srv_buf_free(&rq->body);
@@ -337,6 +346,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         }
         return srv_queue_response(s, c, 204, r, "text/plain");
     }
+    if (rq->refused) return srv_send_error(s, c, 401, "invalid or missing API key");
     if (rq->too_large) {
         char m[128];
         snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);

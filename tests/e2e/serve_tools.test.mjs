@@ -30,18 +30,21 @@ const tools = [
   },
 ];
 
-// Serve a copy model that answers `answer` to the conversation `messages`.
-async function serveAnswering(messages, answer) {
+// Serve a copy model that answers `answer` to the conversation `messages`;
+// with `forced`, the reply is taken to start with that text (a forced tool
+// call's opening, appended to the prompt) and `answer` to follow it.
+async function serveAnswering(messages, answer, forced = '') {
   buildCopyModel(dir, { d: 2, ...shape }); // placeholder weights: the period comes next
   let srv = await startServer([], { model: dir });
   const tpl = await raw(srv.base, '/apply-template', { body: JSON.stringify({ messages, tools }) });
   const prompt = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: tpl.json.prompt }) })).json.tokens;
   const ans = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: answer }) })).json.tokens;
+  const withForced = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: tpl.json.prompt + forced }) })).json.tokens;
   assert.equal((await srv.stop()).code, 0);
   let at = -1;
   for (let i = prompt.length - ans.length; i >= 0 && at < 0; i--) if (ans.every((t, k) => prompt[i + k] === t)) at = i;
   assert.ok(at >= 0, 'the answer is not tokenized the same inside the prompt');
-  buildCopyModel(dir, { d: prompt.length - at, ...shape });
+  buildCopyModel(dir, { d: withForced.length - at, ...shape });
   srv = await startServer([], { model: dir });
   return { srv, client: new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0 }) };
 }
@@ -119,5 +122,50 @@ test('reasoning: <think> ... </think> goes to reasoning_content, streamed and no
   const chunks = await collect(await client.chat.completions.create({ model: 'copy', messages, tools, temperature: 0, max_tokens: 64, stream: true }));
   assert.equal(chunks.map((c) => c.choices[0]?.delta?.reasoning_content ?? '').join(''), 'The user wants a greeting.');
   assert.equal(chunks.map((c) => c.choices[0]?.delta?.content ?? '').join(''), 'Hello there!');
+  assert.equal((await srv.stop()).code, 0);
+});
+
+test('tool_choice "required" and a named function force a tool call; parallel_tool_calls: false keeps the first', async () => {
+  // the model is shown only what follows the opening: unforced it would not write a call at all
+  const rest = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+  let messages = [{ role: 'user', content: rest }];
+  let { srv, client } = await serveAnswering(messages, rest, '<tool_call>\n');
+  for (const stream of [false, true]) {
+    const req = { model: 'copy', messages, tools, tool_choice: 'required', temperature: 0, max_tokens: 64, stream };
+    const calls = stream
+      ? (await collect(await client.chat.completions.create(req))).flatMap((c) => c.choices[0]?.delta?.tool_calls ?? [])
+      : (await client.chat.completions.create(req)).choices[0].message.tool_calls;
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: 'Paris' });
+  }
+  const auto = await client.chat.completions.create({ model: 'copy', messages, tools, temperature: 0, max_tokens: 16 });
+  assert.equal(auto.choices[0].message.tool_calls, undefined);
+  assert.equal((await srv.stop()).code, 0);
+
+  const args = '{"city": "Oslo"}}\n</tool_call>';
+  messages = [{ role: 'user', content: args }];
+  ({ srv, client } = await serveAnswering(messages, args, '<tool_call>\n{"name": "get_weather", "arguments": '));
+  const named = await client.chat.completions.create({
+    model: 'copy', messages, tools, temperature: 0, max_tokens: 64,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  });
+  assert.equal(named.choices[0].finish_reason, 'tool_calls');
+  assert.deepEqual(JSON.parse(named.choices[0].message.tool_calls[0].function.arguments), { city: 'Oslo' });
+  const bad = await raw(srv.base, '/v1/chat/completions', {
+    body: JSON.stringify({ messages, tools, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+  });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'tool_choice');
+  assert.equal((await srv.stop()).code, 0);
+
+  const two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Bern"}}\n</tool_call>';
+  messages = [{ role: 'user', content: two }];
+  ({ srv, client } = await serveAnswering(messages, two));
+  const both = await client.chat.completions.create({ model: 'copy', messages, tools, temperature: 0, max_tokens: 96 });
+  assert.equal(both.choices[0].message.tool_calls.length, 2);
+  const first = await client.chat.completions.create({ model: 'copy', messages, tools, temperature: 0, max_tokens: 96, parallel_tool_calls: false });
+  assert.equal(first.choices[0].message.tool_calls.length, 1);
+  assert.deepEqual(JSON.parse(first.choices[0].message.tool_calls[0].function.arguments), { city: 'Rome' });
   assert.equal((await srv.stop()).code, 0);
 });

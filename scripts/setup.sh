@@ -3,6 +3,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev"
+# scripts/test.sh adds what only the tests need (clang + libFuzzer for fuzz/)
+PKGS="$PKGS ${OSP_TEST_PKGS:-}"
 missing=""
 # node + npm drive the end-to-end tests (the npm `openai` client); a
 # machine that already has a node (e.g. from NodeSource) keeps it.

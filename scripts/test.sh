@@ -1,10 +1,10 @@
 #!/bin/sh
 # The test command: dependencies, a Release build and its CTest suite (and its
 # library tests again on the AVX2 tier), then the whole suite once more under
-# AddressSanitizer + UBSan.
+# AddressSanitizer + UBSan, then a short run of each libFuzzer harness (fuzz/).
 set -eu
 cd "$(dirname "$0")/.."
-sh scripts/setup.sh
+OSP_TEST_PKGS="clang libclang-rt-14-dev" sh scripts/setup.sh
 # the npm `openai` client for the end-to-end server tests (tests/e2e)
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 (cd build && ctest --output-on-failure -j"$(nproc)")
@@ -13,3 +13,7 @@ sh scripts/setup.sh
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOSP_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j"$(nproc)")
+# every parser's fuzzer, briefly (clang, ASan + UBSan + libFuzzer): fuzz/run.sh
+CC=clang cmake -S . -B build-fuzz -DOSP_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$(nproc)"
+(cd build-fuzz && ctest --output-on-failure -j"$(nproc)")

@@ -18,7 +18,9 @@ static _Atomic size_t pool_bytes[OSP_POOL_COUNT];
 void *osp_malloc(osp_pool pool, size_t n) {
     if (pool >= OSP_POOL_COUNT || n > SIZE_MAX - HDR) return NULL;
     void *raw = NULL;
-    if (posix_memalign(&raw, 64, n + HDR) != 0) return NULL;
+    /* at least one byte past the header, so that even a zero-size block's
+     * pointer points into its allocation (leak checkers see it as held) */
+    if (posix_memalign(&raw, 64, (n ? n : 1) + HDR) != 0) return NULL;
     size_t *h = raw;
     h[0] = n;
     h[1] = (size_t)pool;

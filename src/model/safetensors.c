@@ -206,6 +206,31 @@ osp_status osp_st_open_file(const char *path, osp_st **out) {
     return OSP_OK;
 }
 
+osp_status osp_st_open_mem(const void *buf, size_t n, const char *name, osp_st **out) {
+    *out = NULL;
+    osp_st *st = calloc(1, sizeof *st);
+    osp_st_file *f = calloc(1, sizeof *f);
+    char *p = strdup(name ? name : "(memory)");
+    if (!st || !f || !p) {
+        free(st), free(f), free(p);
+        return osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    f->path = p;
+    f->map = (void *)buf;
+    f->size = n;
+    f->borrowed = 1;
+    st->files = f;
+    st->n_files = 1;
+    osp_status rc = load_header(st, 0);
+    if (rc == OSP_OK) rc = finish(st);
+    if (rc != OSP_OK) {
+        osp_st_close(st);
+        return rc;
+    }
+    *out = st;
+    return OSP_OK;
+}
+
 static int file_exists(const char *p) {
     struct stat sb;
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
@@ -307,7 +332,7 @@ void osp_st_close(osp_st *st) {
     for (int i = 0; i < st->n_tensors; i++) free(st->tensors[i].name);
     free(st->tensors);
     for (int i = 0; i < st->n_files; i++) {
-        if (st->files[i].map) munmap(st->files[i].map, st->files[i].size);
+        if (st->files[i].map && !st->files[i].borrowed) munmap(st->files[i].map, st->files[i].size);
         free(st->files[i].path);
     }
     free(st->files);

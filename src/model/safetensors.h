@@ -32,6 +32,7 @@ typedef struct osp_st_file {
     char *path;
     void *map;
     size_t size;
+    int borrowed;       /* map is the caller's memory (osp_st_open_mem): not unmapped */
 } osp_st_file;
 
 typedef struct osp_st {
@@ -43,6 +44,9 @@ typedef struct osp_st {
 
 /* Open a single safetensors file. */
 osp_status osp_st_open_file(const char *path, osp_st **out);
+/* The same checks on a safetensors image in memory (borrowed: it must
+ * outlive the osp_st; tensor data points into it). name is for messages. */
+osp_status osp_st_open_mem(const void *buf, size_t n, const char *name, osp_st **out);
 /* Open a model folder: model.safetensors.index.json (shards), else
  * model.safetensors, else every *.safetensors file in the folder. */
 osp_status osp_st_open_dir(const char *dir, osp_st **out);

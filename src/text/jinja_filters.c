@@ -853,7 +853,7 @@ const jfilter_def *jfilter_find(const char *name, size_t n) {
 
 #define TEST0(fn, expr)                                                       \
     static osp_status fn(jstate *st, jv val, const jargs *a, int *res) {     \
-        OSP_TRY(jargs_bind(st, #fn + 2, a, NULL, 0, 0, NULL));                \
+        OSP_TRY(jargs_bind(st, &(#fn)[2], a, NULL, 0, 0, NULL));             \
         *res = (expr);                                                        \
         return OSP_OK;                                                        \
     }

@@ -1,4 +1,5 @@
 /* Picks the ops table once from cpuid (or OSP_ISA). */
+#include <cpuid.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/ops.h"
@@ -10,9 +11,14 @@ static int has_avx512(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+/* F16C from cpuid leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 static int has_avx2(void) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 }
 
 const osp_ops *osp_ops_get(void) {

@@ -52,15 +52,6 @@ struct srv_front {
     char buf[HEAD_MAX];
 };
 
-static int same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
-    if (a->ss_family != b->ss_family) return 0;
-    if (a->ss_family == AF_INET)
-        return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, &((const struct sockaddr_in *)b)->sin_addr, 4);
-    if (a->ss_family == AF_INET6)
-        return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr, 16);
-    return 1;
-}
-
 static void drop(srv_front *f, int i) {
     close(f->p[i].fd);
     f->p[i] = f->p[--f->n];
@@ -165,7 +156,7 @@ static void on_accept(srv_front *f) {
         f->n++;
         if (L->per_client > 0) {
             int same = 0;
-            for (int k = 0; k < f->n; k++) same += !f->p[k].closing && same_host(&f->p[k].addr, &a);
+            for (int k = 0; k < f->n; k++) same += !f->p[k].closing && srv_same_host((const struct sockaddr *)&f->p[k].addr, (const struct sockaddr *)&a);
             same += srv_conns_from(f->s, (const struct sockaddr *)&a);
             if (same > L->per_client) refuse(f, f->n - 1, 503, "too many connections from this client");
         }

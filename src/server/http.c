@@ -440,15 +440,6 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 
 /* ---- connections by address (for --max-connections-per-client) ---- */
 
-static int same_host(const struct sockaddr *a, const struct sockaddr *b) {
-    if (a->sa_family != b->sa_family) return 0;
-    if (a->sa_family == AF_INET)
-        return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, &((const struct sockaddr_in *)b)->sin_addr, 4);
-    if (a->sa_family == AF_INET6)
-        return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr, 16);
-    return 1;
-}
-
 static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
     srv *s = cls;
     (void)socket_context;
@@ -476,7 +467,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
 int srv_conns_from(srv *s, const struct sockaddr *a) {
     int n = 0;
     pthread_mutex_lock(&s->conn_mu);
-    for (int i = 0; i < s->n_conn; i++) n += same_host((const struct sockaddr *)&s->conn_addr[i], a);
+    for (int i = 0; i < s->n_conn; i++) n += srv_same_host((const struct sockaddr *)&s->conn_addr[i], a);
     pthread_mutex_unlock(&s->conn_mu);
     return n;
 }

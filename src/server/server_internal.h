@@ -31,6 +31,7 @@ int srv_utf8_valid(const char *s, size_t n);
 /* A JSON string literal of bytes (invalid UTF-8 becomes U+FFFD); 0 ok. */
 int srv_buf_add_json_string(srv_buf *b, const char *s, size_t n);
 const char *srv_status_text(int status); /* "Not Found" */
+int srv_same_host(const struct sockaddr *a, const struct sockaddr *b); /* the same IP address */
 /* "prefix-" + 24 random hex digits. */
 void srv_make_id(char *out, size_t cap, const char *prefix);
 /* {"error":{"message","type","code","param"}} (param omitted when NULL). */

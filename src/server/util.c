@@ -124,6 +124,15 @@ int srv_buf_add_json_string(srv_buf *b, const char *s, size_t n) {
     return bad | srv_buf_add(b, "\"", 1);
 }
 
+int srv_same_host(const struct sockaddr *a, const struct sockaddr *b) {
+    if (a->sa_family != b->sa_family) return 0;
+    if (a->sa_family == AF_INET)
+        return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, &((const struct sockaddr_in *)b)->sin_addr, 4);
+    if (a->sa_family == AF_INET6)
+        return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr, 16);
+    return 1;
+}
+
 const char *srv_status_text(int status) {
     switch (status) {
     case 200: return "OK";

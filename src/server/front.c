@@ -82,8 +82,17 @@ static void refuse(srv_front *f, int i, int status, const char *msg) {
     OSP_LOG(2, "osprey serve: refused a connection: %d %s", status, msg);
 }
 
-/* Hand a connection with a good head to libmicrohttpd. */
+/* Hand a connection with a good head to libmicrohttpd (or refuse it with a
+ * 503 when libmicrohttpd is at its limits: it would drop it silently). */
 static void hand_over(srv_front *f, int i) {
+    srv *s = f->s;
+    pthread_mutex_lock(&s->conn_mu);
+    int full = s->n_conn >= s->limits.max_connections;
+    pthread_mutex_unlock(&s->conn_mu);
+    if (full) return refuse(f, i, 503, "the server is at --max-connections; try again");
+    if (s->limits.per_client > 0 &&
+        srv_conns_from(s, (const struct sockaddr *)&f->p[i].addr) >= s->limits.per_client)
+        return refuse(f, i, 503, "too many connections from this client");
     pending c = f->p[i];
     f->p[i] = f->p[--f->n];
     int one = 1;

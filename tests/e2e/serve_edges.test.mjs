@@ -118,6 +118,24 @@ test('1: a connection that sends no request head is answered 408 and closed afte
   assertJsonError(parseResponse(r.text), 408);
 });
 
+test('1: --max-connections-per-client refuses a client over its cap with a 503, and serves it again once under', async () => {
+  const s = await startServer(['--max-connections-per-client', '3']);
+  const idle = [];
+  try {
+    for (let i = 0; i < 3; i++)
+      idle.push(await new Promise((res, rej) => { const x = net.connect(s.port, '127.0.0.1', () => res(x)); x.on('error', rej); }));
+    const r = await rawExchange(s.port, 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n', { wait: 4000 });
+    assertJsonError(parseResponse(r.text), 503);
+    idle.pop().destroy();
+    await new Promise((res) => setTimeout(res, 100));
+    const h = await raw(s.base, '/health', { method: 'GET' });
+    assert.equal(h.status, 200);
+  } finally {
+    for (const x of idle) x.destroy();
+    assert.equal((await s.stop()).code, 0, s.log());
+  }
+});
+
 // ---- 2: /tokenize with pieces ----
 
 test('2: /tokenize with_pieces on 7.5 MiB of text: linear in time and memory', async () => {

@@ -32,7 +32,7 @@ esac
 status=0
 "$bin" -max_total_time="$secs" -runs="${FUZZ_RUNS:--1}" -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 -jobs="${FUZZ_JOBS:-1}" \
     -workers="${FUZZ_JOBS:-1}" -artifact_prefix="$art/$name-" "$corpus" "$work/seeds" >"$work/log" 2>&1 || status=$?
-grep -E "^(stat::|Done|INFO: Running|#[0-9]+ +DONE)" "$work/log" | tail -n 12 || true
+grep -E "^(stat::|Done|INFO: Running|#[0-9]+[[:space:]]+(DONE|INITED))" "$work/log" | tail -n 12 || true
 if [ $status -ne 0 ]; then
     tail -n 60 "$work/log"
     for a in "$art/$name"-*; do

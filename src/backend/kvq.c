@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/features.h"
 #include "core/core.h"
 #include "tensor/quant.h"
 #include "tensor/tensor.h"
@@ -120,27 +121,14 @@ const osp_kvq_ops *osp_kvq_ops_scalar(void) { return &SCALAR; }
  * instructions anywhere, so the check lives here). */
 const osp_kvq_ops *osp_kvq_avx512_table(void);
 
-static int has_avx512(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-    return 0;
-#endif
-}
-
-const osp_kvq_ops *osp_kvq_ops_avx512(void) { return has_avx512() ? osp_kvq_avx512_table() : NULL; }
+const osp_kvq_ops *osp_kvq_ops_avx512(void) { return osp_cpu_features_get()->avx512 ? osp_kvq_avx512_table() : NULL; }
 
 static const osp_kvq_ops *chosen;
 static pthread_once_t chosen_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
-    const char *want = getenv("OSP_ISA");
-    const osp_kvq_ops *best = osp_kvq_ops_avx512();
-    if (!best || (want && (strcmp(want, "scalar") == 0 || strcmp(want, "avx2") == 0)))
-        best = osp_kvq_ops_scalar();
-    chosen = best;
+    const osp_kvq_ops *best = osp_kvq_ops_avx512(); /* OSP_ISA=scalar|avx2 turns it off */
+    chosen = best ? best : osp_kvq_ops_scalar();
 }
 
 const osp_kvq_ops *osp_kvq_ops_get(void) {

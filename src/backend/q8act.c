@@ -1,6 +1,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/features.h"
 #include "q8act.h"
 
 #define T OSP_Q4PACK_ROWS
@@ -133,15 +134,9 @@ void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n,
     }
 }
 
-/* OSP_ISA=scalar|avx2 (backend/ops.h) turns this tier off too, so the
- * fallback of a CPU without VNNI can be tested on one that has it. */
-static int have_vnni(void) {
-    const char *want = getenv("OSP_ISA");
-    if (want && (!strcmp(want, "scalar") || !strcmp(want, "avx2"))) return 0;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
+/* OSP_ISA=scalar|avx2 turns this tier off too (backend/cpu/features.h), so
+ * the fallback of a CPU without VNNI can be tested on one that has it. */
+static int have_vnni(void) { return osp_cpu_features_get()->vnni; }
 
 void osp_q8act_prepare_groups(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1) {
     static int tier = -1;

@@ -56,8 +56,21 @@ typedef struct osp_model_info {
     int32_t bos_id;             /* -1 if none */
 } osp_model_info;
 
+/* Where a model runs (its backend, backend/backend.h). */
+typedef enum osp_device { OSP_DEVICE_AUTO = 0, OSP_DEVICE_CPU, OSP_DEVICE_CUDA } osp_device;
+
+typedef struct osp_model_params {
+    osp_device device; /* AUTO: the best device present (the CPU when there is no other) */
+    int place;         /* 1: the backend places the matmul weights at load (copied to huge pages and
+                          repacked on the CPU; uploaded on a GPU); 0: bind only, e.g. to inspect (the
+                          CPU then reads them from the file mapping) */
+} osp_model_params;
+
 /* Load a model folder (config.json + safetensors, sharded or not) or a
- * Hugging Face cache repo folder (models--ORG--NAME). */
+ * Hugging Face cache repo folder (models--ORG--NAME), on params->device
+ * (NULL = defaults: AUTO, placed). */
+osp_status osp_model_load_params(const char *path, const osp_model_params *params, osp_model **out);
+/* osp_model_load_params with the defaults. */
 osp_status osp_model_load(const char *path, osp_model **out);
 void osp_model_free(osp_model *m);
 const osp_model_info *osp_model_get_info(const osp_model *m);

@@ -10,7 +10,8 @@ int osp_cmd_inspect(int argc, char **argv) {
         return 2;
     }
     osp_model *m;
-    if (osp_model_load(path, &m) != OSP_OK) return osp_cli_fail("inspect");
+    osp_model_params mp = {.device = OSP_DEVICE_AUTO, .place = 0}; /* bind only: nothing is copied */
+    if (osp_model_load_params(path, &mp, &m) != OSP_OK) return osp_cli_fail("inspect");
     const osp_model_info *in = osp_model_get_info(m);
     printf("model:            %s\n", path);
     printf("architecture:     %s (model_type %s)\n", in->architecture, in->model_type);

@@ -2,7 +2,10 @@
 #include <string.h>
 #include "kv.h"
 #include "backend/kvq.h"
-#include "tensor/quant.h"
+
+static void *host_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
+static void host_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
+static const osp_kv_mem HOST = {host_alloc, osp_free, host_copy};
 
 static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
 
@@ -11,14 +14,14 @@ static void free_row_mem(osp_kv *kv, int32_t row) {
         osp_kv_layer *l = &kv->layers[i];
         if (!l->mem || !l->mem[row]) continue;
         kv->bytes -= block_bytes(l, l->cap[row]);
-        osp_free(l->mem[row]);
+        kv->mem->free(l->mem[row]);
         l->mem[row] = NULL;
         l->cap[row] = 0;
     }
 }
 
 osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs, int32_t max_ctx, int32_t spare,
-                      osp_kv **out) {
+                      const osp_kv_mem *mem, osp_kv **out) {
     *out = NULL;
     if (n_rows <= 0 || max_ctx <= 0) return osp_err(OSP_ERR_INVALID, "KV cache needs rows > 0 and context > 0");
     if (spare < 0) return osp_err(OSP_ERR_INVALID, "spare ring slots must be >= 0");
@@ -40,6 +43,7 @@ osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs
     kv->n_layers = n_layers;
     kv->max_ctx = max_ctx;
     kv->spare = spare;
+    kv->mem = mem ? mem : &HOST;
     kv->pos = calloc((size_t)n_rows, sizeof *kv->pos);
     kv->round = malloc((size_t)n_rows * sizeof *kv->round);
     kv->layers = calloc((size_t)n_layers, sizeof *kv->layers);
@@ -136,7 +140,7 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
         if (!l->mem) continue;
         int32_t c = want_cap(kv, l, n), old = l->cap[row];
         if (c <= old) continue;
-        unsigned char *nm = osp_calloc(OSP_POOL_KV, (size_t)block_bytes(l, c));
+        unsigned char *nm = kv->mem->alloc((size_t)block_bytes(l, c));
         if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory growing the KV cache to %d positions", n);
         if (l->mem[row]) { /* K then V, each 1 (f32) or 3 (codes, scales, biases) planes [Hkv, cap, x] */
             int64_t H = l->n_kv_heads, per[3] = {l->bits ? l->cb : l->slot_bytes, 2 * l->ng, 2 * l->ng};
@@ -146,48 +150,17 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
             for (int which = 0; which < 2; which++)
                 for (int p = 0; p < n_planes; p++) {
                     for (int64_t h = 0; h < H; h++)
-                        memcpy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
+                        kv->mem->copy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
                     src += H * old * per[p];
                     dst += H * c * per[p];
                 }
-            osp_free(l->mem[row]);
+            kv->mem->free(l->mem[row]);
         }
         kv->bytes += block_bytes(l, c) - block_bytes(l, old);
         l->mem[row] = nm;
         l->cap[row] = c;
     }
     return OSP_OK;
-}
-
-static void put(osp_kv_layer *L, int32_t row, int32_t h, int32_t slot, const float *k, const float *v) {
-    if (!L->bits) {
-        memcpy(osp_kv_f32(L, row, 0, h, slot), k, sizeof(float) * L->head_dim);
-        memcpy(osp_kv_f32(L, row, 1, h, slot), v, sizeof(float) * L->head_dim);
-        return;
-    }
-    for (int which = 0; which < 2; which++) {
-        osp_kv_qrows q = osp_kv_q(L, row, which, h, slot);
-        if (L->bits == 16) {
-            osp_kvq_quantize(which ? v : k, 1, L->head_dim, 16, 0, q.codes, NULL, NULL);
-            continue;
-        }
-        osp_quantize_row(which ? v : k, L->head_dim, L->bits, L->group, q.codes, q.scales, q.biases);
-    }
-}
-
-void osp_kv_write(osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb, const float *k, const float *v,
-                  int32_t T) {
-    osp_kv_layer *L = &kv->layers[layer];
-    int32_t Hkv = L->n_kv_heads, D = L->head_dim;
-    for (int32_t i = 0; i < nb; i++) {
-        int32_t b = rows[i], pos0 = kv->pos[b];
-        int32_t t0 = L->sliding && T > L->ring ? T - L->ring : 0; /* older ones would be overwritten anyway */
-        for (int32_t t = t0; t < T; t++)
-            for (int32_t h = 0; h < Hkv; h++) {
-                int64_t src = ((int64_t)i * T + t) * Hkv * D + (int64_t)h * D;
-                put(L, b, h, osp_kv_slot(L, pos0 + t), k + src, v + src);
-            }
-    }
 }
 
 /* Can row `row`, now at pos[row], go back to position p? Sliding rings must
@@ -246,9 +219,9 @@ static osp_status copy_row(osp_kv *dst, int32_t dr, const osp_kv *src, int32_t s
         osp_kv_layer *d = &dst->layers[i];
         if (!s->mem || !s->mem[sr]) continue;
         size_t n = (size_t)block_bytes(s, s->cap[sr]);
-        d->mem[dr] = osp_malloc(OSP_POOL_KV, n);
+        d->mem[dr] = dst->mem->alloc(n);
         if (!d->mem[dr]) return osp_err(OSP_ERR_NOMEM, "out of memory copying a KV row");
-        memcpy(d->mem[dr], s->mem[sr], n);
+        dst->mem->copy(d->mem[dr], s->mem[sr], n);
         d->cap[dr] = s->cap[sr];
         dst->bytes += (int64_t)n;
     }
@@ -260,7 +233,7 @@ osp_status osp_kv_extract(const osp_kv *kv, int32_t row, osp_kv **out) {
     *out = NULL;
     if (row < 0 || row >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "KV row %d out of range", row);
     osp_kv *r;
-    OSP_TRY(osp_kv_new(1, kv->n_layers, kv->specs, kv->max_ctx, kv->spare, &r));
+    OSP_TRY(osp_kv_new(1, kv->n_layers, kv->specs, kv->max_ctx, kv->spare, kv->mem, &r));
     osp_status rc = copy_row(r, 0, kv, row);
     if (rc != OSP_OK) {
         osp_kv_free(r);
@@ -282,7 +255,7 @@ osp_status osp_kv_merge(const osp_kv *const *parts, int32_t n, osp_kv **out) {
         rows += p->n_rows;
     }
     osp_kv *r;
-    OSP_TRY(osp_kv_new(rows, parts[0]->n_layers, parts[0]->specs, parts[0]->max_ctx, parts[0]->spare, &r));
+    OSP_TRY(osp_kv_new(rows, parts[0]->n_layers, parts[0]->specs, parts[0]->max_ctx, parts[0]->spare, parts[0]->mem, &r));
     int32_t d = 0;
     for (int32_t i = 0; i < n; i++)
         for (int32_t b = 0; b < parts[i]->n_rows; b++, d++) {

@@ -1,7 +1,9 @@
 /* kv/: the KV cache of a batch of rows (one row = one sequence).
  *
  * Every row owns its storage, one block per (layer, row), allocated on
- * first use and grown in steps of OSP_KV_STEP positions. Inside a block,
+ * first use (by the backend's osp_kv_mem, in its memory) and grown in steps
+ * of OSP_KV_STEP positions. This module keeps rows, positions, the budget
+ * and the row operations; the backend reads and writes the blocks. Inside a block,
  * K then V, each [Hkv, cap, D]: f32 values, or (bits = 4|8) the affine-
  * quantized planes codes [Hkv, cap, D·bits/8], scales and biases
  * [Hkv, cap, D/group] bf16 (MLX's rules, backend/kvq.h), or (bits = 16)
@@ -26,6 +28,7 @@
 #define OSP_KV_H
 
 #include <stdint.h>
+#include "backend/backend.h"
 #include "core/core.h"
 
 #define OSP_KV_STEP 256 /* full layers grow by this many positions */
@@ -58,13 +61,15 @@ typedef struct osp_kv {
     int64_t bytes;           /* allocated now */
     int64_t budget;          /* 0 = unlimited */
     osp_kv_spec *specs;      /* [n_layers] as created */
+    const osp_kv_mem *mem;   /* where the blocks live (the backend's memory) */
     osp_kv_layer *layers;    /* [n_layers] */
 } osp_kv;
 
 /* spare: extra ring slots of sliding layers, the most tokens a speculative
- * round may roll back. Nothing is allocated until rows are used. */
+ * round may roll back. mem: the backend's block allocator (NULL = host
+ * memory). Nothing is allocated until rows are used. */
 osp_status osp_kv_new(int32_t n_rows, int32_t n_layers, const osp_kv_spec *specs, int32_t max_ctx, int32_t spare,
-                      osp_kv **out);
+                      const osp_kv_mem *mem, osp_kv **out);
 void osp_kv_free(osp_kv *kv);
 /* Forget a row and give its memory back. */
 void osp_kv_reset_row(osp_kv *kv, int32_t row);
@@ -75,11 +80,11 @@ int64_t osp_kv_row_bytes(const osp_kv *kv, int32_t n);
  * OSP_ERR_NOMEM when memory or the budget runs out (nothing lost). */
 osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n);
 
-/* Store a chunk's K/V of storage layer `layer`: for batch row i (kv row
- * rows[i]) the T vectors k[(i*T + t) * Hkv*D ...] at positions
- * pos[rows[i]] + t (positions do not advance here). Rows must be reserved. */
-void osp_kv_write(osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb, const float *k, const float *v,
-                  int32_t T);
+/* Storing a chunk's K/V is the backend's (osp_backend.kv_write): for batch
+ * row i (kv row rows[i]) the T vectors k[(i*T + t) * Hkv*D ...] go to
+ * positions pos[rows[i]] + t, as stored (f32, bf16 rounded to nearest even,
+ * or quantized by MLX's rules); positions do not advance there. Rows must
+ * be reserved. */
 
 /* Forget the last n positions of a row; OSP_ERR_RANGE when a sliding ring
  * has already overwritten what the shorter row would need. */

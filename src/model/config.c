@@ -1,22 +1,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "arch.h"
 #include "config.h"
+#include "core/json_get.h"
 #include "tensor/tensor.h"
 
-static int get_int(json_t *o, const char *k, int def) {
-    json_t *v = json_object_get(o, k);
-    return json_is_integer(v) ? (int)json_integer_value(v) : def;
-}
-
-static double get_num(json_t *o, const char *k, double def) {
-    json_t *v = json_object_get(o, k);
-    return json_is_number(v) ? json_number_value(v) : def;
-}
-
-static const char *get_str(json_t *o, const char *k) {
-    return json_string_value(json_object_get(o, k));
-}
+#define get_int osp_json_int
+#define get_num osp_json_num
+#define get_str osp_json_str
 
 /* Parse one rope parameter object (rope_parameters or rope_scaling form). */
 static osp_status parse_rope(json_t *o, const char *path, float theta_def, osp_rope *r) {
@@ -69,31 +61,18 @@ static osp_status parse_eos(json_t *v, osp_config *c) {
     return OSP_OK;
 }
 
-static const struct { const char *arch, *type; osp_arch a; } ARCHS[] = {
-    {"LlamaForCausalLM", "llama", OSP_ARCH_LLAMA},
-    {"Qwen2ForCausalLM", "qwen2", OSP_ARCH_QWEN2},
-    {"Qwen3ForCausalLM", "qwen3", OSP_ARCH_QWEN3},
-    {"Gemma3ForCausalLM", "gemma3_text", OSP_ARCH_GEMMA3},
-    {"Gemma3ForConditionalGeneration", "gemma3", OSP_ARCH_GEMMA3},
-    {"Gemma4ForCausalLM", "gemma4_text", OSP_ARCH_GEMMA4},
-    {"Gemma4ForConditionalGeneration", "gemma4", OSP_ARCH_GEMMA4},
-    {"Gemma4ForConditionalGeneration", "gemma4_unified", OSP_ARCH_GEMMA4},
-};
-
 static osp_status pick_arch(json_t *root, json_t *tc, const char *path, osp_config *c) {
     const char *name = json_string_value(json_array_get(json_object_get(root, "architectures"), 0));
     const char *mt = get_str(tc, "model_type");
     if (!mt) mt = get_str(root, "model_type");
     snprintf(c->model_type, sizeof c->model_type, "%s", mt ? mt : "");
-    for (size_t i = 0; i < sizeof ARCHS / sizeof *ARCHS; i++) {
-        if ((name && strcmp(name, ARCHS[i].arch) == 0) || (!name && mt && strcmp(mt, ARCHS[i].type) == 0)) {
-            c->arch = ARCHS[i].a;
-            snprintf(c->architecture, sizeof c->architecture, "%s", ARCHS[i].arch);
-            return OSP_OK;
-        }
-    }
-    return osp_err(OSP_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported",
-                   path, name ? name : "?", mt ? mt : "?");
+    const char *canonical = NULL;
+    c->arch = osp_arch_find(name, mt, &canonical);
+    if (!c->arch)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: architecture '%s' (model_type '%s') is not supported", path,
+                       name ? name : "?", mt ? mt : "?");
+    snprintf(c->architecture, sizeof c->architecture, "%s", canonical);
+    return OSP_OK;
 }
 
 static osp_status parse_quant(json_t *root, const char *path, osp_config *c) {
@@ -127,14 +106,14 @@ static osp_status parse_layers(json_t *tc, const char *path, osp_config *c) {
             else if (!s || strcmp(s, "full_attention") != 0)
                 return osp_err(OSP_ERR_UNSUPPORTED, "%s: layer type '%s' is not supported", path, s ? s : "?");
         }
-    } else if (c->arch == OSP_ARCH_GEMMA3 || c->arch == OSP_ARCH_GEMMA4) {
+    } else if (c->arch->sliding_pattern) {
         int pat = get_int(tc, "sliding_window_pattern", get_int(tc, "_sliding_window_pattern", 6));
         for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pat > 0 && (i + 1) % pat != 0;
     } else if (json_is_true(json_object_get(tc, "use_sliding_window"))) {
         int mw = get_int(tc, "max_window_layers", c->n_layers);
         for (int i = mw; i < c->n_layers; i++) c->layer_sliding[i] = 1;
     }
-    if (c->arch == OSP_ARCH_GEMMA4) c->layer_sliding[c->n_layers - 1] = 0; /* HF forces the last layer full */
+    if (c->arch->last_layer_full) c->layer_sliding[c->n_layers - 1] = 0; /* as HF does */
     int any = 0;
     for (int i = 0; i < c->n_layers; i++) any |= c->layer_sliding[i];
     c->sliding_window = any ? get_int(tc, "sliding_window", 0) : 0;
@@ -156,7 +135,7 @@ static osp_status parse_ropes(json_t *tc, const char *path, osp_config *c) {
     OSP_TRY(parse_rope(rs, path, theta, &c->rope_full));
     if (json_is_object(rs) && !json_object_get(rs, "rope_theta")) c->rope_full.theta = theta;
     c->rope_sliding = c->rope_full;
-    if (c->arch == OSP_ARCH_GEMMA3) { /* older Gemma 3 configs: local base, no scaling */
+    if (c->arch->local_rope_base) { /* older configs: a local base for sliding layers, no scaling */
         OSP_TRY(parse_rope(NULL, path, (float)get_num(tc, "rope_local_base_freq", 10000.0), &c->rope_sliding));
     }
     return OSP_OK;
@@ -165,7 +144,7 @@ static osp_status parse_ropes(json_t *tc, const char *path, osp_config *c) {
 static osp_status parse_act(json_t *tc, const char *path, osp_config *c) {
     const char *a = get_str(tc, "hidden_activation");
     if (!a) a = get_str(tc, "hidden_act");
-    if (!a) a = c->arch == OSP_ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu";
+    if (!a) a = c->arch->act_default;
     if (strcmp(a, "silu") == 0 || strcmp(a, "swish") == 0) c->act = OSP_ACT_SILU;
     else if (strcmp(a, "gelu_pytorch_tanh") == 0 || strcmp(a, "gelu_tanh") == 0 ||
              strcmp(a, "gelu_new") == 0 || strcmp(a, "gelu_fast") == 0)
@@ -174,10 +153,9 @@ static osp_status parse_act(json_t *tc, const char *path, osp_config *c) {
     return OSP_OK;
 }
 
-/* Per-layer geometry and KV sharing. Gemma 4 reads per_layer_config (as
- * transformers >= 5.15 writes it) or global_head_dim /
- * num_global_key_value_heads (published checkpoints), and its MoE / PLE keys. */
-static osp_status parse_per_layer(json_t *tc, const char *path, osp_config *c) {
+/* Per-layer geometry: every layer as the config's globals say (an
+ * architecture's configure may then vary them). */
+static osp_status per_layer_defaults(osp_config *c) {
     int n = c->n_layers;
     c->layer_head_dim = malloc(sizeof(int32_t) * n);
     c->layer_kv_heads = malloc(sizeof(int32_t) * n);
@@ -188,61 +166,15 @@ static osp_status parse_per_layer(json_t *tc, const char *path, osp_config *c) {
         c->layer_kv_heads[i] = c->n_kv_heads;
         c->layer_kv_donor[i] = -1;
     }
-    if (c->arch != OSP_ARCH_GEMMA4) return OSP_OK;
-    c->k_eq_v = json_is_true(json_object_get(tc, "attention_k_eq_v"));
-    json_t *plc = json_object_get(tc, "per_layer_config");
-    if (json_is_object(plc)) {
-        const char *key;
-        json_t *v;
-        json_object_foreach(plc, key, v) {
-            char *end;
-            long i = strtol(key, &end, 10);
-            if (*end || i < 0 || i >= n || !json_is_object(v))
-                return osp_err(OSP_ERR_FORMAT, "%s: per_layer_config entry '%s' is not a layer index", path, key);
-            c->layer_head_dim[i] = get_int(v, "head_dim", c->head_dim);
-            c->layer_kv_heads[i] = get_int(v, "num_key_value_heads", c->n_kv_heads);
-        }
-    } else {
-        int ghd = get_int(tc, "global_head_dim", 512);
-        int gkv = get_int(tc, "num_global_key_value_heads", -1);
-        for (int i = 0; i < n; i++) {
-            if (c->layer_sliding[i]) continue;
-            if (ghd > 0) c->layer_head_dim[i] = ghd;
-            if (c->k_eq_v && gkv > 0) c->layer_kv_heads[i] = gkv;
-        }
-    }
-    for (int i = 0; i < n; i++)
+    return OSP_OK;
+}
+
+static osp_status per_layer_check(const char *path, const osp_config *c) {
+    for (int i = 0; i < c->n_layers; i++)
         if (c->layer_head_dim[i] <= 0 || c->layer_head_dim[i] % 2 || c->layer_kv_heads[i] <= 0 ||
             c->n_heads % c->layer_kv_heads[i])
             return osp_err(OSP_ERR_FORMAT, "%s: layer %d has head_dim %d and %d KV heads for %d query heads", path, i,
                            c->layer_head_dim[i], c->layer_kv_heads[i], c->n_heads);
-    /* KV sharing: layers from n - shared on reuse the last earlier layer of their type. */
-    int shared = get_int(tc, "num_kv_shared_layers", 0);
-    if (shared < 0 || shared >= n) return osp_err(OSP_ERR_FORMAT, "%s: bad num_kv_shared_layers %d", path, shared);
-    int first = n - shared;
-    for (int i = first; i < n && shared > 0; i++) {
-        int d = -1;
-        for (int j = first - 1; j >= 0 && d < 0; j--)
-            if (c->layer_sliding[j] == c->layer_sliding[i]) d = j;
-        if (d < 0) return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d has no earlier layer of its type", path, i);
-        c->layer_kv_donor[i] = d;
-        if (c->layer_head_dim[d] != c->layer_head_dim[i] || c->layer_kv_heads[d] != c->layer_kv_heads[i])
-            return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d and its donor %d differ in shape", path, i, d);
-    }
-    json_t *ple = json_object_get(tc, "hidden_size_per_layer_input");
-    c->ple_dim = json_is_integer(ple) ? (int)json_integer_value(ple) : (ple ? 0 : 256);
-    c->ple_vocab = get_int(tc, "vocab_size_per_layer_input", c->vocab);
-    c->moe = json_is_true(json_object_get(tc, "enable_moe_block"));
-    if (c->moe) {
-        c->n_experts = get_int(tc, "num_experts", 0);
-        c->top_k_experts = get_int(tc, "top_k_experts", 0);
-        c->moe_intermediate = get_int(tc, "moe_intermediate_size", 0);
-        if (c->n_experts <= 0 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts || c->moe_intermediate <= 0)
-            return osp_err(OSP_ERR_FORMAT, "%s: enable_moe_block needs num_experts, top_k_experts <= num_experts "
-                           "and moe_intermediate_size", path);
-    }
-    if (json_is_true(json_object_get(tc, "use_bidirectional_attention")))
-        return osp_err(OSP_ERR_UNSUPPORTED, "%s: bidirectional attention is not supported", path);
     return OSP_OK;
 }
 
@@ -268,27 +200,8 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     c->eps = (float)get_num(tc, "rms_norm_eps", 1e-6);
     json_t *tie = json_object_get(tc, "tie_word_embeddings");
     if (!tie) tie = json_object_get(root, "tie_word_embeddings");
-    c->tie_embeddings = tie ? json_is_true(tie) : (c->arch == OSP_ARCH_GEMMA3);
+    c->tie_embeddings = tie ? json_is_true(tie) : c->arch->tie_default;
     c->attn_scale = (float)pow((double)c->head_dim, -0.5); /* head_dim**-0.5, as the reference */
-    switch (c->arch) {
-    case OSP_ARCH_LLAMA:
-        c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias"));
-        c->mlp_bias = json_is_true(json_object_get(tc, "mlp_bias"));
-        break;
-    case OSP_ARCH_QWEN2: c->qkv_bias = 1; break;
-    case OSP_ARCH_QWEN3: c->qk_norm = 1; c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias")); break;
-    case OSP_ARCH_GEMMA4:
-        c->qk_norm = c->sandwich_norm = c->embed_scaled = c->v_norm = c->has_layer_scalar = 1;
-        c->attn_scale = 1.0f;
-        c->final_softcap = (float)get_num(tc, "final_logit_softcapping", 0);
-        break;
-    case OSP_ARCH_GEMMA3:
-        c->qk_norm = c->norm_add_one = c->sandwich_norm = c->embed_scaled = 1;
-        c->attn_scale = (float)pow(get_num(tc, "query_pre_attn_scalar", c->head_dim), -0.5);
-        c->final_softcap = (float)get_num(tc, "final_logit_softcapping", 0);
-        c->attn_softcap = (float)get_num(tc, "attn_logit_softcapping", 0);
-        break;
-    }
     OSP_TRY(parse_act(tc, path, c));
     OSP_TRY(parse_layers(tc, path, c));
     OSP_TRY(parse_ropes(tc, path, c));
@@ -296,8 +209,9 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     parse_eos(json_object_get(root, "eos_token_id"), c);
     if (tc != root) parse_eos(json_object_get(tc, "eos_token_id"), c);
     OSP_TRY(parse_quant(root, path, c));
-    OSP_TRY(parse_per_layer(tc, path, c));
-    return OSP_OK;
+    OSP_TRY(per_layer_defaults(c));
+    OSP_TRY(c->arch->configure(root, tc, path, c)); /* the architecture's own keys */
+    return per_layer_check(path, c);
 }
 
 osp_status osp_config_load(const char *path, osp_config *c) {

@@ -7,9 +7,9 @@
 #include <jansson.h>
 #include <stdint.h>
 #include "core/core.h"
+#include "tensor/tensor.h"
 
-typedef enum osp_arch { OSP_ARCH_LLAMA, OSP_ARCH_QWEN2, OSP_ARCH_QWEN3, OSP_ARCH_GEMMA3, OSP_ARCH_GEMMA4 } osp_arch;
-typedef enum osp_act { OSP_ACT_SILU, OSP_ACT_GELU_TANH } osp_act;
+struct osp_arch_ops;
 typedef enum osp_rope_type {
     OSP_ROPE_DEFAULT,
     OSP_ROPE_LINEAR,
@@ -32,7 +32,7 @@ typedef struct osp_rope {
 typedef struct osp_config {
     char architecture[64];
     char model_type[32];
-    osp_arch arch;
+    const struct osp_arch_ops *arch; /* model/arch.h */
     int32_t n_layers, hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab, max_pos;
     float eps;
     osp_act act;

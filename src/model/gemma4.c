@@ -21,9 +21,71 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "attention.h"
-#include "core/threadpool.h"
+#include "core/json_get.h"
 #include "model.h"
+
+/* ---- config ---- */
+
+/* Flags and scales; per-layer geometry and KV sharing from per_layer_config
+ * (as transformers >= 5.15 writes it) or global_head_dim /
+ * num_global_key_value_heads (published checkpoints); MoE and PLE keys. */
+static osp_status configure(const json_t *root, const json_t *tc, const char *path, osp_config *c) {
+    (void)root;
+    int n = c->n_layers;
+    c->qk_norm = c->sandwich_norm = c->embed_scaled = c->v_norm = c->has_layer_scalar = 1;
+    c->attn_scale = 1.0f;
+    c->final_softcap = (float)osp_json_num(tc, "final_logit_softcapping", 0);
+    c->k_eq_v = json_is_true(json_object_get(tc, "attention_k_eq_v"));
+    json_t *plc = json_object_get(tc, "per_layer_config");
+    if (json_is_object(plc)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(plc, key, v) {
+            char *end;
+            long i = strtol(key, &end, 10);
+            if (*end || i < 0 || i >= n || !json_is_object(v))
+                return osp_err(OSP_ERR_FORMAT, "%s: per_layer_config entry '%s' is not a layer index", path, key);
+            c->layer_head_dim[i] = osp_json_int(v, "head_dim", c->head_dim);
+            c->layer_kv_heads[i] = osp_json_int(v, "num_key_value_heads", c->n_kv_heads);
+        }
+    } else {
+        int ghd = osp_json_int(tc, "global_head_dim", 512);
+        int gkv = osp_json_int(tc, "num_global_key_value_heads", -1);
+        for (int i = 0; i < n; i++) {
+            if (c->layer_sliding[i]) continue;
+            if (ghd > 0) c->layer_head_dim[i] = ghd;
+            if (c->k_eq_v && gkv > 0) c->layer_kv_heads[i] = gkv;
+        }
+    }
+    /* KV sharing: layers from n - shared on reuse the last earlier layer of their type. */
+    int shared = osp_json_int(tc, "num_kv_shared_layers", 0);
+    if (shared < 0 || shared >= n) return osp_err(OSP_ERR_FORMAT, "%s: bad num_kv_shared_layers %d", path, shared);
+    int first = n - shared;
+    for (int i = first; i < n && shared > 0; i++) {
+        int d = -1;
+        for (int j = first - 1; j >= 0 && d < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[i]) d = j;
+        if (d < 0) return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d has no earlier layer of its type", path, i);
+        c->layer_kv_donor[i] = d;
+        if (c->layer_head_dim[d] != c->layer_head_dim[i] || c->layer_kv_heads[d] != c->layer_kv_heads[i])
+            return osp_err(OSP_ERR_FORMAT, "%s: KV-shared layer %d and its donor %d differ in shape", path, i, d);
+    }
+    json_t *ple = json_object_get(tc, "hidden_size_per_layer_input");
+    c->ple_dim = json_is_integer(ple) ? (int)json_integer_value(ple) : (ple ? 0 : 256);
+    c->ple_vocab = osp_json_int(tc, "vocab_size_per_layer_input", c->vocab);
+    c->moe = json_is_true(json_object_get(tc, "enable_moe_block"));
+    if (c->moe) {
+        c->n_experts = osp_json_int(tc, "num_experts", 0);
+        c->top_k_experts = osp_json_int(tc, "top_k_experts", 0);
+        c->moe_intermediate = osp_json_int(tc, "moe_intermediate_size", 0);
+        if (c->n_experts <= 0 || c->top_k_experts <= 0 || c->top_k_experts > c->n_experts || c->moe_intermediate <= 0)
+            return osp_err(OSP_ERR_FORMAT, "%s: enable_moe_block needs num_experts, top_k_experts <= num_experts "
+                           "and moe_intermediate_size", path);
+    }
+    if (json_is_true(json_object_get(tc, "use_bidirectional_attention")))
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: bidirectional attention is not supported", path);
+    return OSP_OK;
+}
 
 /* ---- binding ---- */
 
@@ -159,9 +221,7 @@ static osp_status bind_layer(osp_model *m, const char *pre, int i) {
     L->post_attn_norm = VEC("post_attention_layernorm.weight", H, 1);
     L->mlp_norm = VEC("pre_feedforward_layernorm.weight", H, 1);
     L->post_mlp_norm = VEC("post_feedforward_layernorm.weight", H, 1);
-    float *ls = VEC("layer_scalar", 1, 0);
-    L->layer_scalar = ls ? ls[0] : 1.0f;
-    osp_free(ls);
+    L->layer_scalar = osp_bind_scalar(m, PATH("layer_scalar"), 1.0f, &rc);
     if (c->ple_dim) {
         OSP_TRY(osp_bind_linear(m, PATH("per_layer_input_gate"), c->ple_dim, H, &L->w_ple_gate));
         OSP_TRY(osp_bind_linear(m, PATH("per_layer_projection"), H, c->ple_dim, &L->w_ple_proj));
@@ -187,7 +247,7 @@ static osp_status bind_layer(osp_model *m, const char *pre, int i) {
     return OSP_OK;
 }
 
-osp_status osp_gemma4_bind(osp_model *m, const char *pre) {
+static osp_status bind(osp_model *m, const char *pre) {
     osp_config *c = &m->cfg;
     char n[512];
     if (c->ple_dim) {
@@ -208,118 +268,53 @@ osp_status osp_gemma4_bind(osp_model *m, const char *pre) {
 
 /* ---- forward ---- */
 
-static void head_norm(const osp_ops *ops, float *x, const float *w, int64_t rows, int64_t heads, int64_t D, float eps) {
-    for (int64_t r = 0; r < rows * heads; r++) ops->rmsnorm(x + r * D, x + r * D, w, D, eps, 0);
-}
-
-static void head_rope(float *x, int64_t T, int32_t B, int64_t heads, int32_t D, const float *inv, const int32_t *pos) {
-    for (int32_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < heads; h++)
-                osp_rope_apply(x + (((int64_t)b * T + t) * heads + h) * D, D, inv, pos[b] + (int32_t)t);
-}
-
-/* The combined per-layer inputs of this chunk: sc->ple [N, L*P]. */
+/* The combined per-layer inputs of this chunk: sc->ple [N, L*P] =
+ * (norm(proj(h0) · H^-1/2) + E_ple[id] · sqrt(P)) · 2^-1/2. */
 static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
     const osp_model *m = s->m;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
     int64_t NP = (int64_t)c->n_layers * c->ple_dim, P = c->ple_dim;
-    osp_matmul(s, &m->ple_model_proj, sc->x, N, sc->ple);
     const float hs = (float)pow((double)c->hidden, -0.5), r2 = (float)pow(2.0, -0.5); /* as the reference: Python floats */
-    for (int64_t i = 0; i < N; i++) {
-        float *row = sc->ple + i * NP;
-        for (int64_t j = 0; j < NP; j++) row[j] *= hs;
-        for (int32_t l = 0; l < c->n_layers; l++) m->ops->rmsnorm(row + l * P, row + l * P, m->ple_proj_norm, P, c->eps, 0);
-        float *e = sc->ple_emb;
-        osp_weight_row_f32(&m->embed_ple, ids[i], e);
-        for (int64_t j = 0; j < NP; j++) row[j] = (row[j] + e[j] * m->embed_ple_scale) * r2;
-    }
-}
-
-/* Routed experts for all N tokens, added into out (zeroed first). */
-static void moe_block(osp_session *s, const osp_layer *L, const float *xr, const float *x2, int64_t N, float *out) {
-    const osp_model *m = s->m;
-    const osp_config *c = &m->cfg;
-    const osp_ops *ops = m->ops;
-    osp_scratch *sc = &s->sc;
-    int64_t H = c->hidden, E = c->n_experts, K = c->top_k_experts, I = c->moe_intermediate;
-    const float hs = (float)pow((double)H, -0.5); /* hidden**-0.5 */
-    /* router on the un-normed residual */
-    for (int64_t i = 0; i < N; i++) {
-        float *n = sc->moe_out + i * H;
-        ops->rmsnorm(n, xr + i * H, NULL, H, c->eps, 0);
-        for (int64_t j = 0; j < H; j++) n[j] = n[j] * L->router_scale[j] * hs;
-    }
-    osp_matmul(s, &L->w_router, sc->moe_out, N, sc->router);
-    for (int64_t i = 0; i < N; i++) {
-        float *p = sc->router + i * E;
-        ops->softmax(p, E);
-        int32_t *idx = sc->top_idx + i * K;
-        float *w = sc->top_w + i * K, sum = 0;
-        for (int64_t k = 0; k < K; k++) { /* top-k, ties to the lower index */
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t j = 0; j < k; j++) taken |= idx[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            idx[k] = (int32_t)best;
-            w[k] = p[best];
-            sum += p[best];
-        }
-        for (int64_t k = 0; k < K; k++) w[k] = w[k] / sum * L->per_expert_scale[idx[k]];
-    }
-    memset(out, 0, sizeof(float) * N * H);
-    for (int64_t e = 0; e < E; e++) { /* gather the tokens routed to e, run it once for all */
-        int64_t n = 0;
-        for (int64_t i = 0; i < N; i++)
-            for (int64_t k = 0; k < K; k++)
-                if (sc->top_idx[i * K + k] == e) {
-                    sc->moe_rows[n] = (int32_t)i;
-                    sc->moe_w[n] = sc->top_w[i * K + k];
-                    memcpy(sc->moe_x + n * H, x2 + i * H, sizeof(float) * H);
-                    n++;
-                }
-        if (!n) continue;
-        const osp_weight *ws[] = {&L->ex_gate[e], &L->ex_up[e]};
-        float *ys[] = {sc->g, sc->u};
-        osp_matmul_shared(s, ws, 2, sc->moe_x, n, ys);
-        ops->gelu_tanh_mul(sc->g, sc->g, sc->u, n * I);
-        osp_matmul(s, &L->ex_down[e], sc->g, n, sc->moe_acc);
-        for (int64_t r = 0; r < n; r++) ops->axpy(out + (int64_t)sc->moe_rows[r] * H, sc->moe_w[r], sc->moe_acc + r * H, H);
-    }
+    be->matmul(bs, &(const osp_weight *){&m->ple_model_proj}, 1, sc->x, N, &sc->ple);
+    be->scale(bs, sc->ple, hs, N * NP);
+    be->rmsnorm(bs, sc->ple, sc->ple, m->ple_proj_norm, N * c->n_layers, P, c->eps, 0);
+    be->embed(bs, &m->embed_ple, m->embed_ple_scale, ids, N, sc->ple_emb);
+    be->add(bs, sc->ple, sc->ple_emb, N * NP);
+    be->scale(bs, sc->ple, r2, N * NP);
 }
 
 static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     const osp_model *m = s->m;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
     const osp_config *c = &m->cfg;
     const osp_layer *L = &m->layers[li];
-    const osp_ops *ops = m->ops;
     osp_scratch *sc = &s->sc;
     int64_t N = (int64_t)B * T, H = c->hidden, D = c->layer_head_dim[li], Hq = c->n_heads, Hkv = c->layer_kv_heads[li];
-    int sliding = c->layer_sliding[li];
-    const float *inv = sliding ? m->inv_freq_sliding : m->inv_freq_full;
+    osp_vec inv = c->layer_sliding[li] ? m->inv_freq_sliding : m->inv_freq_full;
     int32_t donor = c->layer_kv_donor[li];
 
     /* attention */
-    osp_norm_rows(ops, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
-    float *kd = donor < 0 && sc->donor_k[li] ? sc->donor_k[li] : sc->k;
-    float *vd = donor < 0 && sc->donor_v[li] ? sc->donor_v[li] : sc->v;
+    be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
+    osp_dbuf *kd = donor < 0 && sc->donor_k[li] ? sc->donor_k[li] : sc->k;
+    osp_dbuf *vd = donor < 0 && sc->donor_v[li] ? sc->donor_v[li] : sc->v;
     {
         const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
-        float *ys[] = {sc->q, kd, vd};
+        osp_dbuf *ys[] = {sc->q, kd, vd};
         /* q alone when the layer reads its donor's K/V; no v_proj when K = V */
-        osp_matmul_shared(s, ws, donor >= 0 ? 1 : L->wv.data ? 3 : 2, sc->xn, N, ys);
+        be->matmul(bs, ws, donor >= 0 ? 1 : L->wv.data ? 3 : 2, sc->xn, N, ys);
     }
-    head_norm(ops, sc->q, L->q_norm, N, Hq, D, c->eps);
-    head_rope(sc->q, T, B, Hq, (int32_t)D, inv, sc->bpos);
-    const float *k = sc->k, *v = sc->v;
+    be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, 0);
+    be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
+    const osp_dbuf *k, *v;
     if (donor < 0) {
-        if (!L->wv.data) memcpy(vd, kd, sizeof(float) * N * Hkv * D); /* K = V: raw k_proj output */
-        head_norm(ops, kd, L->k_norm, N, Hkv, D, c->eps);
-        head_rope(kd, T, B, Hkv, (int32_t)D, inv, sc->bpos);
-        for (int64_t r = 0; r < N * Hkv; r++) ops->rmsnorm(vd + r * D, vd + r * D, NULL, D, c->eps, 0);
+        if (!L->wv.data) be->copy(bs, vd, kd, N * Hkv * D); /* K = V: raw k_proj output */
+        be->rmsnorm(bs, kd, kd, L->k_norm, N * Hkv, D, c->eps, 0);
+        be->rope(bs, kd, B, T, Hkv, (int32_t)D, inv, sc->bpos);
+        be->rmsnorm(bs, vd, vd, NULL, N * Hkv, D, c->eps, 0);
         k = kd;
         v = vd;
     } else {
@@ -327,64 +322,89 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         v = sc->donor_v[donor];
     }
     const osp_kv_layer *KL = &s->kv->layers[li];
-    osp_attn_args a = {.ops = ops, .kv = s->kv, .layer = KL->donor, .rows = s->rows, .nb = B, .T = T,
-                       .n_heads = (int32_t)Hq, .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = 1.0f,
-                       .window = KL->window, .q = sc->q, .k = k, .v = v, .out = sc->att,
-                       .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
-    osp_attention(&a);
-    if (donor < 0 && !sc->donor_k[li]) osp_kv_write(s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
-    osp_matmul(s, &L->wo, sc->att, N, sc->tmp);
-    osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
-    for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
+    osp_attn_args a = {.kv = s->kv, .layer = KL->donor, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
+                       .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = 1.0f, .window = KL->window,
+                       .q = sc->q, .k = k, .v = v, .out = sc->att, .scores = sc->scores,
+                       .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
+    be->attention(bs, &a);
+    if (donor < 0 && !sc->donor_k[li]) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
+    be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
+    be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
+    be->add(bs, sc->x, sc->tmp, N * H);
 
     /* MLP (+ experts) */
     int64_t I = L->intermediate;
-    osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, 0);
+    be->rmsnorm(bs, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, 0);
     {
         const osp_weight *ws[] = {&L->wg, &L->wu};
-        float *ys[] = {sc->g, sc->u};
-        osp_matmul_shared(s, ws, 2, sc->xn, N, ys);
+        osp_dbuf *ys[] = {sc->g, sc->u};
+        be->matmul(bs, ws, 2, sc->xn, N, ys);
     }
-    ops->gelu_tanh_mul(sc->g, sc->g, sc->u, N * I);
-    osp_matmul(s, &L->wd, sc->g, N, sc->tmp);
+    be->act_mul(bs, OSP_ACT_GELU_TANH, sc->g, sc->g, sc->u, N, I, I);
+    be->matmul(bs, &(const osp_weight *){&L->wd}, 1, sc->g, N, &sc->tmp);
     if (c->moe) {
-        osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm1, N, H, c->eps, 0);
-        osp_norm_rows(ops, sc->xn, sc->x, L->mlp_norm2, N, H, c->eps, 0);
-        float *e = sc->att; /* free after o_proj; sized [N, max(hidden, Hq*D)] */
-        moe_block(s, L, sc->x, sc->xn, N, e);
-        osp_norm_rows(ops, e, e, L->post_mlp_norm2, N, H, c->eps, 0);
-        for (int64_t i = 0; i < N * H; i++) sc->tmp[i] += e[i];
+        be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm1, N, H, c->eps, 0);
+        be->rmsnorm(bs, sc->xn, sc->x, L->mlp_norm2, N, H, c->eps, 0);
+        osp_dbuf *e = sc->att; /* free after o_proj; sized [N, max(hidden, Hq*D)] */
+        osp_moe_args ma = {.x = sc->x, .x2 = sc->xn, .out = e, .n = N, .hidden = H, .n_experts = c->n_experts,
+                           .top_k = c->top_k_experts, .inter = c->moe_intermediate, .eps = c->eps,
+                           .scale = (float)pow((double)H, -0.5), /* hidden**-0.5 */
+                           .router_scale = L->router_scale, .per_expert_scale = L->per_expert_scale,
+                           .router = &L->w_router, .gate = L->ex_gate, .up = L->ex_up, .down = L->ex_down,
+                           .act = OSP_ACT_GELU_TANH, .normed = sc->moe_normed, .probs = sc->router,
+                           .moe_x = sc->moe_x, .moe_acc = sc->moe_acc, .g = sc->g, .u = sc->u,
+                           .top_idx = sc->top_idx, .rows = sc->moe_rows, .top_w = sc->top_w, .row_w = sc->moe_w};
+        be->moe(bs, &ma);
+        be->rmsnorm(bs, e, e, L->post_mlp_norm2, N, H, c->eps, 0);
+        be->add(bs, sc->tmp, e, N * H);
     }
-    osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, 0);
-    for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
+    be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, 0);
+    be->add(bs, sc->x, sc->tmp, N * H);
 
     /* per-layer input */
     if (c->ple_dim) {
         int64_t P = c->ple_dim, NP = (int64_t)c->n_layers * P;
-        osp_matmul(s, &L->w_ple_gate, sc->x, N, sc->ple_tmp);
-        for (int64_t i = 0; i < N; i++)
-            ops->gelu_tanh_mul(sc->ple_tmp + i * P, sc->ple_tmp + i * P, sc->ple + i * NP + li * P, P);
-        osp_matmul(s, &L->w_ple_proj, sc->ple_tmp, N, sc->tmp);
-        osp_norm_rows(ops, sc->tmp, sc->tmp, L->post_ple_norm, N, H, c->eps, 0);
-        for (int64_t i = 0; i < N * H; i++) sc->x[i] += sc->tmp[i];
+        be->matmul(bs, &(const osp_weight *){&L->w_ple_gate}, 1, sc->x, N, &sc->ple_tmp);
+        be->act_mul(bs, OSP_ACT_GELU_TANH, sc->ple_tmp, sc->ple_tmp, osp_dbuf_at(sc->ple, li * P), N, P, NP);
+        be->matmul(bs, &(const osp_weight *){&L->w_ple_proj}, 1, sc->ple_tmp, N, &sc->tmp);
+        be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_ple_norm, N, H, c->eps, 0);
+        be->add(bs, sc->x, sc->tmp, N * H);
     }
-    if (L->layer_scalar != 1.0f)
-        for (int64_t i = 0; i < N * H; i++) sc->x[i] *= L->layer_scalar;
+    if (L->layer_scalar != 1.0f) be->scale(bs, sc->x, L->layer_scalar, N * H);
 }
 
-osp_status osp_gemma4_forward_chunk(osp_session *s, const int32_t *ids, int32_t T, float *logits, int all_logits,
-                                    int64_t ld_rows) {
+static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
+                                int64_t ld_rows) {
     const osp_model *m = s->m;
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
     int32_t B = s->nb;
     int64_t N = (int64_t)B * T;
-    osp_embed_rows(m, &m->embed, m->embed_scale, ids, N, sc->x);
+    s->be->embed(s->bs, &m->embed, m->embed_scale, ids, N, sc->x);
     if (c->ple_dim) ple_inputs(s, ids, N);
     for (int li = 0; li < c->n_layers; li++) layer(s, li, B, T);
     for (int li = 0; li < c->n_layers; li++)
-        if (sc->donor_k[li]) osp_kv_write(s->kv, li, s->rows, B, sc->donor_k[li], sc->donor_v[li], T);
+        if (sc->donor_k[li]) s->be->kv_write(s->bs, s->kv, li, s->rows, B, sc->donor_k[li], sc->donor_v[li], T);
     for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
-    if (logits) osp_head(s, sc->x, B, T, all_logits, logits, ld_rows);
+    if (logits) {
+        osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
+                           .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
+                           .eps = c->eps, .softcap = c->final_softcap, .add_one = 0, .logits = logits,
+                           .xn = sc->xn, .hlast = sc->hlast};
+        s->be->head(s->bs, &h);
+    }
     return OSP_OK;
 }
+
+const osp_arch_ops osp_arch_gemma4 = {
+    .name = "gemma4",
+    .hf_names = (const char *const[]){"Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+                                      "Gemma4ForConditionalGeneration", NULL},
+    .model_types = (const char *const[]){"gemma4_text", "gemma4", "gemma4_unified", NULL},
+    .act_default = "gelu_pytorch_tanh",
+    .sliding_pattern = 1,
+    .last_layer_full = 1,
+    .configure = configure,
+    .bind = bind,
+    .forward_chunk = forward_chunk,
+};

@@ -30,14 +30,3 @@ void osp_rope_inv_freq(const osp_rope *r, int32_t D, float *inv) {
         }
     }
 }
-
-void osp_rope_apply(float *x, int32_t D, const float *inv, int32_t pos) {
-    int32_t h = D / 2;
-    for (int32_t i = 0; i < h; i++) {
-        float a = (float)pos * inv[i];
-        float c = cosf(a), s = sinf(a);
-        float x1 = x[i], x2 = x[i + h];
-        x[i] = x1 * c - x2 * s;
-        x[i + h] = x2 * c + x1 * s;
-    }
-}

@@ -79,9 +79,13 @@ typedef struct osp_weight {
     osp_dtype sdtype;     /* scales/biases dtype */
     const void *scales;
     const void *biases;
-    const void *packed;   /* 4-bit: the same weight repacked for the int8 path
-                             (backend/q8act.h), or NULL; owned by the model */
+    const void *packed;   /* the backend's own form of the weight (the CPU: 4-bit
+                             repacked for the int8 path, backend/q8act.h), or
+                             NULL; owned by the backend's placement */
 } osp_weight;
+
+/* Gated activations of an MLP: act(g) * u. */
+typedef enum osp_act { OSP_ACT_SILU, OSP_ACT_GELU_TANH } osp_act;
 
 /* Bytes one row of W occupies (codes + scales + biases when quantized). */
 int64_t osp_weight_row_bytes(const osp_weight *w);

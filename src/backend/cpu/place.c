@@ -1,5 +1,5 @@
-/* Placing a model's matmul weights in memory that streams at the full
- * bandwidth, once, when the model's first session is made: one huge-page-advised block for the model
+/* backend/cpu/place: placing a model's matmul weights in memory that
+ * streams at the full bandwidth, once, at load: one huge-page-advised block for the model
  * (with 4 KiB pages, two cores read half as fast here: the page walks of a
  * virtual machine), filled on the thread pool.
  *
@@ -18,25 +18,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "backend/cpu/cpu.h"
 #include "core/threadpool.h"
-#include "model.h"
-
-/* Calls fn on every matmul weight of the model. */
-static void each_matmul_weight(osp_model *m, void (*fn)(osp_weight *w, void *ctx), void *ctx) {
-    fn(&m->head, ctx);
-    fn(&m->ple_model_proj, ctx);
-    for (int i = 0; i < m->cfg.n_layers; i++) {
-        osp_layer *L = &m->layers[i];
-        osp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd,
-                            &L->w_ple_gate, &L->w_ple_proj, &L->w_router};
-        for (size_t j = 0; j < sizeof ws / sizeof *ws; j++) fn(ws[j], ctx);
-        for (int e = 0; L->ex_gate && e < m->cfg.n_experts; e++) {
-            fn(&L->ex_gate[e], ctx);
-            fn(&L->ex_up[e], ctx);
-            fn(&L->ex_down[e], ctx);
-        }
-    }
-}
 
 static int packable(const osp_weight *w) { return w->data && w->packed == NULL && osp_q8act_supported(w); }
 
@@ -65,9 +48,17 @@ static void add_size(osp_weight *w, void *ctx) {
 typedef struct pack_ctx {
     char *next;
     osp_weight *w;
-    const void *keep; /* the embedding's codes: gathered from the mmap */
-    const osp_st *st;
+    const void *const *keep; /* data gathered from where it is (the embedding's codes) */
+    int n_keep;
+    const osp_region *maps;  /* file mappings whose pages may be given back */
+    int n_maps;
 } pack_ctx;
+
+static int kept(const pack_ctx *c, const void *p) {
+    for (int i = 0; i < c->n_keep; i++)
+        if (c->keep[i] == p) return 1;
+    return 0;
+}
 
 #define TILES_PER_TASK 64
 
@@ -78,11 +69,11 @@ static void pack_task(void *p, int64_t t) {
 }
 
 /* Let the kernel drop mmapped pages that were read here. */
-static void release(const osp_st *st, const void *p, size_t n) {
+static void release(const pack_ctx *c, const void *p, size_t n) {
     int mapped = 0; /* only ever a range inside a file mapping: advice on heap memory would zero it */
-    for (int i = 0; i < st->n_files && !mapped; i++) {
-        const char *f = st->files[i].map;
-        mapped = f && (const char *)p >= f && (const char *)p + n <= f + st->files[i].size;
+    for (int i = 0; i < c->n_maps && !mapped; i++) {
+        const char *f = c->maps[i].p;
+        mapped = f && (const char *)p >= f && (const char *)p + n <= f + c->maps[i].n;
     }
     if (!mapped) return;
     uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) & ~(pg - 1),
@@ -110,7 +101,7 @@ static void move_part(pack_ctx *c, const void **ptr, size_t n, int keep_source) 
     if (!n) return;
     copy_ctx cc = {*ptr, c->next, n};
     osp_parallel_for((int64_t)((n + COPY_CHUNK - 1) / COPY_CHUNK), copy_task, &cc);
-    if (!keep_source) release(c->st, *ptr, n);
+    if (!keep_source) release(c, *ptr, n);
     *ptr = c->next;
     c->next += r64(n);
 }
@@ -120,7 +111,7 @@ static void pack_one(osp_weight *w, void *ctx) {
     size_t part[3];
     if (!osp_q8act_matmul_fast() || !packable(w)) {
         if (!copy_parts(w, part)) return;
-        int keep = w->data == c->keep; /* the embedding is gathered from the mapping */
+        int keep = kept(c, w->data); /* the embedding is gathered from the mapping */
         move_part(c, &w->data, part[0], keep);
         move_part(c, &w->scales, part[1], 0);
         move_part(c, &w->biases, part[2], 0);
@@ -131,30 +122,23 @@ static void pack_one(osp_weight *w, void *ctx) {
     c->w = w;
     int64_t tiles = (w->rows + OSP_Q4PACK_ROWS - 1) / OSP_Q4PACK_ROWS;
     osp_parallel_for((tiles + TILES_PER_TASK - 1) / TILES_PER_TASK, pack_task, c);
-    if (w->data != c->keep) release(c->st, w->data, (size_t)(w->rows * w->cols / 2));
-    release(c->st, w->scales, (size_t)(w->rows * (w->cols / w->group) * 2));
-    release(c->st, w->biases, (size_t)(w->rows * (w->cols / w->group) * 2));
+    if (!kept(c, w->data)) release(c, w->data, (size_t)(w->rows * w->cols / 2));
+    release(c, w->scales, (size_t)(w->rows * (w->cols / w->group) * 2));
+    release(c, w->biases, (size_t)(w->rows * (w->cols / w->group) * 2));
 }
 
-static osp_status place(osp_model *m) {
+osp_status osp_cpu_place(osp_weight *const *ws, int n, const void *const *keep, int n_keep, const osp_region *maps,
+                         int n_maps, void **owned) {
+    *owned = NULL;
     size_t total = 0;
-    each_matmul_weight(m, add_size, &total);
+    for (int i = 0; i < n; i++) add_size(ws[i], &total);
     if (!total) return OSP_OK;
-    m->packed = osp_malloc_huge(OSP_POOL_WEIGHTS, total);
-    if (!m->packed)
-        return osp_err(OSP_ERR_NOMEM, "%s: out of memory placing %.1f MB of weights", m->dir, total / 1e6);
-    pack_ctx c = {m->packed, NULL, m->embed.data, m->st};
-    each_matmul_weight(m, pack_one, &c);
+    char *arena = osp_malloc_huge(OSP_POOL_WEIGHTS, total);
+    if (!arena) return osp_err(OSP_ERR_NOMEM, "out of memory placing %.1f MB of weights", total / 1e6);
+    pack_ctx c = {arena, NULL, keep, n_keep, maps, n_maps};
+    for (int i = 0; i < n; i++) pack_one(ws[i], &c);
+    *owned = arena;
     return OSP_OK;
 }
 
-osp_status osp_model_place(osp_model *m) {
-    pthread_mutex_lock(&m->place_mu);
-    osp_status rc = OSP_OK;
-    if (!m->placed) {
-        rc = place(m);
-        m->placed = rc == OSP_OK;
-    }
-    pthread_mutex_unlock(&m->place_mu);
-    return rc;
-}
+void osp_cpu_unplace(void *owned) { osp_free(owned); }

@@ -1,0 +1,176 @@
+/* backend/: a device that holds a model's tensors and computes its forward
+ * pass, chosen when the model is loaded (osp_model_params.device).
+ *
+ * The model code (model/llama.c, model/gemma4.c) describes a chunk of rows
+ * as a sequence of coarse operations over whole activations, and never
+ * reads or writes activation memory itself: activations, norm weights and
+ * KV blocks are osp_dbuf pointers, an incomplete type the model code cannot
+ * dereference (only offset, with osp_dbuf_at). A backend owns that memory
+ * (host memory on the CPU; device memory elsewhere) and implements the
+ * operations on it. Token ids and positions go in as host arrays; logits
+ * come back to host memory in one read.
+ *
+ * A backend is shared by every model loaded on it (it holds no model state);
+ * per-session state (the CPU's int8 activation panels, a GPU's stream) is an
+ * osp_be_session. Everything a backend does for one row of a batch is the
+ * same as for that row alone, bitwise: the batch-invariance promise of the
+ * server rests on it.
+ *
+ * Adding a device is adding a file that fills an osp_backend (backend/cpu/
+ * is the reference); nothing in model/ names a device.
+ */
+#ifndef OSP_BACKEND_H
+#define OSP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "core/core.h"
+#include "osprey.h" /* osp_device */
+#include "tensor/tensor.h"
+
+typedef struct osp_dbuf osp_dbuf; /* f32 values in a backend's memory: passed, never dereferenced */
+
+static inline osp_dbuf *osp_dbuf_at(const osp_dbuf *p, int64_t i) { return (osp_dbuf *)((const float *)p + i); }
+
+
+struct osp_kv;
+typedef struct osp_be_session osp_be_session;
+
+/* Attention of a chunk of new tokens against each row's cached past (see
+ * backend/cpu/attention.c for the semantics every backend must keep). */
+typedef struct osp_attn_args {
+    const struct osp_kv *kv;
+    int32_t layer;               /* storage layer (a donor for shared KV) */
+    const int32_t *rows;         /* [nb] KV rows of the batch (host) */
+    int32_t nb;
+    int32_t T;                   /* new tokens per row */
+    int32_t n_heads, n_kv_heads, head_dim;
+    float scale;                 /* multiplies q·k */
+    float softcap;               /* 0 = none */
+    int32_t window;              /* 0 = full causal; else a query sees itself and window-1 earlier */
+    const osp_dbuf *q;           /* [nb*T, n_heads*D] */
+    const osp_dbuf *k, *v;       /* [nb*T, n_kv_heads*D]: this chunk */
+    osp_dbuf *out;               /* [nb*T, n_heads*D] */
+    osp_dbuf *scores;            /* [nb*n_heads, score_stride] scratch */
+    int64_t score_stride;        /* >= max positions a query can see */
+} osp_attn_args;
+
+/* Final norm, LM head and soft-cap: logits (host) of every position,
+ * row b's block at logits + b * ld_rows * vocab, or [B, vocab] of the last
+ * positions. */
+typedef struct osp_head_args {
+    const osp_dbuf *x;           /* [B*T, hidden] */
+    const osp_dbuf *norm;        /* [hidden] */
+    const osp_weight *w;         /* [vocab, hidden] */
+    int32_t B, T, all_logits;
+    int64_t hidden, vocab, ld_rows;
+    float eps, softcap;          /* softcap 0 = none */
+    int add_one;
+    float *logits;
+    osp_dbuf *xn, *hlast;        /* scratch [B*T, hidden], [B, hidden] */
+} osp_head_args;
+
+/* Routed experts (Gemma 4): router on the residual (weightless RMSNorm,
+ * * router_scale * scale, proj, softmax, top-k with ties to the lower index,
+ * renormalized, * per_expert_scale), then each chosen expert's gated MLP on
+ * the normed input, weighted into out (zeroed first). */
+typedef struct osp_moe_args {
+    const osp_dbuf *x;           /* [n, hidden] the residual (router input) */
+    const osp_dbuf *x2;          /* [n, hidden] the experts' input */
+    osp_dbuf *out;               /* [n, hidden] */
+    int64_t n, hidden, n_experts, top_k, inter;
+    float eps, scale;
+    const osp_dbuf *router_scale, *per_expert_scale;
+    const osp_weight *router;
+    const osp_weight *gate, *up, *down; /* [n_experts] */
+    osp_act act;
+    /* scratch */
+    osp_dbuf *normed, *probs, *moe_x, *moe_acc, *g, *u;
+    int32_t *top_idx, *rows;     /* host [n * top_k] */
+    float *top_w, *row_w;        /* host [n * top_k] */
+} osp_moe_args;
+
+/* A range of memory (a file mapping whose pages a placement may give back). */
+typedef struct osp_region {
+    const void *p;
+    size_t n;
+} osp_region;
+
+/* Allocation of KV blocks (kv/kv.c keeps rows and positions; the backend
+ * keeps the blocks). */
+typedef struct osp_kv_mem {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+} osp_kv_mem;
+
+typedef struct osp_backend {
+    const char *name;            /* "cpu (avx512+vnni)", "cuda (H200)" */
+    osp_device device;
+
+    /* ---- memory ---- */
+    osp_dbuf *(*alloc)(size_t n_floats);            /* NULL when out of memory */
+    void (*free)(osp_dbuf *p);
+    /* A weight vector as the backend keeps it; `host` is the caller's
+     * (osp_malloc'd) copy, which the backend takes over. */
+    osp_dbuf *(*adopt_vec)(float *host, int64_t n);
+    void (*free_vec)(osp_dbuf *p);
+    void (*write)(osp_dbuf *dst, const float *host, int64_t n); /* host -> backend */
+    void (*read)(float *host, const osp_dbuf *src, int64_t n);  /* backend -> host */
+    const osp_kv_mem *kv_mem;
+
+    /* ---- weights ---- */
+    /* Put the n matmul weights where they stream fastest (repacked, or
+     * uploaded), once, at load; the weights' pointers move there. `keep`
+     * lists data that must stay readable where it is (tables the model
+     * gathers rows from); `maps` the file mappings whose pages may be given
+     * back once copied. *owned is what unplace frees. */
+    osp_status (*place)(osp_weight *const *ws, int n, const void *const *keep, int n_keep, const osp_region *maps,
+                        int n_maps, void **owned);
+    void (*unplace)(void *owned);
+
+    /* ---- sessions ---- */
+    osp_status (*session_new)(int32_t max_tok, int64_t max_cols, osp_be_session **out);
+    void (*session_free)(osp_be_session *s);
+    /* fast: production precision (int8 activations for 4-bit weights on the
+     * CPU); reference precision otherwise. */
+    void (*set_fast)(osp_be_session *s, int fast);
+    /* A chunk of B rows of T tokens begins (a batched decode step when
+     * T == 1 and B > 1: every row computed exactly as alone). */
+    void (*begin_chunk)(osp_be_session *s, int32_t B, int32_t T);
+
+    /* ---- operations on a chunk's activations ---- */
+    /* ys[i] = x · ws[i]ᵀ for n rows; weights of one input share its preparation */
+    void (*matmul)(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
+                   osp_dbuf *const *ys);
+    /* y = rmsnorm(x) * (w ? (add_one ? 1 + w : w) : 1), n rows of d */
+    void (*rmsnorm)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, int64_t n, int64_t d,
+                    float eps, int add_one);
+    void (*add)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n);                 /* y += x */
+    void (*add_bias)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d); /* rows += b */
+    void (*scale)(osp_be_session *s, osp_dbuf *y, float a, int64_t n);                         /* y *= a */
+    void (*copy)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n);
+    /* y[i, j] = act(g[i, j]) * u[i * ld_u + j], n rows of d (g and y: ld d) */
+    void (*act_mul)(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
+                    int64_t d, int64_t ld_u);
+    /* RoPE (rotate-half) on x [B*T, heads, D]: row b's token t at position pos[b] + t (host) */
+    void (*rope)(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t D,
+                 const osp_dbuf *inv_freq, const int32_t *pos);
+    /* x[i] = row ids[i] of e (host ids), times scale when scale != 1 */
+    void (*embed)(osp_be_session *s, const osp_weight *e, float scale, const int32_t *ids, int64_t n, osp_dbuf *x);
+    void (*attention)(osp_be_session *s, const osp_attn_args *a);
+    /* store a chunk's K/V in the cache (see osp_kv_write) */
+    void (*kv_write)(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
+                     const osp_dbuf *k, const osp_dbuf *v, int32_t T);
+    void (*head)(osp_be_session *s, const osp_head_args *a);
+    void (*moe)(osp_be_session *s, const osp_moe_args *a);
+} osp_backend;
+
+/* The CPU backend (backend/cpu/): today's kernels, threads and int8 path. */
+const osp_backend *osp_backend_cpu(void);
+
+/* The backend for a device: AUTO = the best present (the CPU when nothing
+ * else is). NULL with an error when that device is not available. */
+const osp_backend *osp_backend_get(osp_device d);
+
+#endif

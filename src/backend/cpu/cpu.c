@@ -1,0 +1,261 @@
+/* backend/cpu: the CPU backend. Its memory is host memory (an osp_dbuf is
+ * a float pointer here); its operations are the kernels of the ops table
+ * chosen from the CPU's features (backend/ops.h), the thread pool, and the
+ * int8 path of backend/q8act.h. Matmuls (matmul.c), attention
+ * (attention.c), KV stores (kv_store.c) and weight placement (place.c) are
+ * in their own files; the small row operations are here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/features.h"
+#include "core/threadpool.h"
+
+#define F(p) ((float *)(p))
+#define CF(p) ((const float *)(p))
+
+/* ---- memory ---- */
+
+static osp_dbuf *cpu_alloc(size_t n) { return (osp_dbuf *)osp_malloc(OSP_POOL_SCRATCH, (n ? n : 1) * sizeof(float)); }
+static void cpu_free(osp_dbuf *p) { osp_free(p); }
+static osp_dbuf *cpu_adopt_vec(float *host, int64_t n) {
+    (void)n;
+    return (osp_dbuf *)host; /* already host memory */
+}
+static void cpu_free_vec(osp_dbuf *p) { osp_free(p); }
+static void cpu_write(osp_dbuf *dst, const float *host, int64_t n) { memcpy(dst, host, sizeof(float) * (size_t)n); }
+static void cpu_read(float *host, const osp_dbuf *src, int64_t n) { memcpy(host, src, sizeof(float) * (size_t)n); }
+
+static void *kv_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
+static void kv_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
+static const osp_kv_mem KV_MEM = {kv_alloc, osp_free, kv_copy};
+
+/* ---- sessions ---- */
+
+static void session_free(osp_be_session *s) {
+    if (!s) return;
+    osp_free(s->q8mem);
+    free(s->q8acts);
+    free(s);
+}
+
+/* The int8 panels hold max_tok prepared activations of up to max_cols columns. */
+static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session **out) {
+    *out = NULL;
+    osp_be_session *s = calloc(1, sizeof *s);
+    if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    s->ops = osp_ops_get();
+    s->q8stride = (osp_q8act_bytes(max_cols) + 63) & ~(size_t)63;
+    s->q8cap = max_tok;
+    size_t panels = ((size_t)max_tok + OSP_Q8ACT_SLOTS - 1) / OSP_Q8ACT_SLOTS;
+    s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * panels);
+    s->q8acts = calloc(panels, sizeof *s->q8acts);
+    if (!s->q8mem || !s->q8acts) {
+        session_free(s);
+        return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
+    }
+    *out = s;
+    return OSP_OK;
+}
+
+static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
+
+static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { s->per_token = s->fast && T == 1 && B > 1; }
+
+/* ---- row operations ---- */
+
+static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, int64_t n, int64_t d,
+                    float eps, int add_one) {
+    for (int64_t i = 0; i < n; i++) s->ops->rmsnorm(F(y) + i * d, CF(x) + i * d, CF(w), d, eps, add_one);
+}
+
+static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
+    (void)s;
+    float *a = F(y);
+    const float *b = CF(x);
+    for (int64_t i = 0; i < n; i++) a[i] += b[i];
+}
+
+static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d) {
+    (void)s;
+    if (!b) return;
+    float *a = F(y);
+    const float *c = CF(b);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < d; j++) a[i * d + j] += c[j];
+}
+
+static void scale(osp_be_session *s, osp_dbuf *y, float f, int64_t n) {
+    (void)s;
+    float *a = F(y);
+    for (int64_t i = 0; i < n; i++) a[i] *= f;
+}
+
+static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
+    (void)s;
+    memcpy(y, x, sizeof(float) * (size_t)n);
+}
+
+static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
+                    int64_t d, int64_t ld_u) {
+    void (*fn)(float *, const float *, const float *, int64_t) =
+        act == OSP_ACT_SILU ? s->ops->silu_mul : s->ops->gelu_tanh_mul;
+    if (ld_u == d) {
+        fn(F(y), CF(g), CF(u), n * d);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) fn(F(y) + i * d, CF(g) + i * d, CF(u) + i * ld_u, d);
+}
+
+/* Rotate one head vector x[D] (rotate-half layout) at position pos. */
+static void rope_apply(float *x, int32_t D, const float *inv, int32_t pos) {
+    int32_t h = D / 2;
+    for (int32_t i = 0; i < h; i++) {
+        float a = (float)pos * inv[i];
+        float c = cosf(a), s = sinf(a);
+        float x1 = x[i], x2 = x[i + h];
+        x[i] = x1 * c - x2 * s;
+        x[i + h] = x2 * c + x1 * s;
+    }
+}
+
+static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t D,
+                 const osp_dbuf *inv, const int32_t *pos) {
+    (void)s;
+    for (int32_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < heads; h++)
+                rope_apply(F(x) + (((int64_t)b * T + t) * heads + h) * D, D, CF(inv), pos[b] + (int32_t)t);
+}
+
+static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_t *ids, int64_t n, osp_dbuf *xb) {
+    (void)s;
+    int64_t H = e->cols;
+    float *x = F(xb);
+    for (int64_t i = 0; i < n; i++) {
+        osp_weight_row_f32(e, ids[i], x + i * H);
+        if (sc != 1.0f)
+            for (int64_t j = 0; j < H; j++) x[i * H + j] *= sc;
+    }
+}
+
+static void head(osp_be_session *s, const osp_head_args *a) {
+    const osp_ops *ops = s->ops;
+    int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab;
+    if (a->all_logits) {
+        rmsnorm(s, a->xn, a->x, a->norm, N, H, a->eps, a->add_one);
+        for (int32_t b = 0; b < a->B; b++) {
+            float *dst = a->logits + (int64_t)b * a->ld_rows * V;
+            osp_dbuf *d = (osp_dbuf *)dst;
+            osp_cpu_matmul(s, &a->w, 1, osp_dbuf_at(a->xn, (int64_t)b * a->T * H), a->T, &d);
+            if (a->softcap > 0) ops->softcap(dst, (int64_t)a->T * V, a->softcap);
+        }
+    } else {
+        for (int32_t b = 0; b < a->B; b++)
+            ops->rmsnorm(F(a->hlast) + b * H, CF(a->x) + ((int64_t)b * a->T + a->T - 1) * H, CF(a->norm), H, a->eps,
+                         a->add_one);
+        osp_dbuf *d = (osp_dbuf *)a->logits;
+        osp_cpu_matmul(s, &a->w, 1, a->hlast, a->B, &d);
+        if (a->softcap > 0) ops->softcap(a->logits, (int64_t)a->B * V, a->softcap);
+    }
+}
+
+/* Routed experts: see osp_moe_args. Tokens are gathered per expert, so each
+ * expert runs once on all the tokens routed to it. */
+static void moe(osp_be_session *s, const osp_moe_args *a) {
+    const osp_ops *ops = s->ops;
+    int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter;
+    float *nrm = F(a->normed), *probs = F(a->probs), *out = F(a->out);
+    for (int64_t i = 0; i < N; i++) { /* router on the un-normed residual */
+        float *r = nrm + i * H;
+        ops->rmsnorm(r, CF(a->x) + i * H, NULL, H, a->eps, 0);
+        for (int64_t j = 0; j < H; j++) r[j] = r[j] * CF(a->router_scale)[j] * a->scale;
+    }
+    osp_dbuf *pb = a->probs;
+    osp_cpu_matmul(s, &a->router, 1, a->normed, N, &pb);
+    for (int64_t i = 0; i < N; i++) {
+        float *p = probs + i * E;
+        ops->softmax(p, E);
+        int32_t *idx = a->top_idx + i * K;
+        float *w = a->top_w + i * K, sum = 0;
+        for (int64_t k = 0; k < K; k++) { /* top-k, ties to the lower index */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t j = 0; j < k; j++) taken |= idx[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            idx[k] = (int32_t)best;
+            w[k] = p[best];
+            sum += p[best];
+        }
+        for (int64_t k = 0; k < K; k++) w[k] = w[k] / sum * CF(a->per_expert_scale)[idx[k]];
+    }
+    memset(out, 0, sizeof(float) * N * H);
+    for (int64_t e = 0; e < E; e++) { /* gather the tokens routed to e, run it once for all */
+        int64_t n = 0;
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t k = 0; k < K; k++)
+                if (a->top_idx[i * K + k] == e) {
+                    a->rows[n] = (int32_t)i;
+                    a->row_w[n] = a->top_w[i * K + k];
+                    memcpy(F(a->moe_x) + n * H, CF(a->x2) + i * H, sizeof(float) * H);
+                    n++;
+                }
+        if (!n) continue;
+        const osp_weight *ws[] = {&a->gate[e], &a->up[e]};
+        osp_dbuf *ys[] = {a->g, a->u};
+        osp_cpu_matmul(s, ws, 2, a->moe_x, n, ys);
+        act_mul(s, a->act, a->g, a->g, a->u, n, I, I);
+        osp_dbuf *acc = a->moe_acc;
+        const osp_weight *wd = &a->down[e];
+        osp_cpu_matmul(s, &wd, 1, a->g, n, &acc);
+        for (int64_t r = 0; r < n; r++) ops->axpy(out + (int64_t)a->rows[r] * H, a->row_w[r], CF(a->moe_acc) + r * H, H);
+    }
+}
+
+static osp_status place(osp_weight *const *ws, int n, const void *const *keep, int n_keep, const osp_region *maps,
+                        int n_maps, void **owned) {
+    return osp_cpu_place(ws, n, keep, n_keep, maps, n_maps, owned);
+}
+
+static osp_backend CPU = {
+    .device = OSP_DEVICE_CPU,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .adopt_vec = cpu_adopt_vec,
+    .free_vec = cpu_free_vec,
+    .write = cpu_write,
+    .read = cpu_read,
+    .kv_mem = &KV_MEM,
+    .place = place,
+    .unplace = osp_cpu_unplace,
+    .session_new = session_new,
+    .session_free = session_free,
+    .set_fast = set_fast,
+    .begin_chunk = begin_chunk,
+    .matmul = osp_cpu_matmul,
+    .rmsnorm = rmsnorm,
+    .add = add,
+    .add_bias = add_bias,
+    .scale = scale,
+    .copy = copy,
+    .act_mul = act_mul,
+    .rope = rope,
+    .embed = embed,
+    .attention = osp_cpu_attention,
+    .kv_write = osp_cpu_kv_write,
+    .head = head,
+    .moe = moe,
+};
+
+const osp_backend *osp_backend_cpu(void) {
+    static char name[64];
+    if (!CPU.name) {
+        const osp_cpu_features *f = osp_cpu_features_get();
+        snprintf(name, sizeof name, "cpu (%s%s)", osp_ops_get()->name, f->vnni ? "+vnni" : "");
+        CPU.name = name;
+    }
+    return &CPU;
+}

@@ -1,0 +1,48 @@
+/* model/arch: an architecture is a table. Each file under model/ that
+ * implements one (llama.c: Llama, Qwen2, Qwen3, Gemma 3; gemma4.c: Gemma 4)
+ * owns its config keys, its weights' names and shapes, and its forward body;
+ * the shared code (config.c, loader.c, session.c, forward.c) reads the table
+ * and never names an architecture. A new architecture is a new file with a
+ * table, listed in arch.c. */
+#ifndef OSP_ARCH_H
+#define OSP_ARCH_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include "core/core.h"
+
+struct osp_config;
+struct osp_model;
+struct osp_session;
+
+typedef struct osp_arch_ops {
+    const char *name;              /* for messages: "llama", "gemma4" */
+    const char *const *hf_names;   /* config "architectures" values it serves, NULL-terminated */
+    const char *const *model_types;/* the matching model_type values (used when "architectures" is absent) */
+
+    /* config.json: defaults the common parser applies */
+    int tie_default;               /* tie_word_embeddings when the config says nothing */
+    const char *act_default;       /* the activation when the config names none */
+    int sliding_pattern;           /* no layer_types: every sliding_window_pattern-th layer is full (else none slide
+                                      unless use_sliding_window) */
+    int last_layer_full;           /* the last layer is always full attention */
+    int local_rope_base;           /* no per-type rope parameters: sliding layers use rope_local_base_freq */
+    /* Its own keys, after the common ones (flags, scales, per-layer geometry). */
+    osp_status (*configure)(const json_t *root, const json_t *tc, const char *path, struct osp_config *c);
+
+    /* Bind the layers' weights (the embedding, head and final norm are bound
+     * by the loader under the same prefix). */
+    osp_status (*bind)(struct osp_model *m, const char *prefix);
+
+    /* One chunk of s's current batch: ids [nb, T]; logits as osp_forward
+     * writes them, or NULL for an intermediate prefill chunk. Advances the
+     * rows' positions by T. */
+    osp_status (*forward_chunk)(struct osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
+                                int64_t ld_rows);
+} osp_arch_ops;
+
+/* The table serving an "architectures" name (or, when that is NULL, a
+ * model_type); *canonical = the HF name it is known by. NULL if none. */
+const osp_arch_ops *osp_arch_find(const char *hf_name, const char *model_type, const char **canonical);
+
+#endif

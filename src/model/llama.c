@@ -1,0 +1,204 @@
+/* model/llama: the Llama body and the architectures that differ from it
+ * only by flags: Llama 3, Qwen2 (q/k/v biases), Qwen3 (q/k norms) and
+ * Gemma 3 (1 + w norms, sandwich norms, scaled embeddings, query scale
+ * from query_pre_attn_scalar, soft-caps, sliding layers with their own
+ * RoPE base). Each is a table (arch.h); the forward body is one, written as
+ * backend operations over a chunk of rows. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "core/json_get.h"
+#include "model.h"
+
+/* ---- config ---- */
+
+static osp_status configure_llama(const json_t *root, const json_t *tc, const char *path, osp_config *c) {
+    (void)root, (void)path;
+    c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias"));
+    c->mlp_bias = json_is_true(json_object_get(tc, "mlp_bias"));
+    return OSP_OK;
+}
+
+static osp_status configure_qwen2(const json_t *root, const json_t *tc, const char *path, osp_config *c) {
+    (void)root, (void)tc, (void)path;
+    c->qkv_bias = 1;
+    return OSP_OK;
+}
+
+static osp_status configure_qwen3(const json_t *root, const json_t *tc, const char *path, osp_config *c) {
+    (void)root, (void)path;
+    c->qk_norm = 1;
+    c->qkv_bias = c->o_bias = json_is_true(json_object_get(tc, "attention_bias"));
+    return OSP_OK;
+}
+
+static osp_status configure_gemma3(const json_t *root, const json_t *tc, const char *path, osp_config *c) {
+    (void)root, (void)path;
+    c->qk_norm = c->norm_add_one = c->sandwich_norm = c->embed_scaled = 1;
+    c->attn_scale = (float)pow(osp_json_num(tc, "query_pre_attn_scalar", c->head_dim), -0.5);
+    c->final_softcap = (float)osp_json_num(tc, "final_logit_softcapping", 0);
+    c->attn_softcap = (float)osp_json_num(tc, "attn_logit_softcapping", 0);
+    return OSP_OK;
+}
+
+/* ---- weights ---- */
+
+static osp_status bind_layer(osp_model *m, const char *pre, int i, osp_layer *L) {
+    const osp_config *c = &m->cfg;
+    char p[512], n[512];
+    int64_t H = c->hidden, D = c->head_dim, q = (int64_t)c->n_heads * D, kv = (int64_t)c->n_kv_heads * D;
+    osp_status rc = OSP_OK;
+#define LP(fmt) (snprintf(p, sizeof p, "%slayers.%d." fmt, pre, i), p)
+#define VEC(fmt, len, req) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), osp_bind_vec(m, n, len, req, &rc))
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.q_proj"), q, H, &L->wq));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.k_proj"), kv, H, &L->wk));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.v_proj"), kv, H, &L->wv));
+    OSP_TRY(osp_bind_linear(m, LP("self_attn.o_proj"), H, q, &L->wo));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.gate_proj"), c->intermediate, H, &L->wg));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.up_proj"), c->intermediate, H, &L->wu));
+    OSP_TRY(osp_bind_linear(m, LP("mlp.down_proj"), H, c->intermediate, &L->wd));
+    L->attn_norm = VEC("input_layernorm.weight", H, 1);
+    if (c->sandwich_norm) {
+        L->post_attn_norm = VEC("post_attention_layernorm.weight", H, 1);
+        L->mlp_norm = VEC("pre_feedforward_layernorm.weight", H, 1);
+        L->post_mlp_norm = VEC("post_feedforward_layernorm.weight", H, 1);
+    } else {
+        L->mlp_norm = VEC("post_attention_layernorm.weight", H, 1);
+    }
+    if (c->qk_norm) {
+        L->q_norm = VEC("self_attn.q_norm.weight", D, 1);
+        L->k_norm = VEC("self_attn.k_norm.weight", D, 1);
+    }
+    if (c->qkv_bias) {
+        L->bq = VEC("self_attn.q_proj.bias", q, 1);
+        L->bk = VEC("self_attn.k_proj.bias", kv, 1);
+        L->bv = VEC("self_attn.v_proj.bias", kv, 1);
+    }
+    if (c->o_bias) L->bo = VEC("self_attn.o_proj.bias", H, 1);
+    if (c->mlp_bias) {
+        L->bg = VEC("mlp.gate_proj.bias", c->intermediate, 1);
+        L->bu = VEC("mlp.up_proj.bias", c->intermediate, 1);
+        L->bd = VEC("mlp.down_proj.bias", H, 1);
+    }
+#undef LP
+#undef VEC
+    L->intermediate = c->intermediate;
+    L->layer_scalar = 1.0f;
+    if (rc == OSP_OK) {
+        const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
+        for (int j = 0; j < 7; j++) m->info.decode_bytes += ws[j]->rows * osp_weight_row_bytes(ws[j]);
+    }
+    return rc;
+}
+
+static osp_status bind(osp_model *m, const char *pre) {
+    for (int i = 0; i < m->cfg.n_layers; i++) OSP_TRY(bind_layer(m, pre, i, &m->layers[i]));
+    return OSP_OK;
+}
+
+/* ---- forward ---- */
+
+static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
+    const osp_model *m = s->m;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
+    const osp_config *c = &m->cfg;
+    const osp_layer *L = &m->layers[li];
+    osp_scratch *sc = &s->sc;
+    osp_kv_layer *KL = &s->kv->layers[li];
+    int64_t N = (int64_t)B * T, H = c->hidden, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads;
+    osp_vec inv = c->layer_sliding[li] ? m->inv_freq_sliding : m->inv_freq_full;
+
+    be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
+    {
+        const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
+        osp_dbuf *ys[] = {sc->q, sc->k, sc->v};
+        be->matmul(bs, ws, 3, sc->xn, N, ys);
+    }
+    be->add_bias(bs, sc->q, L->bq, N, Hq * D);
+    be->add_bias(bs, sc->k, L->bk, N, Hkv * D);
+    be->add_bias(bs, sc->v, L->bv, N, Hkv * D);
+    if (L->q_norm) be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, c->norm_add_one);
+    if (L->k_norm) be->rmsnorm(bs, sc->k, sc->k, L->k_norm, N * Hkv, D, c->eps, c->norm_add_one);
+    be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
+    be->rope(bs, sc->k, B, T, Hkv, (int32_t)D, inv, sc->bpos);
+    osp_attn_args a = {.kv = s->kv, .layer = li, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
+                       .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,
+                       .softcap = c->attn_softcap, .window = KL->window, .q = sc->q, .k = sc->k, .v = sc->v,
+                       .out = sc->att, .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
+    be->attention(bs, &a);
+    be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
+
+    be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
+    be->add_bias(bs, sc->tmp, L->bo, N, H);
+    if (L->post_attn_norm) be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
+    be->add(bs, sc->x, sc->tmp, N * H);
+}
+
+static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
+    const osp_model *m = s->m;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
+    const osp_config *c = &m->cfg;
+    const osp_layer *L = &m->layers[li];
+    osp_scratch *sc = &s->sc;
+    int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
+
+    be->rmsnorm(bs, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
+    {
+        const osp_weight *ws[] = {&L->wg, &L->wu};
+        osp_dbuf *ys[] = {sc->g, sc->u};
+        be->matmul(bs, ws, 2, sc->xn, N, ys);
+    }
+    be->add_bias(bs, sc->g, L->bg, N, I);
+    be->add_bias(bs, sc->u, L->bu, N, I);
+    be->act_mul(bs, c->act, sc->g, sc->g, sc->u, N, I, I);
+    be->matmul(bs, &(const osp_weight *){&L->wd}, 1, sc->g, N, &sc->tmp);
+    be->add_bias(bs, sc->tmp, L->bd, N, H);
+    if (L->post_mlp_norm) be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
+    be->add(bs, sc->x, sc->tmp, N * H);
+}
+
+static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
+                                int64_t ld_rows) {
+    const osp_model *m = s->m;
+    const osp_config *c = &m->cfg;
+    osp_scratch *sc = &s->sc;
+    int32_t B = s->nb;
+    s->be->embed(s->bs, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
+    for (int li = 0; li < c->n_layers; li++) {
+        attention_block(s, li, B, T);
+        mlp_block(s, li, B, T);
+    }
+    for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
+    if (logits) { /* NULL: an intermediate prefill chunk */
+        osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
+                           .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
+                           .eps = c->eps, .softcap = c->final_softcap, .add_one = c->norm_add_one,
+                           .logits = logits, .xn = sc->xn, .hlast = sc->hlast};
+        s->be->head(s->bs, &h);
+    }
+    return OSP_OK;
+}
+
+/* ---- the tables ---- */
+
+#define LLAMA_BODY .bind = bind, .forward_chunk = forward_chunk
+
+const osp_arch_ops osp_arch_llama = {
+    .name = "llama", .hf_names = (const char *const[]){"LlamaForCausalLM", NULL},
+    .model_types = (const char *const[]){"llama", NULL}, .act_default = "silu", .configure = configure_llama,
+    LLAMA_BODY};
+const osp_arch_ops osp_arch_qwen2 = {
+    .name = "qwen2", .hf_names = (const char *const[]){"Qwen2ForCausalLM", NULL},
+    .model_types = (const char *const[]){"qwen2", NULL}, .act_default = "silu", .configure = configure_qwen2,
+    LLAMA_BODY};
+const osp_arch_ops osp_arch_qwen3 = {
+    .name = "qwen3", .hf_names = (const char *const[]){"Qwen3ForCausalLM", NULL},
+    .model_types = (const char *const[]){"qwen3", NULL}, .act_default = "silu", .configure = configure_qwen3,
+    LLAMA_BODY};
+const osp_arch_ops osp_arch_gemma3 = {
+    .name = "gemma3", .hf_names = (const char *const[]){"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", NULL},
+    .model_types = (const char *const[]){"gemma3_text", "gemma3", NULL}, .tie_default = 1,
+    .act_default = "gelu_pytorch_tanh", .sliding_pattern = 1, .local_rope_base = 1, .configure = configure_gemma3,
+    LLAMA_BODY};

@@ -412,6 +412,7 @@ static void test_syntax_errors(void **s) {
     expect_error("{% macro m(a=1, b) %}{% endmacro %}", OSP_ERR_FORMAT, "non-default argument", NULL);
     expect_error("{% break %}", OSP_ERR_FORMAT, "'break' outside", NULL);
     expect_error("{{ '\\x4' }}", OSP_ERR_FORMAT, "escape", NULL);
+    expect_error("{{ '\\UDDDDDDDD' }}", OSP_ERR_FORMAT, "illegal Unicode", NULL); /* was an int overflow (fuzz_jinja) */
     expect_error("{{ x y }}", OSP_ERR_FORMAT, "got 'y'", NULL);
     expect_error("\xff{{ x }}", OSP_ERR_FORMAT, "UTF-8", NULL);
 }

@@ -557,6 +557,9 @@ static void test_errors(void **s) {
     expect_error(badmerge, OSP_ERR_FORMAT, "'c'");
     const char *nomodel = "{\"version\":\"1.0\"}";
     expect_error(nomodel, OSP_ERR_FORMAT, "model");
+    /* found by fuzz_tokenizer: a sparse id made a 150-byte file allocate gigabytes */
+    const char *sparse = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":99209202},\"merges\":[]}}";
+    expect_error(sparse, OSP_ERR_FORMAT, "not dense");
     assert_int_equal(osp_tokenizer_load("/nonexistent/osprey/tok", &t), OSP_ERR_IO);
     char p[512];
     snprintf(p, sizeof p, "%s/bad.tiktoken", tmpdir);

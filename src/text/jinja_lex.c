@@ -278,15 +278,16 @@ static osp_status unescape(lexer *lx, const char *s, size_t n, jstr *out) {
         case 'v': cp = 11; break;
         case 'x': case 'u': case 'U': {
             int need = c == 'x' ? 2 : c == 'u' ? 4 : 8;
-            cp = 0;
+            uint32_t u = 0; /* 8 hex digits can exceed an int (found by fuzz_jinja) */
             for (int j = 0; j < need; j++) {
                 if (i + 1 + j >= n || !is_hex(s[i + 1 + j]))
                     return lex_fail(lx, "truncated \\%s escape", c == 'x' ? "xXX" : c == 'u' ? "uXXXX" : "UXXXXXXXX");
                 char h = s[i + 1 + j];
-                cp = cp * 16 + (is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
+                u = u * 16 + (uint32_t)(is_digit(h) ? h - '0' : (h | 0x20) - 'a' + 10);
             }
             i += (size_t)need;
-            if (cp > 0x10FFFF || cp < 0) return lex_fail(lx, "illegal Unicode character");
+            if (u > 0x10FFFF) return lex_fail(lx, "illegal Unicode character");
+            cp = (int)u;
             if (cp >= 0xD800 && cp <= 0xDFFF) return lex_fail(lx, "surrogate code point U+%04X in a string literal", (unsigned)cp);
             break;
         }

@@ -236,6 +236,10 @@ static osp_status parse_vocab(osp_tokenizer *t, tk_json *j) {
         n++;
     }
     tk_buf_free(&key);
+    /* ids index arrays: a vocabulary is dense (ids 0..n-1); a sparse one
+     * would make a small file allocate gigabytes */
+    if (st == OSP_OK && (int64_t)max_id >= 2 * (int64_t)n + 65536)
+        st = osp_err(OSP_ERR_FORMAT, "%s: vocab ids are not dense (%zu tokens, largest id %d)", t->name, n, max_id);
     if (st == OSP_OK) st = tk_ids_resize(t, max_id + 1);
     for (size_t i = 0; i < n && st == OSP_OK; i++) {
         if (t->mstr[r[i].id].len != TK_NONE)
@@ -605,6 +609,9 @@ static osp_status load_json(osp_tokenizer *t, const char *json, size_t len, cons
     int32_t max_id = t->n_vocab - 1;
     for (int32_t i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id) max_id = t->added[i].id;
+    if (st == OSP_OK && (int64_t)max_id >= 2 * ((int64_t)t->n_vocab + t->n_added) + 65536)
+        st = osp_err(OSP_ERR_FORMAT, "%s: added token ids are far beyond the vocabulary (%d tokens, largest id %d)",
+                     t->name, t->n_vocab + t->n_added, max_id);
     if (st == OSP_OK) st = tk_ids_resize(t, max_id + 1);
     if (st == OSP_OK && mh.unk && tk_vocab_find(t, mh.unk, strlen(mh.unk), &t->unk_id) != OSP_OK)
         st = osp_err(OSP_ERR_FORMAT, "%s: unk_token '%s' is not in the vocab", t->name, mh.unk);

@@ -30,6 +30,8 @@
 
 typedef struct osp_dbuf osp_dbuf; /* f32 values in a backend's memory: passed, never dereferenced */
 
+typedef const osp_dbuf *osp_vec; /* a weight vector in a backend's memory, or NULL */
+
 static inline osp_dbuf *osp_dbuf_at(const osp_dbuf *p, int64_t i) { return (osp_dbuf *)((const float *)p + i); }
 
 

@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <stdint.h>
 #include "core/core.h"
+#include "layout.h"
 
 struct osp_config;
 struct osp_model;
@@ -30,9 +31,10 @@ typedef struct osp_arch_ops {
     /* Its own keys, after the common ones (flags, scales, per-layer geometry). */
     osp_status (*configure)(const json_t *root, const json_t *tc, const char *path, struct osp_config *c);
 
-    /* Bind the layers' weights (the embedding, head and final norm are bound
-     * by the loader under the same prefix). */
-    osp_status (*bind)(struct osp_model *m, const char *prefix);
+    /* Every tensor of a checkpoint, in order (model/layout.h); with a model,
+     * each description says where the loader binds it (m->layers exists). */
+    osp_status (*layout)(const struct osp_config *c, struct osp_model *m, const osp_tnames *names, osp_tvisit visit,
+                         void *ctx);
 
     /* One chunk of s's current batch: ids [nb, T]; logits as osp_forward
      * writes them, or NULL for an intermediate prefill chunk. Advances the

@@ -65,6 +65,7 @@ typedef struct osp_config {
     int k_eq_v;                /* full layers use k_proj's output as V (no v_proj) */
     int v_norm;                /* weightless RMSNorm on V */
     int has_layer_scalar;
+    int double_wide;           /* use_double_wide_mlp: KV-shared layers have twice the MLP width */
     int moe;                   /* enable_moe_block */
     int32_t n_experts, top_k_experts, moe_intermediate;
 } osp_config;

@@ -73,6 +73,7 @@ static osp_status configure(const json_t *root, const json_t *tc, const char *pa
     json_t *ple = json_object_get(tc, "hidden_size_per_layer_input");
     c->ple_dim = json_is_integer(ple) ? (int)json_integer_value(ple) : (ple ? 0 : 256);
     c->ple_vocab = osp_json_int(tc, "vocab_size_per_layer_input", c->vocab);
+    c->double_wide = json_is_true(json_object_get(tc, "use_double_wide_mlp"));
     c->moe = json_is_true(json_object_get(tc, "enable_moe_block"));
     if (c->moe) {
         c->n_experts = osp_json_int(tc, "num_experts", 0);
@@ -87,182 +88,63 @@ static osp_status configure(const json_t *root, const json_t *tc, const char *pa
     return OSP_OK;
 }
 
-/* ---- binding ---- */
+/* ---- weights ---- */
 
-static osp_status bad(osp_model *m, const char *name, const char *what) {
-    return osp_err(OSP_ERR_FORMAT, "%s: tensor '%s': %s", m->dir, name, what);
-}
-
-/* Slice expert e of a stacked dense tensor [E, rows, cols] (rows starting at r0). */
-static osp_weight dense_slice(const osp_st_tensor *t, int64_t e, int64_t r0, int64_t rows, int64_t cols) {
-    size_t es = osp_dtype_size(t->dtype);
-    osp_weight w = {.dtype = t->dtype, .rows = rows, .cols = cols};
-    w.data = (const unsigned char *)t->data + ((e * t->shape[1] + r0) * cols) * (int64_t)es;
-    return w;
-}
-
-/* Experts: HF fused (experts.gate_up_proj [E, 2I, H], experts.down_proj
- * [E, H, I]) or MLX switch_glu ({gate,up,down}_proj.{weight,scales,biases}
- * stacked on a leading E axis, quantized or not). */
-static osp_status bind_experts(osp_model *m, const char *lp, osp_layer *L) {
-    const osp_config *c = &m->cfg;
-    int64_t E = c->n_experts, I = c->moe_intermediate, H = c->hidden;
-    char n[512];
-    L->ex_gate = calloc(E, sizeof(osp_weight));
-    L->ex_up = calloc(E, sizeof(osp_weight));
-    L->ex_down = calloc(E, sizeof(osp_weight));
-    if (!L->ex_gate || !L->ex_up || !L->ex_down) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    snprintf(n, sizeof n, "%sexperts.gate_up_proj", lp);
-    const osp_st_tensor *gu = osp_st_find(m->st, n);
-    if (gu) {
-        snprintf(n, sizeof n, "%sexperts.down_proj", lp);
-        const osp_st_tensor *dn = osp_st_find(m->st, n);
-        if (!dn) return osp_err(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", m->dir, n);
-        int fl = gu->dtype == OSP_DT_BF16 || gu->dtype == OSP_DT_F16 || gu->dtype == OSP_DT_F32;
-        if (!fl || gu->ndim != 3 || gu->shape[0] != E || gu->shape[1] != 2 * I || gu->shape[2] != H)
-            return bad(m, gu->name, "expected a float tensor [num_experts, 2 * moe_intermediate_size, hidden]");
-        if (dn->dtype != gu->dtype || dn->ndim != 3 || dn->shape[0] != E || dn->shape[1] != H || dn->shape[2] != I)
-            return bad(m, dn->name, "expected a float tensor [num_experts, hidden, moe_intermediate_size]");
-        for (int64_t e = 0; e < E; e++) {
-            L->ex_gate[e] = dense_slice(gu, e, 0, I, H); /* first half of the rows is gate */
-            L->ex_up[e] = dense_slice(gu, e, I, I, H);
-            L->ex_down[e] = dense_slice(dn, e, 0, H, I);
+static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm, osp_tvisit visit, void *ctx) {
+    const int64_t H = c->hidden, L_ = c->n_layers, P = c->ple_dim, E = c->n_experts;
+    const char *p = nm->prefix;
+#define W(field) (L ? &L->field : NULL)
+    OSP_TRY(osp_tlinear(visit, ctx, m ? &m->embed : NULL, c->vocab, H, OSP_TF_GATHERED, "%sembed_tokens", p));
+    if (P) {
+        OSP_TRY(osp_tlinear(visit, ctx, m ? &m->embed_ple : NULL, c->ple_vocab, L_ * P,
+                            OSP_TF_GATHERED | OSP_TF_Q_IF_FITS, "%sembed_tokens_per_layer", p));
+        OSP_TRY(osp_tlinear(visit, ctx, m ? &m->ple_model_proj : NULL, L_ * P, H, OSP_TF_Q_IF_FITS,
+                            "%sper_layer_model_projection", p));
+        OSP_TRY(osp_tvec(visit, ctx, m ? &m->ple_proj_norm : NULL, P, 0, "%sper_layer_projection_norm.weight", p));
+    }
+    for (int i = 0; i < c->n_layers; i++) {
+        osp_layer *L = m ? &m->layers[i] : NULL;
+        const int64_t D = c->layer_head_dim[i], Q = (int64_t)c->n_heads * D, KV = (int64_t)c->layer_kv_heads[i] * D;
+        const int own_kv = c->layer_kv_donor[i] < 0, full = !c->layer_sliding[i];
+        /* use_double_wide_mlp doubles the MLP of the KV-shared layers */
+        const int64_t I = c->double_wide && !own_kv ? 2 * (int64_t)c->intermediate : c->intermediate;
+        if (L) L->intermediate = (int32_t)I;
+        OSP_TRY(osp_tvec(visit, ctx, W(attn_norm), H, 0, "%slayers.%d.input_layernorm.weight", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wq), Q, H, 0, "%slayers.%d.self_attn.q_proj", p, i));
+        OSP_TRY(osp_tvec(visit, ctx, W(q_norm), D, 0, "%slayers.%d.self_attn.q_norm.weight", p, i));
+        if (own_kv) {
+            OSP_TRY(osp_tlinear(visit, ctx, W(wk), KV, H, 0, "%slayers.%d.self_attn.k_proj", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(k_norm), D, 0, "%slayers.%d.self_attn.k_norm.weight", p, i));
+            if (!(c->k_eq_v && full)) /* K = V full layers have no v_proj */
+                OSP_TRY(osp_tlinear(visit, ctx, W(wv), KV, H, 0, "%slayers.%d.self_attn.v_proj", p, i));
         }
-        m->info.weight_bytes += (int64_t)(gu->nbytes + dn->nbytes);
-        m->info.n_params += gu->numel + dn->numel;
-        m->info.decode_bytes += (int64_t)(gu->nbytes + dn->nbytes) / E * c->top_k_experts;
-        return OSP_OK;
-    }
-    /* MLX: bind [E*rows, cols] views through the 2-D binder, then slice */
-    static const char *names[3] = {"gate_proj", "up_proj", "down_proj"};
-    osp_weight *dst[3] = {L->ex_gate, L->ex_up, L->ex_down};
-    for (int k = 0; k < 3; k++) {
-        int64_t rows = k < 2 ? I : H, cols = k < 2 ? H : I;
-        snprintf(n, sizeof n, "%sexperts.switch_glu.%s.weight", lp, names[k]);
-        const osp_st_tensor *t = osp_st_find(m->st, n);
-        if (!t) return osp_err(OSP_ERR_FORMAT, "%s: no experts found: tensor '%sexperts.gate_up_proj' or '%s' is missing",
-                               m->dir, lp, n);
-        if (t->ndim != 3 || t->shape[0] != E || t->shape[1] != rows)
-            return bad(m, n, "expected a stacked expert tensor [num_experts, rows, ...]");
-        /* Treat the stack as one [E*rows, cols] matrix: same bytes, same per-row layout. */
-        snprintf(n, sizeof n, "%sexperts.switch_glu.%s", lp, names[k]);
-        osp_st_tensor saved = *t;
-        osp_st_tensor *tm = (osp_st_tensor *)t;
-        tm->ndim = 2;
-        tm->shape[0] = E * rows;
-        tm->shape[1] = saved.shape[2];
-        osp_st_tensor *ts[2] = {NULL, NULL}, sv[2];
-        for (int j = 0; j < 2; j++) {
-            char sn[560];
-            snprintf(sn, sizeof sn, "%s.%s", n, j ? "biases" : "scales");
-            ts[j] = (osp_st_tensor *)osp_st_find(m->st, sn);
-            if (ts[j] && ts[j]->ndim == 3 && ts[j]->shape[0] == E && ts[j]->shape[1] == rows) {
-                sv[j] = *ts[j];
-                ts[j]->ndim = 2;
-                ts[j]->shape[0] = E * rows;
-                ts[j]->shape[1] = sv[j].shape[2];
-            } else {
-                ts[j] = NULL;
-            }
+        OSP_TRY(osp_tlinear(visit, ctx, W(wo), H, Q, 0, "%slayers.%d.self_attn.o_proj", p, i));
+        OSP_TRY(osp_tvec(visit, ctx, W(post_attn_norm), H, 0, "%slayers.%d.post_attention_layernorm.weight", p, i));
+        OSP_TRY(osp_tvec(visit, ctx, W(mlp_norm), H, 0, "%slayers.%d.pre_feedforward_layernorm.weight", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wg), I, H, 0, "%slayers.%d.mlp.gate_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wu), I, H, 0, "%slayers.%d.mlp.up_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wd), H, I, 0, "%slayers.%d.mlp.down_proj", p, i));
+        OSP_TRY(osp_tvec(visit, ctx, W(post_mlp_norm), H, 0, "%slayers.%d.post_feedforward_layernorm.weight", p, i));
+        if (c->moe) {
+            OSP_TRY(osp_tvec(visit, ctx, W(mlp_norm2), H, 0, "%slayers.%d.pre_feedforward_layernorm_2.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(post_mlp_norm1), H, 0, "%slayers.%d.post_feedforward_layernorm_1.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(post_mlp_norm2), H, 0, "%slayers.%d.post_feedforward_layernorm_2.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(router_scale), H, 0, "%slayers.%d.router.scale", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(per_expert_scale), E, 0, "%slayers.%d.router.per_expert_scale", p, i));
+            OSP_TRY(osp_tlinear(visit, ctx, W(w_router), E, H, OSP_TF_Q8_ROUTER, "%slayers.%d.router.proj", p, i));
+            OSP_TRY(osp_texperts(visit, ctx, W(ex_gate), W(ex_up), W(ex_down), E, c->top_k_experts,
+                                 c->moe_intermediate, H, "%slayers.%d.", p, i));
         }
-        osp_weight all;
-        osp_status rc = osp_bind_linear(m, n, E * rows, cols, &all);
-        *tm = saved;
-        for (int j = 0; j < 2; j++)
-            if (ts[j]) *ts[j] = sv[j];
-        OSP_TRY(rc);
-        int64_t rb = osp_weight_row_bytes(&all) - (all.qbits ? 2 * (cols / all.group) * (int64_t)osp_dtype_size(all.sdtype) : 0);
-        for (int64_t e = 0; e < E; e++) {
-            osp_weight w = all;
-            w.rows = rows;
-            w.data = (const unsigned char *)all.data + e * rows * rb;
-            if (all.qbits) {
-                int64_t sb = rows * (cols / all.group) * (int64_t)osp_dtype_size(all.sdtype);
-                w.scales = (const unsigned char *)all.scales + e * sb;
-                w.biases = (const unsigned char *)all.biases + e * sb;
-            }
-            dst[k][e] = w;
+        if (P) {
+            OSP_TRY(osp_tlinear(visit, ctx, W(w_ple_gate), P, H, OSP_TF_Q_IF_FITS, "%slayers.%d.per_layer_input_gate", p, i));
+            OSP_TRY(osp_tlinear(visit, ctx, W(w_ple_proj), H, P, OSP_TF_Q_IF_FITS, "%slayers.%d.per_layer_projection", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(post_ple_norm), H, 0, "%slayers.%d.post_per_layer_input_norm.weight", p, i));
         }
-        m->info.decode_bytes += all.rows * osp_weight_row_bytes(&all) / E * c->top_k_experts;
+        OSP_TRY(osp_tscalar(visit, ctx, W(layer_scalar), OSP_TF_OPTIONAL, "%slayers.%d.layer_scalar", p, i));
     }
-    return OSP_OK;
-}
-
-static int64_t wbytes(const osp_weight *w) { return w->rows * osp_weight_row_bytes(w); }
-
-static osp_status bind_layer(osp_model *m, const char *pre, int i) {
-    osp_config *c = &m->cfg;
-    osp_layer *L = &m->layers[i];
-    char lp[256], p[512];
-    snprintf(lp, sizeof lp, "%slayers.%d.", pre, i);
-    int64_t H = c->hidden, D = c->layer_head_dim[i], Q = (int64_t)c->n_heads * D, KV = (int64_t)c->layer_kv_heads[i] * D;
-    int own_kv = c->layer_kv_donor[i] < 0;
-    osp_status rc = OSP_OK;
-#define PATH(s) (snprintf(p, sizeof p, "%s%s", lp, s), p)
-#define VEC(s, len, req) osp_bind_vec(m, PATH(s), len, req, &rc)
-    OSP_TRY(osp_bind_linear(m, PATH("self_attn.q_proj"), Q, H, &L->wq));
-    OSP_TRY(osp_bind_linear(m, PATH("self_attn.o_proj"), H, Q, &L->wo));
-    if (own_kv) {
-        OSP_TRY(osp_bind_linear(m, PATH("self_attn.k_proj"), KV, H, &L->wk));
-        if (!(c->k_eq_v && !c->layer_sliding[i])) OSP_TRY(osp_bind_linear(m, PATH("self_attn.v_proj"), KV, H, &L->wv));
-        L->k_norm = VEC("self_attn.k_norm.weight", D, 1);
-    }
-    L->q_norm = VEC("self_attn.q_norm.weight", D, 1);
-    /* MLP width: trust the weights (use_double_wide_mlp doubles KV-shared layers) */
-    snprintf(p, sizeof p, "%smlp.gate_proj.weight", lp);
-    const osp_st_tensor *g = osp_st_find(m->st, p);
-    L->intermediate = g && g->ndim == 2 ? (int32_t)g->shape[0] : c->intermediate;
-    if (L->intermediate != c->intermediate && L->intermediate != 2 * c->intermediate)
-        return bad(m, p, "MLP width is neither intermediate_size nor twice it");
-    OSP_TRY(osp_bind_linear(m, PATH("mlp.gate_proj"), L->intermediate, H, &L->wg));
-    OSP_TRY(osp_bind_linear(m, PATH("mlp.up_proj"), L->intermediate, H, &L->wu));
-    OSP_TRY(osp_bind_linear(m, PATH("mlp.down_proj"), H, L->intermediate, &L->wd));
-    L->attn_norm = VEC("input_layernorm.weight", H, 1);
-    L->post_attn_norm = VEC("post_attention_layernorm.weight", H, 1);
-    L->mlp_norm = VEC("pre_feedforward_layernorm.weight", H, 1);
-    L->post_mlp_norm = VEC("post_feedforward_layernorm.weight", H, 1);
-    L->layer_scalar = osp_bind_scalar(m, PATH("layer_scalar"), 1.0f, &rc);
-    if (c->ple_dim) {
-        OSP_TRY(osp_bind_linear(m, PATH("per_layer_input_gate"), c->ple_dim, H, &L->w_ple_gate));
-        OSP_TRY(osp_bind_linear(m, PATH("per_layer_projection"), H, c->ple_dim, &L->w_ple_proj));
-        L->post_ple_norm = VEC("post_per_layer_input_norm.weight", H, 1);
-    }
-    if (c->moe) {
-        L->mlp_norm2 = VEC("pre_feedforward_layernorm_2.weight", H, 1);
-        L->post_mlp_norm1 = VEC("post_feedforward_layernorm_1.weight", H, 1);
-        L->post_mlp_norm2 = VEC("post_feedforward_layernorm_2.weight", H, 1);
-        L->router_scale = VEC("router.scale", H, 1);
-        L->per_expert_scale = VEC("router.per_expert_scale", c->n_experts, 1);
-        OSP_TRY(rc);
-        OSP_TRY(osp_bind_linear(m, PATH("router.proj"), c->n_experts, H, &L->w_router));
-        OSP_TRY(bind_experts(m, lp, L));
-    }
-#undef PATH
-#undef VEC
-    OSP_TRY(rc);
-    const osp_weight *ws[] = {&L->wq, &L->wo, &L->wk, &L->wv, &L->wg, &L->wu, &L->wd,
-                              &L->w_ple_gate, &L->w_ple_proj, &L->w_router};
-    for (size_t j = 0; j < sizeof ws / sizeof *ws; j++)
-        if (ws[j]->data) m->info.decode_bytes += wbytes(ws[j]);
-    return OSP_OK;
-}
-
-static osp_status bind(osp_model *m, const char *pre) {
-    osp_config *c = &m->cfg;
-    char n[512];
-    if (c->ple_dim) {
-        int64_t NP = (int64_t)c->n_layers * c->ple_dim;
-        snprintf(n, sizeof n, "%sembed_tokens_per_layer", pre);
-        OSP_TRY(osp_bind_linear(m, n, c->ple_vocab, NP, &m->embed_ple));
-        snprintf(n, sizeof n, "%sper_layer_model_projection", pre);
-        OSP_TRY(osp_bind_linear(m, n, NP, c->hidden, &m->ple_model_proj));
-        m->info.decode_bytes += wbytes(&m->ple_model_proj);
-        osp_status rc = OSP_OK;
-        snprintf(n, sizeof n, "%sper_layer_projection_norm.weight", pre);
-        m->ple_proj_norm = osp_bind_vec(m, n, c->ple_dim, 1, &rc);
-        OSP_TRY(rc);
-    }
-    for (int i = 0; i < c->n_layers; i++) OSP_TRY(bind_layer(m, pre, i));
+#undef W
+    OSP_TRY(osp_tvec(visit, ctx, m ? &m->final_norm : NULL, H, 0, "%snorm.weight", p));
+    if (!c->tie_embeddings) OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
     return OSP_OK;
 }
 
@@ -405,6 +287,6 @@ const osp_arch_ops osp_arch_gemma4 = {
     .sliding_pattern = 1,
     .last_layer_full = 1,
     .configure = configure,
-    .bind = bind,
+    .layout = layout,
     .forward_chunk = forward_chunk,
 };

@@ -43,56 +43,50 @@ static osp_status configure_gemma3(const json_t *root, const json_t *tc, const c
 
 /* ---- weights ---- */
 
-static osp_status bind_layer(osp_model *m, const char *pre, int i, osp_layer *L) {
-    const osp_config *c = &m->cfg;
-    char p[512], n[512];
-    int64_t H = c->hidden, D = c->head_dim, q = (int64_t)c->n_heads * D, kv = (int64_t)c->n_kv_heads * D;
-    osp_status rc = OSP_OK;
-#define LP(fmt) (snprintf(p, sizeof p, "%slayers.%d." fmt, pre, i), p)
-#define VEC(fmt, len, req) (snprintf(n, sizeof n, "%slayers.%d." fmt, pre, i), osp_bind_vec(m, n, len, req, &rc))
-    OSP_TRY(osp_bind_linear(m, LP("self_attn.q_proj"), q, H, &L->wq));
-    OSP_TRY(osp_bind_linear(m, LP("self_attn.k_proj"), kv, H, &L->wk));
-    OSP_TRY(osp_bind_linear(m, LP("self_attn.v_proj"), kv, H, &L->wv));
-    OSP_TRY(osp_bind_linear(m, LP("self_attn.o_proj"), H, q, &L->wo));
-    OSP_TRY(osp_bind_linear(m, LP("mlp.gate_proj"), c->intermediate, H, &L->wg));
-    OSP_TRY(osp_bind_linear(m, LP("mlp.up_proj"), c->intermediate, H, &L->wu));
-    OSP_TRY(osp_bind_linear(m, LP("mlp.down_proj"), H, c->intermediate, &L->wd));
-    L->attn_norm = VEC("input_layernorm.weight", H, 1);
-    if (c->sandwich_norm) {
-        L->post_attn_norm = VEC("post_attention_layernorm.weight", H, 1);
-        L->mlp_norm = VEC("pre_feedforward_layernorm.weight", H, 1);
-        L->post_mlp_norm = VEC("post_feedforward_layernorm.weight", H, 1);
-    } else {
-        L->mlp_norm = VEC("post_attention_layernorm.weight", H, 1);
+static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm, osp_tvisit visit, void *ctx) {
+    const int64_t H = c->hidden, D = c->head_dim, Q = (int64_t)c->n_heads * D, KV = (int64_t)c->n_kv_heads * D,
+                  I = c->intermediate;
+    const char *p = nm->prefix;
+    const int norm = c->norm_add_one ? OSP_TF_ZERO_MEAN : 0, bias = OSP_TF_ZERO_MEAN;
+#define W(field) (L ? &L->field : NULL)
+    OSP_TRY(osp_tlinear(visit, ctx, m ? &m->embed : NULL, c->vocab, H, OSP_TF_GATHERED, "%sembed_tokens", p));
+    for (int i = 0; i < c->n_layers; i++) {
+        osp_layer *L = m ? &m->layers[i] : NULL;
+        if (L) L->intermediate = (int32_t)I, L->layer_scalar = 1.0f;
+        OSP_TRY(osp_tlinear(visit, ctx, W(wq), Q, H, 0, "%slayers.%d.self_attn.q_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wk), KV, H, 0, "%slayers.%d.self_attn.k_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wv), KV, H, 0, "%slayers.%d.self_attn.v_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wo), H, Q, 0, "%slayers.%d.self_attn.o_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wg), I, H, 0, "%slayers.%d.mlp.gate_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wu), I, H, 0, "%slayers.%d.mlp.up_proj", p, i));
+        OSP_TRY(osp_tlinear(visit, ctx, W(wd), H, I, 0, "%slayers.%d.mlp.down_proj", p, i));
+        OSP_TRY(osp_tvec(visit, ctx, W(attn_norm), H, norm, "%slayers.%d.input_layernorm.weight", p, i));
+        if (c->sandwich_norm) {
+            OSP_TRY(osp_tvec(visit, ctx, W(post_attn_norm), H, norm, "%slayers.%d.post_attention_layernorm.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(mlp_norm), H, norm, "%slayers.%d.pre_feedforward_layernorm.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(post_mlp_norm), H, norm, "%slayers.%d.post_feedforward_layernorm.weight", p, i));
+        } else {
+            OSP_TRY(osp_tvec(visit, ctx, W(mlp_norm), H, norm, "%slayers.%d.post_attention_layernorm.weight", p, i));
+        }
+        if (c->qk_norm) {
+            OSP_TRY(osp_tvec(visit, ctx, W(q_norm), D, norm, "%slayers.%d.self_attn.q_norm.weight", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(k_norm), D, norm, "%slayers.%d.self_attn.k_norm.weight", p, i));
+        }
+        if (c->qkv_bias) {
+            OSP_TRY(osp_tvec(visit, ctx, W(bq), Q, bias, "%slayers.%d.self_attn.q_proj.bias", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(bk), KV, bias, "%slayers.%d.self_attn.k_proj.bias", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(bv), KV, bias, "%slayers.%d.self_attn.v_proj.bias", p, i));
+        }
+        if (c->o_bias) OSP_TRY(osp_tvec(visit, ctx, W(bo), H, bias, "%slayers.%d.self_attn.o_proj.bias", p, i));
+        if (c->mlp_bias) {
+            OSP_TRY(osp_tvec(visit, ctx, W(bg), I, bias, "%slayers.%d.mlp.gate_proj.bias", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(bu), I, bias, "%slayers.%d.mlp.up_proj.bias", p, i));
+            OSP_TRY(osp_tvec(visit, ctx, W(bd), H, bias, "%slayers.%d.mlp.down_proj.bias", p, i));
+        }
     }
-    if (c->qk_norm) {
-        L->q_norm = VEC("self_attn.q_norm.weight", D, 1);
-        L->k_norm = VEC("self_attn.k_norm.weight", D, 1);
-    }
-    if (c->qkv_bias) {
-        L->bq = VEC("self_attn.q_proj.bias", q, 1);
-        L->bk = VEC("self_attn.k_proj.bias", kv, 1);
-        L->bv = VEC("self_attn.v_proj.bias", kv, 1);
-    }
-    if (c->o_bias) L->bo = VEC("self_attn.o_proj.bias", H, 1);
-    if (c->mlp_bias) {
-        L->bg = VEC("mlp.gate_proj.bias", c->intermediate, 1);
-        L->bu = VEC("mlp.up_proj.bias", c->intermediate, 1);
-        L->bd = VEC("mlp.down_proj.bias", H, 1);
-    }
-#undef LP
-#undef VEC
-    L->intermediate = c->intermediate;
-    L->layer_scalar = 1.0f;
-    if (rc == OSP_OK) {
-        const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd};
-        for (int j = 0; j < 7; j++) m->info.decode_bytes += ws[j]->rows * osp_weight_row_bytes(ws[j]);
-    }
-    return rc;
-}
-
-static osp_status bind(osp_model *m, const char *pre) {
-    for (int i = 0; i < m->cfg.n_layers; i++) OSP_TRY(bind_layer(m, pre, i, &m->layers[i]));
+#undef W
+    OSP_TRY(osp_tvec(visit, ctx, m ? &m->final_norm : NULL, H, norm, "%snorm.weight", p));
+    if (!c->tie_embeddings) OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
     return OSP_OK;
 }
 
@@ -183,7 +177,7 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
 
 /* ---- the tables ---- */
 
-#define LLAMA_BODY .bind = bind, .forward_chunk = forward_chunk
+#define LLAMA_BODY .layout = layout, .forward_chunk = forward_chunk
 
 const osp_arch_ops osp_arch_llama = {
     .name = "llama", .hf_names = (const char *const[]){"LlamaForCausalLM", NULL},

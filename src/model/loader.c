@@ -28,8 +28,6 @@ static osp_status resolve_dir(const char *path, char *out, size_t n) {
 static const char *PREFIXES[] = {"model.", "model.language_model.", "language_model.model."};
 static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head"};
 
-static int64_t weight_bytes(const osp_weight *w) { return w->rows * osp_weight_row_bytes(w); }
-
 static osp_status bind_all(osp_model *m) {
     const osp_config *c = &m->cfg;
     char n[512];
@@ -39,22 +37,16 @@ static osp_status bind_all(osp_model *m) {
         if (osp_st_find(m->st, n)) pi = i;
     }
     if (pi < 0) return osp_err(OSP_ERR_FORMAT, "%s: tensor 'model.embed_tokens.weight' is missing", m->dir);
-    const char *pre = PREFIXES[pi];
-    snprintf(n, sizeof n, "%sembed_tokens", pre);
-    OSP_TRY(osp_bind_linear(m, n, c->vocab, c->hidden, &m->embed));
-    if (c->tie_embeddings) {
-        m->head = m->embed;
-    } else {
-        OSP_TRY(osp_bind_linear(m, HEADS[pi], c->vocab, c->hidden, &m->head));
-    }
-    m->info.decode_bytes += weight_bytes(&m->head);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    OSP_TRY(c->arch->bind(m, pre));
-    osp_status rc = OSP_OK;
-    snprintf(n, sizeof n, "%snorm.weight", pre);
-    m->final_norm = osp_bind_vec(m, n, c->hidden, 1, &rc);
-    return rc;
+    for (int i = 0; i < c->n_layers; i++) m->layers[i].layer_scalar = 1.0f;
+    osp_tnames names = {PREFIXES[pi], HEADS[pi]};
+    OSP_TRY(c->arch->layout(c, m, &names, osp_bind_visit, m));
+    if (c->tie_embeddings) { /* the head reads the embedding's weights, streamed every step */
+        m->head = m->embed;
+        m->info.decode_bytes += m->head.rows * osp_weight_row_bytes(&m->head);
+    }
+    return OSP_OK;
 }
 
 static void fill_info(osp_model *m) {

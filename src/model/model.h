@@ -18,10 +18,9 @@
 #include "backend/backend.h"
 #include "config.h"
 #include "kv/kv.h"
+#include "layout.h"
 #include "osprey.h"
 #include "safetensors.h"
-
-typedef const osp_dbuf *osp_vec; /* a weight vector in the backend's memory, or NULL */
 
 typedef struct osp_layer {
     osp_vec attn_norm;      /* [hidden] input_layernorm */
@@ -109,6 +108,8 @@ osp_status osp_bind_linear(osp_model *m, const char *path, int64_t rows, int64_t
 osp_vec osp_bind_vec(osp_model *m, const char *name, int64_t n, int required, osp_status *rc);
 /* A scalar of the checkpoint (Gemma 4's layer_scalar) as f32, or def when absent. */
 float osp_bind_scalar(osp_model *m, const char *name, float def, osp_status *rc);
+/* The loader's visitor of a layout walk: binds each tensor where it says. */
+osp_status osp_bind_visit(void *model, const osp_tdesc *d);
 
 /* Fill inv_freq[head_dim/2] for a RoPE configuration (HF semantics, f32). */
 void osp_rope_inv_freq(const osp_rope *r, int32_t head_dim, float *inv_freq);

@@ -106,8 +106,16 @@ if [ -f "$M.logits.safetensors" ] && [ -f "$MQ.logits.safetensors" ] && command 
     cmp -s "$M.logits.safetensors" "$MQ.logits.safetensors" && fail "moe: q4 logits identical to bf16"
 fi
 
+# the multimodal wrapper's name: the text model under model.language_model., and it loads
+sed 's/Gemma4ForCausalLM/Gemma4ForConditionalGeneration/' "$T/moe.json" >"$T/cg.json"
+if "$OSPREY" synth --config "$T/cg.json" --out "$T/cg" --threads 1 >/dev/null 2>&1; then
+    has "$T/cg" model.language_model.layers.0.router.proj.weight || fail "wrapped: not under model.language_model."
+    "$OSPREY" generate --model "$T/cg" --ids 1,2,3 -n 2 -t 1 >/dev/null 2>&1 || fail "wrapped: does not load and run"
+else
+    fail "Gemma4ForConditionalGeneration refused"
+fi
 # an unsupported architecture name is refused
-sed 's/Gemma4ForCausalLM/Gemma4ForConditionalGeneration/' "$T/moe.json" >"$T/bad.json"
+sed 's/Gemma4ForCausalLM/FooForCausalLM/' "$T/moe.json" >"$T/bad.json"
 "$OSPREY" synth --config "$T/bad.json" --out "$T/bad" >/dev/null 2>&1 && fail "bad architecture accepted"
 
 if [ $fails -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi

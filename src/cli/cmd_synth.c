@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include "core/core.h"
 #include "core/threadpool.h"
+#include "model/arch.h"
 #include "model/config.h"
 #include "model/st_write.h"
 #include "tensor/quant.h"
@@ -37,26 +38,16 @@
 
 int osp_cmd_synth(int argc, char **argv);
 
-#define SYNTH_NAME_MAX 128
+#define SYNTH_NAME_MAX 200
 
-/* What the weight layout depends on. */
-typedef struct synth_model {
-    char model_type[32];
-    int64_t hidden, inter, layers, heads, kv_heads, head_dim, vocab;
-    int tied, qkv_bias, o_bias, mlp_bias, qk_norm, gemma;
-    /* Gemma 4: the engine's own reading of the config (per-layer head
-     * sizes, KV sharing, PLE, MoE), so the layout is what it binds. */
-    int gemma4, double_wide;
-    osp_config g4;
-} synth_model;
-
-typedef enum { SYN_MAT, SYN_NORM, SYN_BIAS } synth_kind;
+typedef enum { SYN_MAT, SYN_VEC } synth_kind;
 
 /* One logical weight: a matrix [rows, cols], a vector [rows], or a stack
  * of nexp matrices [nexp, rows, cols] (MoE experts). */
 typedef struct synth_entry {
     char name[SYNTH_NAME_MAX]; /* dense tensor name, e.g. "...q_proj.weight" */
     synth_kind kind;
+    float mean;                /* values are drawn around it: 1 for norms, 0 for the rest */
     int64_t nexp;              /* 0 = not stacked */
     int64_t rows, cols;        /* rows per stacked matrix; cols = 0 for vectors */
     int quant, bits, group;    /* quant: bits > 0 (MLX affine, this tensor's own bits/group) */
@@ -76,7 +67,7 @@ typedef struct synth_slot {
 
 typedef struct synth_plan {
     synth_entry *e;
-    int n_e;
+    int n_e, cap;
     synth_slot *slot;
     int n_slot;
     int bits, group; /* bits 0 = bf16 */
@@ -116,411 +107,184 @@ static void synth_gen(uint64_t seed, uint64_t hash, int64_t row, float mean, flo
     }
 }
 
-static void synth_params(const synth_model *m, synth_kind kind, float *mean, float *std) {
-    *mean = (kind == SYN_NORM && !m->gemma) ? 1.0f : 0.0f; /* Gemma 3: 1 + w; Gemma 4: w */
-    *std = 0.02f;
-}
+/* ---------- presets: data ---------- */
 
-/* ---------- presets and config ---------- */
-
-static json_t *synth_rope_default(double theta) {
-    return json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta", theta);
-}
-
-/* Gemma 4 text presets: E2B-like (per-layer embeddings, KV sharing,
- * double-wide sharer MLPs) and 26B-A4B-like (MoE, K = V on full layers). */
-static json_t *preset_gemma4(int moe) {
-    const int layers = moe ? 30 : 35, period = moe ? 6 : 5;
-    json_t *c = json_object(), *types = json_array(), *plc = json_object();
-    for (int i = 0; i < layers; i++) {
-        int full = (i + 1) % period == 0 || i == layers - 1;
-        json_array_append_new(types, json_string(full ? "full_attention" : "sliding_attention"));
-        char k[16];
-        snprintf(k, sizeof k, "%d", i);
-        if (full)
-            json_object_set_new(plc, k, moe ? json_pack("{s:i, s:i}", "head_dim", 512,
-                                                        "num_key_value_heads", 2)
-                                            : json_pack("{s:i}", "head_dim", 512));
-    }
-    json_t *rope = json_pack(
-        "{s:{s:s, s:f}, s:{s:s, s:f, s:f}}", "sliding_attention", "rope_type", "default",
-        "rope_theta", 10000.0, "full_attention", "rope_type", "proportional",
-        "partial_rotary_factor", 0.25, "rope_theta", 1000000.0);
-    json_object_set_new(c, "architectures", json_pack("[s]", "Gemma4ForCausalLM"));
-    json_object_set_new(c, "attention_bias", json_false());
-    json_object_set_new(c, "attention_dropout", json_real(0.0));
-    json_object_set_new(c, "attention_k_eq_v", json_boolean(moe));
-    json_object_set_new(c, "bos_token_id", json_integer(2));
-    json_object_set_new(c, "dtype", json_string("bfloat16"));
-    json_object_set_new(c, "enable_moe_block", json_boolean(moe));
-    json_object_set_new(c, "eos_token_id", json_pack("[i,i]", 1, 106));
-    json_object_set_new(c, "final_logit_softcapping", json_real(30.0));
-    json_object_set_new(c, "head_dim", json_integer(256));
-    json_object_set_new(c, "hidden_activation", json_string("gelu_pytorch_tanh"));
-    json_object_set_new(c, "hidden_size", json_integer(moe ? 2816 : 1536));
-    json_object_set_new(c, "hidden_size_per_layer_input", json_integer(moe ? 0 : 256));
-    json_object_set_new(c, "initializer_range", json_real(0.02));
-    json_object_set_new(c, "intermediate_size", json_integer(moe ? 2112 : 6144));
-    json_object_set_new(c, "layer_types", types);
-    json_object_set_new(c, "max_position_embeddings", json_integer(moe ? 262144 : 131072));
-    json_object_set_new(c, "model_type", json_string("gemma4_text"));
-    json_object_set_new(c, "moe_intermediate_size", moe ? json_integer(704) : json_null());
-    json_object_set_new(c, "num_attention_heads", json_integer(moe ? 16 : 8));
-    json_object_set_new(c, "num_experts", moe ? json_integer(128) : json_null());
-    json_object_set_new(c, "num_hidden_layers", json_integer(layers));
-    json_object_set_new(c, "num_key_value_heads", json_integer(moe ? 8 : 1));
-    json_object_set_new(c, "num_kv_shared_layers", json_integer(moe ? 0 : 20));
-    json_object_set_new(c, "pad_token_id", json_integer(0));
-    json_object_set_new(c, "per_layer_config", plc);
-    json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
-    json_object_set_new(c, "rope_parameters", rope);
-    json_object_set_new(c, "sliding_window", json_integer(moe ? 1024 : 512));
-    json_object_set_new(c, "tie_word_embeddings", json_true());
-    json_object_set_new(c, "top_k_experts", moe ? json_integer(8) : json_null());
-    json_object_set_new(c, "use_bidirectional_attention", json_null());
-    json_object_set_new(c, "use_cache", json_true());
-    json_object_set_new(c, "use_double_wide_mlp", json_boolean(!moe));
-    json_object_set_new(c, "vocab_size", json_integer(262144));
-    json_object_set_new(c, "vocab_size_per_layer_input", json_integer(262144));
-    return c;
-}
+static const struct {
+    const char *name, *json;
+} PRESETS[] = {
+    {"llama-3.2-1b",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": 128000, \"eos_token_id\": 128001, \"head_dim\": 64, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 8192,"
+     " \"max_position_embeddings\": 131072, \"mlp_bias\": false, \"model_type\": \"llama\","
+     " \"num_attention_heads\": 32, \"num_hidden_layers\": 16, \"num_key_value_heads\": 8, \"pretraining_tp\": 1,"
+     " \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
+     " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"},"
+     " \"rope_theta\": 500000.0, \"rope_parameters\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
+     " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\","
+     " \"rope_theta\": 500000.0}, \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\","
+     " \"use_cache\": true, \"vocab_size\": 128256}"},
+    {"qwen3-0.6b",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 1024, \"initializer_range\": 0.02, \"intermediate_size\": 3072,"
+     " \"max_position_embeddings\": 40960, \"max_window_layers\": 28, \"model_type\": \"qwen3\","
+     " \"num_attention_heads\": 16, \"num_hidden_layers\": 28, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06,"
+     " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"rope_parameters\": {\"rope_type\": \"default\","
+     " \"rope_theta\": 1000000.0}, \"sliding_window\": null, \"tie_word_embeddings\": true,"
+     " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}"},
+    {"gemma-3-1b",
+     "{\"architectures\": [\"Gemma3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"attn_logit_softcapping\": null, \"bos_token_id\": 2, \"eos_token_id\": [1, 106],"
+     " \"final_logit_softcapping\": null, \"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\","
+     " \"hidden_size\": 1152, \"initializer_range\": 0.02, \"intermediate_size\": 6912,"
+     " \"max_position_embeddings\": 32768, \"model_type\": \"gemma3_text\", \"num_attention_heads\": 4,"
+     " \"num_hidden_layers\": 26, \"num_key_value_heads\": 1, \"pad_token_id\": 0, \"query_pre_attn_scalar\": 256,"
+     " \"rms_norm_eps\": 1e-06, \"rope_local_base_freq\": 10000.0, \"rope_scaling\": null,"
+     " \"rope_theta\": 1000000.0, \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"default\","
+     " \"rope_theta\": 10000.0}, \"full_attention\": {\"rope_type\": \"default\", \"rope_theta\": 1000000.0}},"
+     " \"sliding_window\": 512, \"sliding_window_pattern\": 6, \"tie_word_embeddings\": true,"
+     " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"vocab_size\": 262144}"},
+    /* E2B-like: per-layer embeddings, KV sharing, double-wide sharer MLPs; every 5th layer full (head 512) */
+    {"gemma-4-e2b",
+     "{\"architectures\": [\"Gemma4ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"attention_k_eq_v\": false, \"bos_token_id\": 2, \"dtype\": \"bfloat16\", \"enable_moe_block\": false,"
+     " \"eos_token_id\": [1, 106], \"final_logit_softcapping\": 30.0, \"global_head_dim\": 512, \"head_dim\": 256,"
+     " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 1536, \"hidden_size_per_layer_input\": 256,"
+     " \"initializer_range\": 0.02, \"intermediate_size\": 6144, \"max_position_embeddings\": 131072,"
+     " \"model_type\": \"gemma4_text\", \"num_attention_heads\": 8, \"num_hidden_layers\": 35,"
+     " \"num_key_value_heads\": 1, \"num_kv_shared_layers\": 20, \"pad_token_id\": 0, \"rms_norm_eps\": 1e-06,"
+     " \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},"
+     " \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25,"
+     " \"rope_theta\": 1000000.0}}, \"sliding_window\": 512, \"sliding_window_pattern\": 5,"
+     " \"tie_word_embeddings\": true, \"use_cache\": true, \"use_double_wide_mlp\": true,"
+     " \"vocab_size\": 262144, \"vocab_size_per_layer_input\": 262144}"},
+    /* 26B-A4B-like: mixture of experts, K = V on the full layers (head 512, 2 KV heads); every 6th layer full */
+    {"gemma-4-26b-a4b",
+     "{\"architectures\": [\"Gemma4ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"attention_k_eq_v\": true, \"bos_token_id\": 2, \"dtype\": \"bfloat16\", \"enable_moe_block\": true,"
+     " \"eos_token_id\": [1, 106], \"final_logit_softcapping\": 30.0, \"global_head_dim\": 512, \"head_dim\": 256,"
+     " \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 2816, \"hidden_size_per_layer_input\": 0,"
+     " \"initializer_range\": 0.02, \"intermediate_size\": 2112, \"max_position_embeddings\": 262144,"
+     " \"model_type\": \"gemma4_text\", \"moe_intermediate_size\": 704, \"num_attention_heads\": 16,"
+     " \"num_experts\": 128, \"num_global_key_value_heads\": 2, \"num_hidden_layers\": 30,"
+     " \"num_key_value_heads\": 8, \"num_kv_shared_layers\": 0, \"pad_token_id\": 0, \"rms_norm_eps\": 1e-06,"
+     " \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},"
+     " \"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": 0.25,"
+     " \"rope_theta\": 1000000.0}}, \"sliding_window\": 1024, \"sliding_window_pattern\": 6,"
+     " \"tie_word_embeddings\": true, \"top_k_experts\": 8, \"use_cache\": true, \"use_double_wide_mlp\": false,"
+     " \"vocab_size\": 262144}"},
+    /* untied, so the lm_head path is exercised too */
+    {"tiny-llama",
+     "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"bos_token_id\": 1,"
+     " \"eos_token_id\": 2, \"head_dim\": 16, \"hidden_act\": \"silu\", \"hidden_size\": 64,"
+     " \"intermediate_size\": 128, \"max_position_embeddings\": 2048, \"mlp_bias\": false, \"model_type\": \"llama\","
+     " \"num_attention_heads\": 4, \"num_hidden_layers\": 2, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-05,"
+     " \"rope_theta\": 10000.0, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0},"
+     " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 256}"},
+};
 
 static json_t *preset_config(const char *name) {
-    json_t *c = NULL;
-    if (strcmp(name, "gemma-4-e2b") == 0) return preset_gemma4(0);
-    if (strcmp(name, "gemma-4-26b-a4b") == 0) return preset_gemma4(1);
-    if (strcmp(name, "llama-3.2-1b") == 0) {
-        json_t *scaling = json_pack("{s:f, s:f, s:f, s:i, s:s}", "factor", 32.0,
-                                    "high_freq_factor", 4.0, "low_freq_factor", 1.0,
-                                    "original_max_position_embeddings", 8192, "rope_type", "llama3");
-        json_t *params = json_deep_copy(scaling);
-        json_object_set_new(params, "rope_theta", json_real(500000.0));
-        c = json_pack("{s:[s], s:b, s:f, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:i, s:b, s:s, s:i,"
-                      " s:i, s:i, s:i, s:f, s:o, s:f, s:o, s:b, s:s, s:b, s:i}",
-                      "architectures", "LlamaForCausalLM", "attention_bias", 0,
-                      "attention_dropout", 0.0, "bos_token_id", 128000, "eos_token_id", 128001,
-                      "head_dim", 64, "hidden_act", "silu", "hidden_size", 2048,
-                      "initializer_range", 0.02, "intermediate_size", 8192,
-                      "max_position_embeddings", 131072, "mlp_bias", 0, "model_type", "llama",
-                      "num_attention_heads", 32, "num_hidden_layers", 16,
-                      "num_key_value_heads", 8, "pretraining_tp", 1, "rms_norm_eps", 1e-5,
-                      "rope_scaling", scaling, "rope_theta", 500000.0, "rope_parameters", params,
-                      "tie_word_embeddings", 1, "torch_dtype", "bfloat16", "use_cache", 1,
-                      "vocab_size", 128256);
-    } else if (strcmp(name, "qwen3-0.6b") == 0) {
-        c = json_pack("{s:[s], s:b, s:f, s:i, s:i, s:i, s:s, s:i, s:f, s:i, s:i, s:i, s:s, s:i,"
-                      " s:i, s:i, s:f, s:n, s:f, s:o, s:n, s:b, s:s, s:b, s:b, s:i}",
-                      "architectures", "Qwen3ForCausalLM", "attention_bias", 0,
-                      "attention_dropout", 0.0, "bos_token_id", 151643, "eos_token_id", 151645,
-                      "head_dim", 128, "hidden_act", "silu", "hidden_size", 1024,
-                      "initializer_range", 0.02, "intermediate_size", 3072,
-                      "max_position_embeddings", 40960, "max_window_layers", 28,
-                      "model_type", "qwen3", "num_attention_heads", 16, "num_hidden_layers", 28,
-                      "num_key_value_heads", 8, "rms_norm_eps", 1e-6, "rope_scaling",
-                      "rope_theta", 1000000.0, "rope_parameters", synth_rope_default(1e6),
-                      "sliding_window", "tie_word_embeddings", 1, "torch_dtype", "bfloat16",
-                      "use_cache", 1, "use_sliding_window", 0, "vocab_size", 151936);
-    } else if (strcmp(name, "gemma-3-1b") == 0) {
-        const int layers = 26;
-        json_t *types = json_array();
-        for (int i = 0; i < layers; i++)
-            json_array_append_new(types, json_string((i + 1) % 6 ? "sliding_attention"
-                                                                 : "full_attention"));
-        json_t *params = json_pack("{s:o, s:o}", "sliding_attention", synth_rope_default(1e4),
-                                   "full_attention", synth_rope_default(1e6));
-        c = json_pack("{s:[s], s:b, s:f, s:n, s:i, s:[i,i], s:n, s:i, s:s, s:i, s:f, s:i,"
-                      " s:o, s:i, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:n, s:f, s:o, s:i,"
-                      " s:i, s:b, s:s, s:b, s:i}",
-                      "architectures", "Gemma3ForCausalLM", "attention_bias", 0,
-                      "attention_dropout", 0.0, "attn_logit_softcapping", "bos_token_id", 2,
-                      "eos_token_id", 1, 106, "final_logit_softcapping", "head_dim", 256,
-                      "hidden_activation", "gelu_pytorch_tanh", "hidden_size", 1152,
-                      "initializer_range", 0.02, "intermediate_size", 6912, "layer_types", types,
-                      "max_position_embeddings", 32768, "model_type", "gemma3_text",
-                      "num_attention_heads", 4, "num_hidden_layers", layers,
-                      "num_key_value_heads", 1, "pad_token_id", 0, "query_pre_attn_scalar", 256,
-                      "rms_norm_eps", 1e-6, "rope_local_base_freq", 10000.0, "rope_scaling",
-                      "rope_theta", 1000000.0, "rope_parameters", params, "sliding_window", 512,
-                      "sliding_window_pattern", 6, "tie_word_embeddings", 1, "torch_dtype",
-                      "bfloat16", "use_cache", 1, "vocab_size", 262144);
-    } else if (strcmp(name, "tiny-llama") == 0) {
-        /* Untied, so the lm_head path is exercised too. */
-        c = json_pack("{s:[s], s:b, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:s, s:i, s:i, s:i,"
-                      " s:f, s:f, s:o, s:b, s:s, s:i}",
-                      "architectures", "LlamaForCausalLM", "attention_bias", 0, "bos_token_id", 1,
-                      "eos_token_id", 2, "head_dim", 16, "hidden_act", "silu", "hidden_size", 64,
-                      "intermediate_size", 128, "max_position_embeddings", 2048, "mlp_bias", 0,
-                      "model_type", "llama", "num_attention_heads", 4, "num_hidden_layers", 2,
-                      "num_key_value_heads", 2, "rms_norm_eps", 1e-5, "rope_theta", 10000.0,
-                      "rope_parameters", synth_rope_default(1e4), "tie_word_embeddings", 0,
-                      "torch_dtype", "bfloat16", "vocab_size", 256);
+    for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
+        if (!strcmp(name, PRESETS[i].name)) return json_loads(PRESETS[i].json, 0, NULL);
+    return NULL;
+}
+
+/* ---------- the tensor plan: the architecture's layout, walked ---------- */
+
+/* Append an entry; matrices are quantized with (bits, group) when bits > 0.
+ * Columns that do not split into groups are an error, or, with `optional`,
+ * leave the matrix dense (mlx-lm's predicate). */
+static osp_status plan_push(synth_plan *p, synth_kind kind, float mean, int64_t nexp, int64_t rows, int64_t cols,
+                            int bits, int group, int optional, const char *name, uint64_t hash, uint64_t hash2,
+                            int64_t split) {
+    if (p->n_e == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 256;
+        synth_entry *e = realloc(p->e, (size_t)cap * sizeof *e);
+        synth_slot *sl = realloc(p->slot, (size_t)cap * 3 * sizeof *sl);
+        if (e) p->e = e;
+        if (sl) p->slot = sl;
+        if (!e || !sl) return osp_err(OSP_ERR_NOMEM, "out of memory");
+        p->cap = cap;
     }
-    return c;
-}
-
-/* Integer key; `def` < 0 means required. Accepts integral reals. */
-static osp_status cfg_int(json_t *o, const char *key, int64_t def, int64_t *out) {
-    json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v)) {
-        if (def < 0) return osp_err(OSP_ERR_FORMAT, "config has no %s", key);
-        *out = def;
-        return OSP_OK;
-    }
-    double d = json_number_value(v);
-    if (!json_is_number(v) || d != (double)(int64_t)d || d <= 0 || d > (double)(1ll << 40))
-        return osp_err(OSP_ERR_FORMAT, "config %s must be a positive integer", key);
-    *out = (int64_t)d;
-    return OSP_OK;
-}
-
-/* Gemma 4: read the config as the engine does; it validates head sizes,
- * KV sharing, MoE and PLE keys. */
-static osp_status parse_gemma4(json_t *root, synth_model *m) {
-    json_t *arch = json_array_get(json_object_get(root, "architectures"), 0);
-    if (arch && (!json_is_string(arch) || strcmp(json_string_value(arch), "Gemma4ForCausalLM")))
-        return osp_err(OSP_ERR_UNSUPPORTED, "gemma4_text config: architecture must be "
-                       "Gemma4ForCausalLM");
-    OSP_TRY(osp_config_parse(root, "config", &m->g4));
-    const osp_config *c = &m->g4;
-    m->hidden = c->hidden;
-    m->inter = c->intermediate;
-    m->layers = c->n_layers;
-    m->heads = c->n_heads;
-    m->kv_heads = c->n_kv_heads;
-    m->head_dim = c->head_dim;
-    m->vocab = c->vocab;
-    m->tied = c->tie_embeddings;
-    m->qk_norm = 1;
-    m->double_wide = json_is_true(json_object_get(root, "use_double_wide_mlp"));
-    return OSP_OK;
-}
-
-static osp_status parse_model(json_t *root, synth_model *m) {
-    memset(m, 0, sizeof *m);
-    const char *mt = json_string_value(json_object_get(root, "model_type"));
-    if (!mt) return osp_err(OSP_ERR_FORMAT, "config has no model_type");
-    int llama = !strcmp(mt, "llama") || !strcmp(mt, "mistral");
-    int qwen2 = !strcmp(mt, "qwen2"), qwen3 = !strcmp(mt, "qwen3");
-    m->gemma = !strcmp(mt, "gemma3_text");
-    m->gemma4 = !strcmp(mt, "gemma4_text");
-    if (!llama && !qwen2 && !qwen3 && !m->gemma && !m->gemma4)
-        return osp_err(OSP_ERR_UNSUPPORTED,
-                       "model_type '%s' is not supported (llama, mistral, qwen2, qwen3, "
-                       "gemma3_text, gemma4_text)", mt);
-    snprintf(m->model_type, sizeof m->model_type, "%s", mt);
-    if (m->gemma4) return parse_gemma4(root, m);
-    OSP_TRY(cfg_int(root, "hidden_size", -1, &m->hidden));
-    OSP_TRY(cfg_int(root, "intermediate_size", -1, &m->inter));
-    OSP_TRY(cfg_int(root, "num_hidden_layers", -1, &m->layers));
-    OSP_TRY(cfg_int(root, "num_attention_heads", -1, &m->heads));
-    OSP_TRY(cfg_int(root, "num_key_value_heads", m->heads, &m->kv_heads));
-    OSP_TRY(cfg_int(root, "head_dim", m->hidden / m->heads, &m->head_dim));
-    OSP_TRY(cfg_int(root, "vocab_size", -1, &m->vocab));
-    if (m->heads % m->kv_heads)
-        return osp_err(OSP_ERR_FORMAT, "num_attention_heads %lld is not a multiple of "
-                       "num_key_value_heads %lld", (long long)m->heads, (long long)m->kv_heads);
-    json_t *tie = json_object_get(root, "tie_word_embeddings");
-    m->tied = tie ? json_is_true(tie) : m->gemma;
-    int attn_bias = json_is_true(json_object_get(root, "attention_bias"));
-    m->qkv_bias = qwen2 || ((llama || qwen3) && attn_bias);
-    m->o_bias = (llama || qwen3) && attn_bias;
-    m->mlp_bias = llama && json_is_true(json_object_get(root, "mlp_bias"));
-    m->qk_norm = qwen3 || m->gemma;
-    return OSP_OK;
-}
-
-/* ---------- the tensor plan ---------- */
-
-/* Append an entry named `name`; matrices are quantized with (bits, group)
- * when bits > 0. Columns that do not split into groups are an error, or,
- * with `optional`, leave the matrix dense (mlx-lm's predicate). */
-static osp_status plan_push(synth_plan *p, int cap, synth_kind kind, int64_t nexp, int64_t rows,
-                            int64_t cols, int bits, int group, int optional, const char *name) {
-    OSP_ASSERT(p->n_e < cap);
     synth_entry *e = &p->e[p->n_e++];
     memset(e, 0, sizeof *e);
     snprintf(e->name, sizeof e->name, "%s", name);
     e->kind = kind;
+    e->mean = mean;
     e->nexp = nexp;
     e->rows = rows;
     e->cols = cols;
     e->bits = kind == SYN_MAT ? bits : 0;
     e->group = group;
-    e->hash = e->hash2 = fnv1a(e->name);
-    e->split = rows;
+    e->hash = hash ? hash : fnv1a(e->name);
+    e->hash2 = hash2 ? hash2 : e->hash;
+    e->split = split ? split : rows;
     if (e->bits && cols % group) {
         if (!optional)
-            return osp_err(OSP_ERR_INVALID, "%s: %lld input columns are not a multiple of the "
-                           "group size %d", e->name, (long long)cols, group);
+            return osp_err(OSP_ERR_INVALID, "%s: %lld input columns are not a multiple of the group size %d", e->name,
+                           (long long)cols, group);
         e->bits = 0;
     }
     e->quant = e->bits > 0;
     return OSP_OK;
 }
 
-static osp_status plan_add(synth_plan *p, int cap, synth_kind kind, int64_t rows, int64_t cols,
-                           const char *fmt, int layer) {
-    char name[SYNTH_NAME_MAX];
-    snprintf(name, sizeof name, fmt, layer);
-    return plan_push(p, cap, kind, 0, rows, cols, p->bits, p->group, 0, name);
+static uint64_t fnv1af(const char *fmt, const char *a) {
+    char s[SYNTH_NAME_MAX + 32];
+    snprintf(s, sizeof s, fmt, a);
+    return fnv1a(s);
 }
 
-enum { G4_OPT = 1, G4_ROUTER = 2 };
-
-/* A Gemma 4 entry named by printf(fmt, ...). G4_OPT: stays dense when its
- * columns do not split into groups; G4_ROUTER: 8-bit, group 64 (mlx-lm's
- * Gemma 4 predicate), recorded as a per-module override. */
-static osp_status g4_add(synth_plan *p, int cap, synth_kind kind, int64_t nexp, int64_t rows,
-                         int64_t cols, int flags, const char *fmt, ...) {
-    char name[SYNTH_NAME_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    int bits = p->bits, group = p->group;
-    if (flags & G4_ROUTER) bits = bits ? 8 : 0, group = 64;
-    OSP_TRY(plan_push(p, cap, kind, nexp, rows, cols, bits, group, flags & (G4_OPT | G4_ROUTER),
-                      name));
-    const synth_entry *e = &p->e[p->n_e - 1];
-    if ((flags & G4_ROUTER) && e->quant) {
-        if (!p->qover && !(p->qover = json_object())) return osp_err(OSP_ERR_NOMEM, "out of memory");
-        char mod[SYNTH_NAME_MAX];
-        snprintf(mod, sizeof mod, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
-        json_object_set_new(p->qover, mod, json_pack("{s:i, s:i}", "bits", 8, "group_size", 64));
+/* The layout's visitor. Linears are quantized with the plan's bits (the
+ * router 8-bit, group 64, recorded as a per-module override); vectors stay
+ * bf16. Experts: the HF fused layout (gate_up_proj [E, 2·Im, H], down_proj
+ * [E, H, Im]) in bf16, MLX's switch_glu layout when quantized; both draw the
+ * same rows. */
+static osp_status plan_visit(void *ctx, const osp_tdesc *d) {
+    synth_plan *p = ctx;
+    char n[SYNTH_NAME_MAX + 32];
+    if (d->kind == OSP_T_VEC)
+        return plan_push(p, SYN_VEC, d->flags & OSP_TF_ZERO_MEAN ? 0.0f : 1.0f, 0, d->rows, 0, 0, 0, 0, d->name, 0, 0,
+                         0);
+    if (d->kind == OSP_T_LINEAR) {
+        int bits = p->bits, group = p->group, router = d->flags & OSP_TF_Q8_ROUTER;
+        if (router) bits = bits ? 8 : 0, group = 64;
+        snprintf(n, sizeof n, "%s.weight", d->name);
+        OSP_TRY(plan_push(p, SYN_MAT, 0, 0, d->rows, d->cols, bits, group, (d->flags & OSP_TF_Q_IF_FITS) || router, n,
+                          0, 0, 0));
+        if (router && p->e[p->n_e - 1].quant) {
+            if (!p->qover && !(p->qover = json_object())) return osp_err(OSP_ERR_NOMEM, "out of memory");
+            json_object_set_new(p->qover, d->name, json_pack("{s:i, s:i}", "bits", 8, "group_size", 64));
+        }
+        return OSP_OK;
     }
-    return OSP_OK;
+    const int64_t E = d->n_exp, Im = d->rows, H = d->cols;
+    uint64_t hg = fnv1af("%sexperts.gate_proj", d->name), hu = fnv1af("%sexperts.up_proj", d->name),
+             hd = fnv1af("%sexperts.down_proj", d->name);
+    if (p->bits) {
+        snprintf(n, sizeof n, "%sexperts.switch_glu.gate_proj.weight", d->name);
+        OSP_TRY(plan_push(p, SYN_MAT, 0, E, Im, H, p->bits, p->group, 0, n, hg, hg, 0));
+        snprintf(n, sizeof n, "%sexperts.switch_glu.up_proj.weight", d->name);
+        OSP_TRY(plan_push(p, SYN_MAT, 0, E, Im, H, p->bits, p->group, 0, n, hu, hu, 0));
+        snprintf(n, sizeof n, "%sexperts.switch_glu.down_proj.weight", d->name);
+        return plan_push(p, SYN_MAT, 0, E, H, Im, p->bits, p->group, 0, n, hd, hd, 0);
+    }
+    snprintf(n, sizeof n, "%sexperts.gate_up_proj", d->name);
+    OSP_TRY(plan_push(p, SYN_MAT, 0, E, 2 * Im, H, 0, 0, 0, n, hg, hu, Im));
+    snprintf(n, sizeof n, "%sexperts.down_proj", d->name);
+    return plan_push(p, SYN_MAT, 0, E, H, Im, 0, 0, 0, n, hd, hd, 0);
 }
 
-/* The tensors osp_gemma4_bind binds, with HF names. Experts: the HF fused
- * layout (gate_up_proj [E, 2·Im, H], down_proj [E, H, Im]) in bf16, MLX's
- * switch_glu layout when quantized; both draw the same rows. */
-static osp_status plan_build_gemma4(const synth_model *m, synth_plan *p) {
-    const osp_config *c = &m->g4;
-    const int cap = 8 + 40 * c->n_layers;
-    p->e = osp_calloc(OSP_POOL_MISC, (size_t)cap * sizeof *p->e);
-    p->slot = osp_calloc(OSP_POOL_MISC, (size_t)cap * 3 * sizeof *p->slot);
-    if (!p->e || !p->slot) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    const int64_t H = c->hidden, L = c->n_layers, P = c->ple_dim, E = c->n_experts,
-                  Im = c->moe_intermediate;
-    OSP_TRY(g4_add(p, cap, SYN_MAT, 0, c->vocab, H, 0, "model.embed_tokens.weight"));
-    if (P) {
-        OSP_TRY(g4_add(p, cap, SYN_MAT, 0, c->ple_vocab, L * P, G4_OPT,
-                       "model.embed_tokens_per_layer.weight"));
-        OSP_TRY(g4_add(p, cap, SYN_MAT, 0, L * P, H, G4_OPT,
-                       "model.per_layer_model_projection.weight"));
-        OSP_TRY(g4_add(p, cap, SYN_NORM, 0, P, 0, 0, "model.per_layer_projection_norm.weight"));
-    }
-    for (int i = 0; i < (int)L; i++) {
-        const int64_t D = c->layer_head_dim[i], Q = c->n_heads * D, KV = c->layer_kv_heads[i] * D;
-        const int own_kv = c->layer_kv_donor[i] < 0, full = !c->layer_sliding[i];
-        const int64_t I = m->double_wide && !own_kv ? 2 * c->intermediate : c->intermediate;
-#define G4(kind, nexp, rows, cols, flags, what) \
-    OSP_TRY(g4_add(p, cap, kind, nexp, rows, cols, flags, "model.layers.%d." what, i))
-        G4(SYN_NORM, 0, H, 0, 0, "input_layernorm.weight");
-        G4(SYN_MAT, 0, Q, H, 0, "self_attn.q_proj.weight");
-        G4(SYN_NORM, 0, D, 0, 0, "self_attn.q_norm.weight");
-        if (own_kv) {
-            G4(SYN_MAT, 0, KV, H, 0, "self_attn.k_proj.weight");
-            G4(SYN_NORM, 0, D, 0, 0, "self_attn.k_norm.weight");
-            if (!(c->k_eq_v && full)) G4(SYN_MAT, 0, KV, H, 0, "self_attn.v_proj.weight");
-        }
-        G4(SYN_MAT, 0, H, Q, 0, "self_attn.o_proj.weight");
-        G4(SYN_NORM, 0, H, 0, 0, "post_attention_layernorm.weight");
-        G4(SYN_NORM, 0, H, 0, 0, "pre_feedforward_layernorm.weight");
-        G4(SYN_MAT, 0, I, H, 0, "mlp.gate_proj.weight");
-        G4(SYN_MAT, 0, I, H, 0, "mlp.up_proj.weight");
-        G4(SYN_MAT, 0, H, I, 0, "mlp.down_proj.weight");
-        G4(SYN_NORM, 0, H, 0, 0, "post_feedforward_layernorm.weight");
-        if (c->moe) {
-            G4(SYN_NORM, 0, H, 0, 0, "pre_feedforward_layernorm_2.weight");
-            G4(SYN_NORM, 0, H, 0, 0, "post_feedforward_layernorm_1.weight");
-            G4(SYN_NORM, 0, H, 0, 0, "post_feedforward_layernorm_2.weight");
-            G4(SYN_NORM, 0, H, 0, 0, "router.scale");
-            G4(SYN_NORM, 0, E, 0, 0, "router.per_expert_scale");
-            G4(SYN_MAT, 0, E, H, G4_ROUTER, "router.proj.weight");
-            char gate[SYNTH_NAME_MAX], up[SYNTH_NAME_MAX], down[SYNTH_NAME_MAX];
-            snprintf(gate, sizeof gate, "model.layers.%d.experts.gate_proj", i);
-            snprintf(up, sizeof up, "model.layers.%d.experts.up_proj", i);
-            snprintf(down, sizeof down, "model.layers.%d.experts.down_proj", i);
-            if (p->bits) {
-                G4(SYN_MAT, E, Im, H, 0, "experts.switch_glu.gate_proj.weight");
-                p->e[p->n_e - 1].hash = p->e[p->n_e - 1].hash2 = fnv1a(gate);
-                G4(SYN_MAT, E, Im, H, 0, "experts.switch_glu.up_proj.weight");
-                p->e[p->n_e - 1].hash = p->e[p->n_e - 1].hash2 = fnv1a(up);
-                G4(SYN_MAT, E, H, Im, 0, "experts.switch_glu.down_proj.weight");
-            } else {
-                G4(SYN_MAT, E, 2 * Im, H, 0, "experts.gate_up_proj");
-                synth_entry *gu = &p->e[p->n_e - 1];
-                gu->hash = fnv1a(gate);
-                gu->hash2 = fnv1a(up);
-                gu->split = Im;
-                G4(SYN_MAT, E, H, Im, 0, "experts.down_proj");
-            }
-            p->e[p->n_e - 1].hash = p->e[p->n_e - 1].hash2 = fnv1a(down);
-        }
-        if (P) {
-            G4(SYN_MAT, 0, P, H, G4_OPT, "per_layer_input_gate.weight");
-            G4(SYN_MAT, 0, H, P, G4_OPT, "per_layer_projection.weight");
-            G4(SYN_NORM, 0, H, 0, 0, "post_per_layer_input_norm.weight");
-        }
-        G4(SYN_NORM, 0, 1, 0, 0, "layer_scalar");
-#undef G4
-    }
-    OSP_TRY(g4_add(p, cap, SYN_NORM, 0, H, 0, 0, "model.norm.weight"));
-    if (!m->tied) OSP_TRY(g4_add(p, cap, SYN_MAT, 0, c->vocab, H, 0, "lm_head.weight"));
-    return OSP_OK;
-}
-
-static osp_status plan_build(const synth_model *m, synth_plan *p) {
-    if (m->gemma4) return plan_build_gemma4(m, p);
-    const int per_layer = 20, cap = 4 + per_layer * (int)m->layers;
-    p->e = osp_calloc(OSP_POOL_MISC, (size_t)cap * sizeof *p->e);
-    p->slot = osp_calloc(OSP_POOL_MISC, (size_t)cap * 3 * sizeof *p->slot);
-    if (!p->e || !p->slot) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    const int64_t H = m->hidden, I = m->inter, q = m->heads * m->head_dim,
-                  kv = m->kv_heads * m->head_dim;
-    OSP_TRY(plan_add(p, cap, SYN_MAT, m->vocab, H, "model.embed_tokens.weight", 0));
-    for (int i = 0; i < (int)m->layers; i++) {
-        OSP_TRY(plan_add(p, cap, SYN_NORM, H, 0, "model.layers.%d.input_layernorm.weight", i));
-        static const char *qkv[3] = {"q", "k", "v"};
-        for (int j = 0; j < 3; j++) {
-            char f[SYNTH_NAME_MAX];
-            int64_t out = j == 0 ? q : kv;
-            snprintf(f, sizeof f, "model.layers.%%d.self_attn.%s_proj.weight", qkv[j]);
-            OSP_TRY(plan_add(p, cap, SYN_MAT, out, H, f, i));
-            snprintf(f, sizeof f, "model.layers.%%d.self_attn.%s_proj.bias", qkv[j]);
-            if (m->qkv_bias) OSP_TRY(plan_add(p, cap, SYN_BIAS, out, 0, f, i));
-        }
-        OSP_TRY(plan_add(p, cap, SYN_MAT, H, q, "model.layers.%d.self_attn.o_proj.weight", i));
-        if (m->o_bias)
-            OSP_TRY(plan_add(p, cap, SYN_BIAS, H, 0, "model.layers.%d.self_attn.o_proj.bias", i));
-        if (m->qk_norm) {
-            OSP_TRY(plan_add(p, cap, SYN_NORM, m->head_dim, 0,
-                             "model.layers.%d.self_attn.q_norm.weight", i));
-            OSP_TRY(plan_add(p, cap, SYN_NORM, m->head_dim, 0,
-                             "model.layers.%d.self_attn.k_norm.weight", i));
-        }
-        OSP_TRY(plan_add(p, cap, SYN_NORM, H, 0, "model.layers.%d.post_attention_layernorm.weight",
-                         i));
-        if (m->gemma) {
-            OSP_TRY(plan_add(p, cap, SYN_NORM, H, 0,
-                             "model.layers.%d.pre_feedforward_layernorm.weight", i));
-            OSP_TRY(plan_add(p, cap, SYN_NORM, H, 0,
-                             "model.layers.%d.post_feedforward_layernorm.weight", i));
-        }
-        static const char *mlp[3] = {"gate", "up", "down"};
-        for (int j = 0; j < 3; j++) {
-            char f[SYNTH_NAME_MAX];
-            int64_t out = j < 2 ? I : H, in = j < 2 ? H : I;
-            snprintf(f, sizeof f, "model.layers.%%d.mlp.%s_proj.weight", mlp[j]);
-            OSP_TRY(plan_add(p, cap, SYN_MAT, out, in, f, i));
-            snprintf(f, sizeof f, "model.layers.%%d.mlp.%s_proj.bias", mlp[j]);
-            if (m->mlp_bias) OSP_TRY(plan_add(p, cap, SYN_BIAS, out, 0, f, i));
-        }
-    }
-    OSP_TRY(plan_add(p, cap, SYN_NORM, H, 0, "model.norm.weight", 0));
-    if (!m->tied) OSP_TRY(plan_add(p, cap, SYN_MAT, m->vocab, H, "lm_head.weight", 0));
-    return OSP_OK;
+/* Names as transformers saves them: a multimodal wrapper
+ * (...ForConditionalGeneration) keeps the text model under
+ * model.language_model. */
+static osp_status plan_build(const osp_config *c, synth_plan *p) {
+    const char *suffix = "ForConditionalGeneration";
+    size_t n = strlen(c->architecture), k = strlen(suffix);
+    int wrapped = n > k && !strcmp(c->architecture + n - k, suffix);
+    osp_tnames names = {wrapped ? "model.language_model." : "model.", "lm_head"};
+    return c->arch->layout(c, NULL, &names, plan_visit, p);
 }
 
 /* "x.weight" → "x.scales" / "x.biases". */
@@ -565,7 +329,6 @@ static osp_status plan_declare(synth_plan *p, osp_st_writer *w) {
 
 typedef struct synth_job {
     const synth_plan *p;
-    const synth_model *m;
     synth_entry *e;
     int64_t r0, nr, rows_per_task;
     unsigned char *buf; /* rows [r0, r0+nr) of the part being written */
@@ -582,8 +345,7 @@ static void synth_task(void *ctx, int64_t t) {
         atomic_store(&j->failed, 1);
         return;
     }
-    float mean, std;
-    synth_params(j->m, e->kind, &mean, &std);
+    const float mean = e->mean, std = 0.02f;
     const int bits = e->bits, group = e->group;
     for (int64_t i = a; i < b; i++) {
         int64_t r = j->r0 + i; /* row of the [nexp·rows, cols] view */
@@ -608,7 +370,6 @@ static void synth_task(void *ctx, int64_t t) {
 
 typedef struct synth_fill_ctx {
     synth_plan *p;
-    const synth_model *m;
 } synth_fill_ctx;
 
 static osp_status synth_fill(void *ctx, int64_t index, int64_t row0, int64_t nrows, void *buf,
@@ -620,9 +381,7 @@ static osp_status synth_fill(void *ctx, int64_t index, int64_t row0, int64_t nro
     if (e->cols == 0) { /* a vector: one stream, sliced */
         float *v = osp_malloc(OSP_POOL_SCRATCH, (size_t)e->rows * sizeof(float));
         if (!v) return osp_err(OSP_ERR_NOMEM, "out of memory");
-        float mean, std;
-        synth_params(c->m, e->kind, &mean, &std);
-        synth_gen(p->seed, e->hash, 0, mean, std, v, e->rows);
+        synth_gen(p->seed, e->hash, 0, e->mean, 0.02f, v, e->rows);
         for (int64_t i = 0; i < nrows; i++) {
             uint16_t h = osp_f32_to_bf16(v[row0 + i]);
             memcpy((unsigned char *)buf + 2 * i, &h, 2);
@@ -652,7 +411,7 @@ static osp_status synth_fill(void *ctx, int64_t index, int64_t row0, int64_t nro
         e->biases = osp_malloc(OSP_POOL_SCRATCH, sb);
         if (!e->scales || !e->biases) return osp_err(OSP_ERR_NOMEM, "out of memory");
     }
-    synth_job j = {.p = p, .m = c->m, .e = e, .r0 = row0, .nr = nrows, .buf = buf};
+    synth_job j = {.p = p, .e = e, .r0 = row0, .nr = nrows, .buf = buf};
     j.rows_per_task = (1 << 18) / e->cols;
     if (j.rows_per_task < 1) j.rows_per_task = 1;
     atomic_init(&j.failed, 0);
@@ -666,8 +425,8 @@ static void plan_free(synth_plan *p) {
         osp_free(p->e[i].scales);
         osp_free(p->e[i].biases);
     }
-    osp_free(p->e);
-    osp_free(p->slot);
+    free(p->e);
+    free(p->slot);
     json_decref(p->qover);
 }
 
@@ -825,30 +584,31 @@ int osp_cmd_synth(int argc, char **argv) {
     if (a.threads) osp_threads_init(a.threads);
 
     double t0 = osp_now_s();
-    synth_model m = {0};
+    osp_config c;
+    memset(&c, 0, sizeof c);
     synth_plan p = {.bits = bits, .group = group, .seed = a.seed};
     osp_st_writer *w = osp_st_writer_new();
     char path[4200];
     osp_status st = w ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
-    if (st == OSP_OK) st = parse_model(cfg, &m);
-    if (st == OSP_OK) st = plan_build(&m, &p);
+    if (st == OSP_OK) st = osp_config_parse(cfg, "config", &c); /* the engine's own parser: the layout it binds */
+    if (st == OSP_OK) st = plan_build(&c, &p);
     if (st == OSP_OK) st = plan_declare(&p, w);
     if (st == OSP_OK) st = osp_st_writer_set_meta(w, "format", bits ? "mlx" : "pt");
     if (st == OSP_OK) st = synth_mkdir(a.out);
     if (st == OSP_OK) st = synth_write_config(cfg, bits, group, p.qover, a.out);
     if (st == OSP_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", a.out);
-        synth_fill_ctx fc = {&p, &m};
+        synth_fill_ctx fc = {&p};
         st = osp_st_writer_write(w, path, synth_fill, &fc);
     }
     if (st == OSP_OK)
-        printf("wrote %s: %s %s%d, %lld tensors, %.1f MB in %.1f s\n", a.out, m.model_type,
+        printf("wrote %s: %s %s%d, %lld tensors, %.1f MB in %.1f s\n", a.out, c.model_type,
                bits ? "q" : "bf", bits ? bits : 16, (long long)osp_st_writer_count(w), osp_st_writer_data_bytes(w) / 1e6,
                osp_now_s() - t0);
     else
         fprintf(stderr, "osprey synth: %s\n", osp_last_error());
     plan_free(&p);
-    if (m.gemma4) osp_config_free(&m.g4);
+    osp_config_free(&c);
     osp_st_writer_free(w);
     json_decref(cfg);
     return st == OSP_OK ? 0 : 1;

@@ -36,6 +36,12 @@ typedef struct osp_arch_ops {
     osp_status (*layout)(const struct osp_config *c, struct osp_model *m, const osp_tnames *names, osp_tvisit visit,
                          void *ctx);
 
+    /* Its own activations for chunks of up to max_tok tokens (NULL hook:
+     * none); *inter and *cols raise the widths of the shared scratch (the
+     * gated-MLP buffers, the widest matmul input) when it needs more. */
+    osp_status (*scratch_new)(const struct osp_model *m, int32_t max_tok, void **extra, int64_t *inter, int64_t *cols);
+    void (*scratch_free)(const struct osp_model *m, void *extra);
+
     /* One chunk of s's current batch: ids [nb, T]; logits as osp_forward
      * writes them, or NULL for an intermediate prefill chunk. Advances the
      * rows' positions by T. */

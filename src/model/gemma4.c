@@ -148,11 +148,78 @@ static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm
     return OSP_OK;
 }
 
+/* ---- activations of its own ---- */
+
+typedef struct g4_scratch {
+    osp_dbuf *ple;                 /* [N, n_layers * P] combined per-layer inputs */
+    osp_dbuf *ple_tmp;             /* [N, P] */
+    osp_dbuf *ple_emb;             /* [N, n_layers * P] per-layer embeddings */
+    osp_dbuf **donor_k, **donor_v; /* [n_layers] chunk K/V kept for KV-sharing layers, or NULL */
+    osp_dbuf *router, *moe_normed; /* [N, E], [N, hidden] */
+    osp_dbuf *moe_x, *moe_acc;     /* [N*k, hidden] */
+    int32_t *top_idx, *moe_rows;   /* host [N, k] */
+    float *top_w, *moe_w;          /* host [N, k] */
+} g4_scratch;
+
+static void scratch_free(const osp_model *m, void *extra) {
+    g4_scratch *g = extra;
+    const osp_backend *be = m->be;
+    osp_dbuf *v[] = {g->ple, g->ple_tmp, g->ple_emb, g->router, g->moe_normed, g->moe_x, g->moe_acc};
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        if (v[i]) be->free(v[i]);
+    for (int i = 0; g->donor_k && i < m->cfg.n_layers; i++) {
+        if (g->donor_k[i]) be->free(g->donor_k[i]);
+        if (g->donor_v[i]) be->free(g->donor_v[i]);
+    }
+    free(g->donor_k), free(g->donor_v);
+    free(g->top_idx), free(g->moe_rows), free(g->top_w), free(g->moe_w);
+    free(g);
+}
+
+static size_t nz(size_t n) { return n ? n : 1; }
+
+static osp_status scratch_new(const osp_model *m, int32_t max_tok, void **extra, int64_t *inter, int64_t *cols) {
+    const osp_config *c = &m->cfg;
+    const osp_backend *be = m->be;
+    g4_scratch *g = calloc(1, sizeof *g);
+    if (!g) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    size_t N = (size_t)max_tok, H = c->hidden, NP = (size_t)c->n_layers * c->ple_dim, E = c->n_experts,
+           K = c->top_k_experts;
+    int ok = 1;
+#define D(field, count) (ok &= (g->field = be->alloc(nz(count))) != NULL)
+#define HOST(field, count) (ok &= (g->field = malloc(nz(count) * sizeof *g->field)) != NULL)
+    if (c->ple_dim) D(ple, N * NP), D(ple_tmp, N * c->ple_dim), D(ple_emb, N * NP);
+    if (c->moe) {
+        D(router, N * E), D(moe_normed, N * H), D(moe_x, N * K * H), D(moe_acc, N * K * H);
+        HOST(top_idx, N * K), HOST(top_w, N * K), HOST(moe_rows, N * K), HOST(moe_w, N * K);
+    }
+    g->donor_k = calloc((size_t)c->n_layers, sizeof *g->donor_k);
+    g->donor_v = calloc((size_t)c->n_layers, sizeof *g->donor_v);
+    ok &= g->donor_k && g->donor_v;
+    for (int i = 0; ok && i < c->n_layers; i++) { /* layers whose KV others reuse keep their chunk K/V */
+        int d = c->layer_kv_donor[i];
+        if (d < 0 || g->donor_k[d]) continue;
+        size_t kv = N * c->layer_kv_heads[d] * c->layer_head_dim[d];
+        D(donor_k[d], kv), D(donor_v[d], kv);
+    }
+#undef D
+#undef HOST
+    if (!ok) {
+        scratch_free(m, g);
+        return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
+    }
+    *inter = c->moe ? c->moe_intermediate : 0; /* the experts run in the shared g/u buffers */
+    *cols = c->ple_dim;
+    *extra = g;
+    return OSP_OK;
+}
+
 /* ---- forward ---- */
 
-/* The combined per-layer inputs of this chunk: sc->ple [N, L*P] =
+/* The combined per-layer inputs of this chunk: g->ple [N, L*P] =
  * (norm(proj(h0) · H^-1/2) + E_ple[id] · sqrt(P)) · 2^-1/2. */
 static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
+    g4_scratch *g = s->sc.extra;
     const osp_model *m = s->m;
     const osp_backend *be = s->be;
     osp_be_session *bs = s->bs;
@@ -160,15 +227,16 @@ static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
     osp_scratch *sc = &s->sc;
     int64_t NP = (int64_t)c->n_layers * c->ple_dim, P = c->ple_dim;
     const float hs = (float)pow((double)c->hidden, -0.5), r2 = (float)pow(2.0, -0.5); /* as the reference: Python floats */
-    be->matmul(bs, &(const osp_weight *){&m->ple_model_proj}, 1, sc->x, N, &sc->ple);
-    be->scale(bs, sc->ple, hs, N * NP);
-    be->rmsnorm(bs, sc->ple, sc->ple, m->ple_proj_norm, N * c->n_layers, P, c->eps, 0);
-    be->embed(bs, &m->embed_ple, m->embed_ple_scale, ids, N, sc->ple_emb);
-    be->add(bs, sc->ple, sc->ple_emb, N * NP);
-    be->scale(bs, sc->ple, r2, N * NP);
+    be->matmul(bs, &(const osp_weight *){&m->ple_model_proj}, 1, sc->x, N, &g->ple);
+    be->scale(bs, g->ple, hs, N * NP);
+    be->rmsnorm(bs, g->ple, g->ple, m->ple_proj_norm, N * c->n_layers, P, c->eps, 0);
+    be->embed(bs, &m->embed_ple, m->embed_ple_scale, ids, N, g->ple_emb);
+    be->add(bs, g->ple, g->ple_emb, N * NP);
+    be->scale(bs, g->ple, r2, N * NP);
 }
 
 static void layer(osp_session *s, int li, int32_t B, int32_t T) {
+    g4_scratch *g = s->sc.extra;
     const osp_model *m = s->m;
     const osp_backend *be = s->be;
     osp_be_session *bs = s->bs;
@@ -181,8 +249,8 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
 
     /* attention */
     be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
-    osp_dbuf *kd = donor < 0 && sc->donor_k[li] ? sc->donor_k[li] : sc->k;
-    osp_dbuf *vd = donor < 0 && sc->donor_v[li] ? sc->donor_v[li] : sc->v;
+    osp_dbuf *kd = donor < 0 && g->donor_k[li] ? g->donor_k[li] : sc->k;
+    osp_dbuf *vd = donor < 0 && g->donor_v[li] ? g->donor_v[li] : sc->v;
     {
         const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
         osp_dbuf *ys[] = {sc->q, kd, vd};
@@ -200,8 +268,8 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         k = kd;
         v = vd;
     } else {
-        k = sc->donor_k[donor];
-        v = sc->donor_v[donor];
+        k = g->donor_k[donor];
+        v = g->donor_v[donor];
     }
     const osp_kv_layer *KL = &s->kv->layers[li];
     osp_attn_args a = {.kv = s->kv, .layer = KL->donor, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
@@ -209,7 +277,7 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
                        .q = sc->q, .k = k, .v = v, .out = sc->att, .scores = sc->scores,
                        .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
     be->attention(bs, &a);
-    if (donor < 0 && !sc->donor_k[li]) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
+    if (donor < 0 && !g->donor_k[li]) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
     be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
     be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
     be->add(bs, sc->x, sc->tmp, N * H);
@@ -233,9 +301,9 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
                            .scale = (float)pow((double)H, -0.5), /* hidden**-0.5 */
                            .router_scale = L->router_scale, .per_expert_scale = L->per_expert_scale,
                            .router = &L->w_router, .gate = L->ex_gate, .up = L->ex_up, .down = L->ex_down,
-                           .act = OSP_ACT_GELU_TANH, .normed = sc->moe_normed, .probs = sc->router,
-                           .moe_x = sc->moe_x, .moe_acc = sc->moe_acc, .g = sc->g, .u = sc->u,
-                           .top_idx = sc->top_idx, .rows = sc->moe_rows, .top_w = sc->top_w, .row_w = sc->moe_w};
+                           .act = OSP_ACT_GELU_TANH, .normed = g->moe_normed, .probs = g->router,
+                           .moe_x = g->moe_x, .moe_acc = g->moe_acc, .g = sc->g, .u = sc->u,
+                           .top_idx = g->top_idx, .rows = g->moe_rows, .top_w = g->top_w, .row_w = g->moe_w};
         be->moe(bs, &ma);
         be->rmsnorm(bs, e, e, L->post_mlp_norm2, N, H, c->eps, 0);
         be->add(bs, sc->tmp, e, N * H);
@@ -246,9 +314,9 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     /* per-layer input */
     if (c->ple_dim) {
         int64_t P = c->ple_dim, NP = (int64_t)c->n_layers * P;
-        be->matmul(bs, &(const osp_weight *){&L->w_ple_gate}, 1, sc->x, N, &sc->ple_tmp);
-        be->act_mul(bs, OSP_ACT_GELU_TANH, sc->ple_tmp, sc->ple_tmp, osp_dbuf_at(sc->ple, li * P), N, P, NP);
-        be->matmul(bs, &(const osp_weight *){&L->w_ple_proj}, 1, sc->ple_tmp, N, &sc->tmp);
+        be->matmul(bs, &(const osp_weight *){&L->w_ple_gate}, 1, sc->x, N, &g->ple_tmp);
+        be->act_mul(bs, OSP_ACT_GELU_TANH, g->ple_tmp, g->ple_tmp, osp_dbuf_at(g->ple, li * P), N, P, NP);
+        be->matmul(bs, &(const osp_weight *){&L->w_ple_proj}, 1, g->ple_tmp, N, &sc->tmp);
         be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_ple_norm, N, H, c->eps, 0);
         be->add(bs, sc->x, sc->tmp, N * H);
     }
@@ -257,6 +325,7 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
 
 static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
                                 int64_t ld_rows) {
+    g4_scratch *g = s->sc.extra;
     const osp_model *m = s->m;
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
@@ -266,7 +335,7 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     if (c->ple_dim) ple_inputs(s, ids, N);
     for (int li = 0; li < c->n_layers; li++) layer(s, li, B, T);
     for (int li = 0; li < c->n_layers; li++)
-        if (sc->donor_k[li]) s->be->kv_write(s->bs, s->kv, li, s->rows, B, sc->donor_k[li], sc->donor_v[li], T);
+        if (g->donor_k[li]) s->be->kv_write(s->bs, s->kv, li, s->rows, B, g->donor_k[li], g->donor_v[li], T);
     for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) {
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
@@ -288,5 +357,7 @@ const osp_arch_ops osp_arch_gemma4 = {
     .last_layer_full = 1,
     .configure = configure,
     .layout = layout,
+    .scratch_new = scratch_new,
+    .scratch_free = scratch_free,
     .forward_chunk = forward_chunk,
 };

@@ -69,7 +69,8 @@ struct osp_model {
 };
 
 /* Activations for forward calls of at most max_tok tokens in all rows, in
- * the backend's memory; ids and positions on the host. */
+ * the backend's memory; ids and positions on the host. What only one
+ * architecture needs is its own (extra, arch.h's scratch_new). */
 typedef struct osp_scratch {
     int32_t max_tok;
     osp_dbuf *x, *xn, *q, *k, *v, *att, *tmp; /* [N, ...] activations, N = max_tok */
@@ -78,15 +79,7 @@ typedef struct osp_scratch {
     osp_dbuf *hlast;                          /* [B, hidden] */
     int32_t *ids;                             /* [N] host */
     int32_t *bpos;                            /* [rows] host: positions of the batch rows at the chunk's start */
-    /* Gemma 4 */
-    osp_dbuf *ple;                            /* [N, n_layers * P] combined per-layer inputs */
-    osp_dbuf *ple_tmp;                        /* [N, P] */
-    osp_dbuf *ple_emb;                        /* [N, n_layers * P] per-layer embeddings */
-    osp_dbuf **donor_k, **donor_v;            /* [n_layers] chunk K/V kept for KV-sharing layers, or NULL */
-    osp_dbuf *router, *moe_normed;            /* [N, E], [N, hidden] */
-    osp_dbuf *moe_x, *moe_out, *moe_acc;      /* [N*k, hidden], [N, hidden], [N*k, hidden] */
-    int32_t *top_idx, *moe_rows;              /* host [N, k] */
-    float *top_w, *moe_w;                     /* host [N, k] */
+    void *extra;                              /* the architecture's */
 } osp_scratch;
 
 struct osp_session {

@@ -6,23 +6,14 @@
 
 #define OSP_MAX_CHUNK 512
 
-static void scratch_free(const osp_backend *be, osp_scratch *s, int n_layers) {
-    osp_dbuf *v[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->g, s->u, s->scores, s->hlast, s->ple,
-                     s->ple_tmp, s->ple_emb, s->router, s->moe_normed, s->moe_x, s->moe_out, s->moe_acc};
+static void scratch_free(const osp_model *m, osp_scratch *s) {
+    const osp_backend *be = m->be;
+    osp_dbuf *v[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->tmp, s->g, s->u, s->scores, s->hlast};
     for (size_t i = 0; i < sizeof v / sizeof *v; i++)
         if (v[i]) be->free(v[i]);
-    for (int i = 0; s->donor_k && i < n_layers; i++) {
-        if (s->donor_k[i]) be->free(s->donor_k[i]);
-        if (s->donor_v[i]) be->free(s->donor_v[i]);
-    }
-    free(s->donor_k);
-    free(s->donor_v);
+    if (s->extra && m->cfg.arch->scratch_free) m->cfg.arch->scratch_free(m, s->extra);
     free(s->ids);
     free(s->bpos);
-    free(s->top_idx);
-    free(s->moe_rows);
-    free(s->top_w);
-    free(s->moe_w);
     memset(s, 0, sizeof *s);
 }
 
@@ -45,11 +36,16 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
         KV = kv > KV ? kv : KV;
         I = (size_t)m->layers[i].intermediate > I ? (size_t)m->layers[i].intermediate : I;
     }
-    if ((size_t)c->moe_intermediate > I) I = c->moe_intermediate;
-    size_t HQ = H > Q ? H : Q, NP = (size_t)c->n_layers * c->ple_dim, E = c->n_experts, K = c->top_k_experts;
-    *cols = (int64_t)(H > Q ? H : Q);
+    int64_t xi = 0, xc = 0;
+    if (c->arch->scratch_new) {
+        osp_status rc = c->arch->scratch_new(m, max_tok, &s->extra, &xi, &xc);
+        if (rc != OSP_OK) return rc;
+    }
+    if ((size_t)xi > I) I = (size_t)xi;
+    size_t HQ = H > Q ? H : Q;
+    *cols = (int64_t)HQ;
     if ((int64_t)I > *cols) *cols = (int64_t)I;
-    if (c->ple_dim > *cols) *cols = c->ple_dim;
+    if (xc > *cols) *cols = xc;
     int ok = 1;
 #define D(field, count) (ok &= (s->field = be->alloc(at_least1(count))) != NULL)
 #define HOST(field, count) (ok &= (s->field = malloc(at_least1(count) * sizeof *s->field)) != NULL)
@@ -57,24 +53,10 @@ static osp_status scratch_new(const osp_model *m, int32_t B, int32_t max_tok, in
     D(g, N * I), D(u, N * I), D(scores, (size_t)B * c->n_heads * ((size_t)max_ctx + max_tok));
     D(hlast, (size_t)B * H);
     HOST(ids, N), HOST(bpos, (size_t)B);
-    if (c->ple_dim) D(ple, N * NP), D(ple_tmp, N * c->ple_dim), D(ple_emb, N * NP);
-    if (c->moe) {
-        D(router, N * E), D(moe_normed, N * H), D(moe_x, N * K * H), D(moe_out, N * H), D(moe_acc, N * K * H);
-        HOST(top_idx, N * K), HOST(top_w, N * K), HOST(moe_rows, N * K), HOST(moe_w, N * K);
-    }
-    s->donor_k = calloc((size_t)c->n_layers, sizeof *s->donor_k);
-    s->donor_v = calloc((size_t)c->n_layers, sizeof *s->donor_v);
-    ok &= s->donor_k && s->donor_v;
-    for (int i = 0; ok && i < c->n_layers; i++) { /* layers whose KV others reuse keep their chunk K/V */
-        int d = c->layer_kv_donor[i];
-        if (d < 0 || s->donor_k[d]) continue;
-        size_t kv = N * c->layer_kv_heads[d] * c->layer_head_dim[d];
-        D(donor_k[d], kv), D(donor_v[d], kv);
-    }
 #undef D
 #undef HOST
     if (!ok) {
-        scratch_free(be, s, c->n_layers);
+        scratch_free(m, s);
         return osp_err(OSP_ERR_NOMEM, "out of memory allocating activations");
     }
     return OSP_OK;
@@ -129,7 +111,7 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
 void osp_session_free(osp_session *s) {
     if (!s) return;
     osp_kv_free(s->kv);
-    scratch_free(s->be, &s->sc, s->m->cfg.n_layers);
+    scratch_free(s->m, &s->sc);
     if (s->bs) s->be->session_free(s->bs);
     free(s->all_rows);
     free(s);

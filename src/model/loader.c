@@ -40,6 +40,7 @@ static osp_status bind_all(osp_model *m) {
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return osp_err(OSP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) m->layers[i].layer_scalar = 1.0f;
+    m->prefix = pi;
     osp_tnames names = {PREFIXES[pi], HEADS[pi]};
     OSP_TRY(c->arch->layout(c, m, &names, osp_bind_visit, m));
     if (c->tie_embeddings) { /* the head reads the embedding's weights, streamed every step */
@@ -93,47 +94,70 @@ static void fill_info(osp_model *m) {
  * embedding's dtype (docs/NOTES.md, "Reference numerics"). */
 static float embed_scale(float dim) { return (float)sqrt((double)dim); }
 
-/* Every matmul weight of the model (for the backend's placement). */
-static int matmul_weights(osp_model *m, osp_weight **out) {
-    int n = 0;
-#define ADD(w) ((w)->data ? (out ? out[n] = (w) : NULL, n++) : 0)
-    ADD(&m->head);
-    ADD(&m->ple_model_proj);
-    for (int i = 0; i < m->cfg.n_layers; i++) {
-        osp_layer *L = &m->layers[i];
-        osp_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd,
-                            &L->w_ple_gate, &L->w_ple_proj, &L->w_router};
-        for (size_t j = 0; j < sizeof ws / sizeof *ws; j++) ADD(ws[j]);
-        for (int e = 0; L->ex_gate && e < m->cfg.n_experts; e++) {
-            ADD(&L->ex_gate[e]);
-            ADD(&L->ex_up[e]);
-            ADD(&L->ex_down[e]);
-        }
+/* What a layout walk of the loaded model collects: its matmul weights (to
+ * place) or its vectors (to free). */
+typedef struct collect_ctx {
+    osp_model *m;
+    int vectors;          /* 0: matmul weights; 1: vectors */
+    void **out;           /* NULL: count only */
+    int n;
+    const void **keep;    /* matmul walk: data of gathered tables (they stay where they are) */
+    int n_keep;
+} collect_ctx;
+
+static void put(collect_ctx *c, void *p) {
+    if (c->out) c->out[c->n] = p;
+    c->n++;
+}
+
+static osp_status collect(void *ctx, const osp_tdesc *d) {
+    collect_ctx *c = ctx;
+    if (c->vectors) {
+        if (d->kind == OSP_T_VEC && d->vec && *d->vec) put(c, (void *)*d->vec);
+        return OSP_OK;
     }
-#undef ADD
-    return n;
+    if (d->kind == OSP_T_LINEAR && (d->flags & OSP_TF_GATHERED)) {
+        if (c->keep) c->keep[c->n_keep] = d->w->data;
+        c->n_keep++;
+    } else if (d->kind == OSP_T_LINEAR && d->w->data) {
+        put(c, d->w);
+    } else if (d->kind == OSP_T_EXPERTS) {
+        for (int64_t e = 0; e < d->n_exp; e++) put(c, &(*d->gate)[e]), put(c, &(*d->up)[e]), put(c, &(*d->down)[e]);
+    }
+    return OSP_OK;
+}
+
+/* Walk the model's layout with the collector (twice: count, then fill). */
+static osp_status walk(osp_model *m, collect_ctx *c) {
+    osp_tnames names = {PREFIXES[m->prefix], HEADS[m->prefix]};
+    OSP_TRY(m->cfg.arch->layout(&m->cfg, m, &names, collect, c));
+    if (!c->vectors && m->cfg.tie_embeddings) put(c, &m->head); /* the embedding's weights, streamed as the head */
+    return OSP_OK;
 }
 
 /* The backend places the matmul weights now, once: the embedding tables
  * are gathered from the mapping and stay there. */
 static osp_status place(osp_model *m) {
-    int n = matmul_weights(m, NULL);
-    osp_weight **ws = malloc(sizeof *ws * (size_t)(n ? n : 1));
+    collect_ctx c = {.m = m};
+    OSP_TRY(walk(m, &c));
+    osp_weight **ws = malloc(sizeof *ws * (size_t)(c.n ? c.n : 1));
+    const void **keep = malloc(sizeof *keep * (size_t)(c.n_keep ? c.n_keep : 1));
     osp_region *maps = malloc(sizeof *maps * (size_t)(m->st->n_files ? m->st->n_files : 1));
-    if (!ws || !maps) {
-        free(ws), free(maps);
+    if (!ws || !keep || !maps) {
+        free(ws), free(keep), free(maps);
         return osp_err(OSP_ERR_NOMEM, "out of memory");
     }
-    matmul_weights(m, ws);
+    c = (collect_ctx){.m = m, .out = (void **)ws, .keep = keep};
+    walk(m, &c);
     for (int i = 0; i < m->st->n_files; i++) maps[i] = (osp_region){m->st->files[i].map, m->st->files[i].size};
-    const void *keep[] = {m->embed.data, m->embed_ple.data};
-    osp_status rc = m->be->place(ws, n, keep, 2, maps, m->st->n_files, &m->placed);
+    osp_status rc = m->be->place(ws, c.n, keep, c.n_keep, maps, m->st->n_files, &m->placed);
     if (rc != OSP_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", osp_last_error());
         rc = osp_err(rc, "%s: %s", m->dir, why);
     }
     free(ws);
+    free(keep);
     free(maps);
     return rc;
 }
@@ -199,21 +223,24 @@ osp_status osp_model_load(const char *path, osp_model **out) {
 
 void osp_model_free(osp_model *m) {
     if (!m) return;
-    if (m->layers) {
+    if (m->layers) { /* the vectors the layout bound, in the backend's memory */
+        collect_ctx c = {.m = m, .vectors = 1};
+        walk(m, &c);
+        void **v = malloc(sizeof *v * (size_t)(c.n ? c.n : 1));
+        if (v) {
+            c = (collect_ctx){.m = m, .vectors = 1, .out = v};
+            walk(m, &c);
+            for (int i = 0; i < c.n; i++) m->be->free_vec(v[i]);
+            free(v);
+        }
         for (int i = 0; i < m->cfg.n_layers; i++) {
-            osp_layer *L = &m->layers[i];
-            osp_vec v[] = {L->attn_norm, L->post_attn_norm, L->mlp_norm, L->post_mlp_norm, L->q_norm, L->k_norm,
-                           L->bq, L->bk, L->bv, L->bo, L->bg, L->bu, L->bd, L->post_ple_norm, L->mlp_norm2,
-                           L->post_mlp_norm1, L->post_mlp_norm2, L->router_scale, L->per_expert_scale};
-            for (size_t j = 0; j < sizeof v / sizeof *v; j++)
-                if (v[j]) m->be->free_vec((osp_dbuf *)v[j]);
-            free(L->ex_gate);
-            free(L->ex_up);
-            free(L->ex_down);
+            free(m->layers[i].ex_gate);
+            free(m->layers[i].ex_up);
+            free(m->layers[i].ex_down);
         }
         free(m->layers);
     }
-    osp_vec v[] = {m->final_norm, m->ple_proj_norm, m->inv_freq_full, m->inv_freq_sliding};
+    osp_vec v[] = {m->inv_freq_full, m->inv_freq_sliding};
     for (size_t j = 0; j < sizeof v / sizeof *v; j++)
         if (v[j]) m->be->free_vec((osp_dbuf *)v[j]);
     if (m->placed) m->be->unplace(m->placed);

@@ -65,6 +65,7 @@ struct osp_model {
     osp_vec ple_proj_norm;     /* [P] */
     float embed_ple_scale;     /* sqrt(P), in f32 like embed_scale */
     char dtype_name[16];
+    int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
 };
 

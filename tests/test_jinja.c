@@ -484,6 +484,17 @@ static void test_limits(void **s) {
     expect_error("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
                  OSP_ERR_RANGE, "limit", NULL);
     expect_error("{{ 'x' * 10000000000 }}", OSP_ERR_RANGE, NULL, NULL);
+    { /* an empty sequence repeated 5e10 times is empty at once (it looped 5e10 times: fuzz_jinja) */
+        osp_jinja_template *t;
+        const char *src = "{{ ('' * 50000000000)|length }}{{ ([] * 50000000000)|length }}";
+        assert_int_equal(osp_jinja_parse(src, strlen(src), &t), OSP_OK);
+        char *out = NULL;
+        size_t n = 0;
+        assert_int_equal(osp_jinja_render(t, NULL, NULL, &out, &n), OSP_OK);
+        assert_string_equal(out, "00");
+        osp_free(out);
+        osp_jinja_free(t);
+    }
     /* memory: a list that doubles */
     expect_error("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
                  OSP_ERR_RANGE, NULL, NULL);

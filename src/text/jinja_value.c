@@ -964,6 +964,9 @@ static osp_status type_error(jstate *st, int op, jv a, jv b) {
 
 static osp_status repeat(jstate *st, jv seq, int64_t times, jv *out) {
     if (times < 0) times = 0;
+    /* an empty sequence repeated is empty, however many times (the loops below
+     * would spin `times` rounds for nothing: found by fuzz_jinja) */
+    if (seq.k == JK_STR ? !seq.n : !seq.u.l->n) times = 0;
     if (seq.k == JK_STR) {
         if (seq.n && (uint64_t)times > st->max_output / seq.n)
             return jerr(st, OSP_ERR_RANGE, "string repetition longer than the output limit (%zu bytes)", st->max_output);

@@ -30,8 +30,12 @@ jinja)
     done ;;
 esac
 status=0
-"$bin" -max_total_time="$secs" -runs="${FUZZ_RUNS:--1}" -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 -jobs="${FUZZ_JOBS:-1}" \
-    -workers="${FUZZ_JOBS:-1}" -artifact_prefix="$art/$name-" "$corpus" "$work/seeds" >"$work/log" 2>&1 || status=$?
+jobs=""
+# -jobs forks workers that log to fuzz-N.log in the current folder: only when asked for
+[ "${FUZZ_JOBS:-1}" -gt 1 ] && jobs="-jobs=$FUZZ_JOBS -workers=$FUZZ_JOBS"
+# shellcheck disable=SC2086
+"$bin" -max_total_time="$secs" -runs="${FUZZ_RUNS:--1}" -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 $jobs \
+    -artifact_prefix="$art/$name-" "$corpus" "$work/seeds" >"$work/log" 2>&1 || status=$?
 grep -E "^(stat::|Done|INFO: Running|#[0-9]+[[:space:]]+(DONE|INITED))" "$work/log" | tail -n 12 || true
 if [ $status -ne 0 ]; then
     tail -n 60 "$work/log"

@@ -109,6 +109,7 @@ typedef struct osp_kv_mem {
 typedef struct osp_backend {
     const char *name;            /* "cpu (avx512+vnni)", "cuda (H200)" */
     osp_device device;
+    int needs_place;             /* sessions need the matmul weights placed (the device cannot read the mapping) */
 
     /* ---- memory ---- */
     osp_dbuf *(*alloc)(size_t n_floats);            /* NULL when out of memory */
@@ -140,6 +141,8 @@ typedef struct osp_backend {
     /* A chunk of B rows of T tokens begins (a batched decode step when
      * T == 1 and B > 1: every row computed exactly as alone). */
     void (*begin_chunk)(osp_be_session *s, int32_t B, int32_t T);
+    /* After a chunk: OSP_OK, or the first failure of its operations (with a message). */
+    osp_status (*status)(osp_be_session *s);
 
     /* ---- operations on a chunk's activations ---- */
     /* ys[i] = x · ws[i]ᵀ for n rows; weights of one input share its preparation */
@@ -170,6 +173,9 @@ typedef struct osp_backend {
 
 /* The CPU backend (backend/cpu/): today's kernels, threads and int8 path. */
 const osp_backend *osp_backend_cpu(void);
+/* The CUDA backend (backend/cuda/, built when the CUDA toolkit is found):
+ * NULL, with a message, when no device is present. */
+const osp_backend *osp_backend_cuda(void);
 
 /* The backend for a device: AUTO = the best present (the CPU when nothing
  * else is). NULL with an error when that device is not available. */

@@ -43,6 +43,7 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
         for (int32_t b = 0; b < nb; b++) s->sc.bpos[b] = kv->pos[rows[b]];
         s->be->begin_chunk(s->bs, nb, T);
         OSP_TRY(c->arch->forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok));
+        OSP_TRY(s->be->status(s->bs));
     }
     return OSP_OK;
 }

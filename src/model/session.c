@@ -68,6 +68,9 @@ osp_status osp_session_new_opts(const osp_model *m, const osp_session_opts *o, o
     int32_t n_rows = o->n_rows, max_ctx = o->max_ctx;
     if (n_rows <= 0) return osp_err(OSP_ERR_INVALID, "a session needs at least one row");
     if (max_ctx <= 0 || max_ctx > c->max_pos) max_ctx = c->max_pos;
+    if (m->be->needs_place && !m->placed)
+        return osp_err(OSP_ERR_INVALID, "%s: a session on %s needs the model loaded with its weights placed", m->dir,
+                       m->be->name);
     osp_session *s = calloc(1, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;

@@ -63,6 +63,11 @@ static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { s->per_token = s->fast && T == 1 && B > 1; }
 
+static osp_status status(osp_be_session *s) {
+    (void)s;
+    return OSP_OK; /* CPU operations cannot fail once the session exists */
+}
+
 /* ---- row operations ---- */
 
 static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, int64_t n, int64_t d,
@@ -235,6 +240,7 @@ static osp_backend CPU = {
     .session_free = session_free,
     .set_fast = set_fast,
     .begin_chunk = begin_chunk,
+    .status = status,
     .matmul = osp_cpu_matmul,
     .rmsnorm = rmsnorm,
     .add = add,

@@ -1,0 +1,82 @@
+/* backend/cuda/kernels: the CUDA backend's kernels behind a plain C
+ * interface (kernels.cu), so that the backend itself (cuda.c) is C and the
+ * project's headers never pass through nvcc. Every launcher enqueues on the
+ * given stream and returns a cudaError_t as int (0 = fine).
+ *
+ * Numbers: f32 arithmetic throughout (no fast-math intrinsics); every
+ * output element of a row is computed in one fixed order that does not
+ * depend on how many rows or tokens share the call, so a sequence's numbers
+ * are the same alone and in a batch. */
+#ifndef OSP_CUDA_KERNELS_H
+#define OSP_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *osp_cu_stream;
+
+/* A matmul weight on the device: dense (qbits 0; dtype 0 f32, 1 f16, 2 bf16)
+ * or MLX affine (codes u32 bitstream rows, scales/biases of sdtype). */
+typedef struct osp_cu_weight {
+    int dtype, qbits, group, sdtype;
+    int64_t rows, cols;
+    const void *data, *scales, *biases;
+} osp_cu_weight;
+
+/* y[t * ldy + r] = sum_c x[t * w->cols + c] * W[r, c], t < n, r < rows */
+int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y, int64_t ldy);
+
+int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                   int add_one);
+int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);
+int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d);
+int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n);
+/* y[i, j] *= v[j] * a (the MoE router's scale) */
+int osp_cu_mul_vec(osp_cu_stream st, float *y, const float *v, float a, int64_t n, int64_t d);
+/* act: 0 SiLU, 1 GELU (tanh) */
+int osp_cu_act_mul(osp_cu_stream st, int act, float *y, const float *g, const float *u, int64_t n, int64_t d,
+                   int64_t ld_u);
+int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap);
+/* x [B*T, heads, D]; pos: device [B] */
+int osp_cu_rope(osp_cu_stream st, float *x, int32_t B, int32_t T, int64_t heads, int32_t D, const float *inv,
+                const int32_t *pos);
+/* dst[i] = src[rows[i]] (rows of H floats); out[rows[i]] += w[i] * acc[i] */
+int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H);
+int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,
+                        int64_t n, int64_t H);
+
+/* A KV layer as the kernels read it (kv/kv.h's layout), one batch row each. */
+typedef struct osp_cu_kvrow {
+    unsigned char *mem; /* the row's block */
+    int32_t cap;        /* slots */
+    int32_t pos;        /* positions cached before this chunk */
+} osp_cu_kvrow;
+
+typedef struct osp_cu_kvlayer {
+    int sliding, ring, bits, group; /* bits 0 f32, 16 bf16, 4/8 quantized */
+    int32_t n_kv_heads, head_dim;
+    int64_t cb, ng, slot_bytes;
+} osp_cu_kvlayer;
+
+typedef struct osp_cu_attn {
+    osp_cu_kvlayer L;
+    const osp_cu_kvrow *rows; /* device [nb] */
+    int32_t nb, T, n_heads, window;
+    float scale, softcap;
+    const float *q, *k, *v; /* [nb*T, heads*D] */
+    float *out;
+} osp_cu_attn;
+
+int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a);
+/* Store k/v [nb*T, Hkv*D] of a chunk at positions rows[i].pos + t. */
+int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,
+                    const float *k, const float *v);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

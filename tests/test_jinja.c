@@ -414,6 +414,9 @@ static void test_syntax_errors(void **s) {
     expect_error("{{ '\\x4' }}", OSP_ERR_FORMAT, "escape", NULL);
     expect_error("{{ '\\UDDDDDDDD' }}", OSP_ERR_FORMAT, "illegal Unicode", NULL); /* was an int overflow (fuzz_jinja) */
     expect_error("{{ x y }}", OSP_ERR_FORMAT, "got 'y'", NULL);
+    /* a width or precision with more digits than int64 holds overflowed while parsed (fuzz_jinja) */
+    expect_error("{{ '%99999999999999999999999d' % 1 }}", OSP_ERR_RANGE, "width too large", NULL);
+    expect_error("{{ '%.99999999999999999999999f' % 1.5 }}", OSP_ERR_RANGE, "width too large", NULL);
     expect_error("\xff{{ x }}", OSP_ERR_FORMAT, "UTF-8", NULL);
 }
 

@@ -759,7 +759,11 @@ osp_status jfmt_percent(jstate *st, jv fmt, jv args, jv *out) {
             width = w;
             i++;
         } else {
-            while (i < n && s[i] >= '0' && s[i] <= '9') width = (width < 0 ? 0 : width) * 10 + (s[i++] - '0');
+            /* Saturating: anything past 100000 is rejected below. */
+            while (i < n && s[i] >= '0' && s[i] <= '9') {
+                width = (width < 0 ? 0 : width) * 10 + (s[i++] - '0');
+                if (width > 1000000) width = 1000000;
+            }
         }
         if (i < n && s[i] == '.') {
             i++;
@@ -769,7 +773,10 @@ osp_status jfmt_percent(jstate *st, jv fmt, jv args, jv *out) {
                 if ((rc = fmt_int_arg(st, pos[next++], 'd', &prec)) != OSP_OK) break;
                 i++;
             } else {
-                while (i < n && s[i] >= '0' && s[i] <= '9') prec = prec * 10 + (s[i++] - '0');
+                while (i < n && s[i] >= '0' && s[i] <= '9') {
+                    prec = prec * 10 + (s[i++] - '0');
+                    if (prec > 1000000) prec = 1000000;
+                }
             }
         }
         while (i < n && (s[i] == 'h' || s[i] == 'l' || s[i] == 'L')) i++;

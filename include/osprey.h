@@ -51,6 +51,7 @@ typedef struct osp_model_info {
     int32_t quant_group;
     const char *dtype;          /* dtype of dense weights, e.g. "BF16" */
     const char *dir;            /* the resolved model folder */
+    const char *device;         /* where it runs, e.g. "cpu (avx512+vnni)", "cuda (NVIDIA H200)" */
     const int32_t *eos_ids;     /* config.json eos_token_id (a number or a list) */
     int32_t n_eos;
     int32_t bos_id;             /* -1 if none */
@@ -74,6 +75,11 @@ osp_status osp_model_load_params(const char *path, const osp_model_params *param
 osp_status osp_model_load(const char *path, osp_model **out);
 void osp_model_free(osp_model *m);
 const osp_model_info *osp_model_get_info(const osp_model *m);
+/* One trial of the read bandwidth of the device the model runs on, in GB/s
+ * (release = 1 frees the probe's memory, *gbps untouched): for devices
+ * whose bandwidth the host cannot measure itself (a GPU).
+ * OSP_ERR_UNSUPPORTED on the CPU. */
+osp_status osp_model_bw_trial(const osp_model *m, int release, double *gbps);
 
 /* Number of worker threads used by kernels (0 = all cores). Global. */
 osp_status osp_set_threads(int n_threads);

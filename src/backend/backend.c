@@ -1,7 +1,10 @@
 /* backend/: choosing a device. OSP_DEVICE=cpu|cuda in the environment
- * overrides AUTO (tests and comparisons). */
+ * overrides AUTO (tests and comparisons). A device asked for but absent
+ * (no GPU, or a build without CUDA) is a warning, and the CPU runs the
+ * model, as llama-server does with -ngl on such a machine. */
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include "backend/backend.h"
 
 #ifndef OSP_HAVE_CUDA
@@ -19,7 +22,13 @@ const osp_backend *osp_backend_get(osp_device d) {
     }
     switch (d) {
     case OSP_DEVICE_CPU: return osp_backend_cpu();
-    case OSP_DEVICE_CUDA: return osp_backend_cuda();
+    case OSP_DEVICE_CUDA: {
+        const osp_backend *g = osp_backend_cuda();
+        if (g) return g;
+        OSP_LOG(0, "osprey: warning: the GPU was asked for, but %s; running on the CPU", osp_last_error());
+        osp_err_clear();
+        return osp_backend_cpu();
+    }
     case OSP_DEVICE_AUTO: break;
     }
     const osp_backend *g = osp_backend_cuda(); /* the GPU when there is one */

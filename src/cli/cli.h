@@ -32,6 +32,15 @@ int osp_cli_sampling_flag(osp_cli_sampling *s, const char *flag, const char *val
 /* Override the defaults in p with the flags that were given. */
 void osp_cli_sampling_apply(const osp_cli_sampling *s, struct osp_gen_params *p);
 
+/* --device cpu|cuda|auto and llama-server's -ngl/--n-gpu-layers N (any N > 0
+ * means the GPU, 0 the CPU): if `flag` is one of them, store the device and
+ * return 1 (the caller consumes both); -1 (message printed) for a bad value;
+ * else 0. */
+int osp_cli_device_flag(const char *cmd, const char *flag, const char *value, int *device);
+#define OSP_CLI_DEVICE_HELP                                                                                   \
+    "  --device cpu|cuda|auto   where the model runs (auto: the GPU when one is present, else the CPU);\n"  \
+    "                           -ngl/--n-gpu-layers N: N > 0 means cuda, 0 means cpu\n"
+
 /* Default model folder (bundled) when none is given, or NULL. */
 const char *osp_cli_default_model(void);
 

@@ -42,6 +42,7 @@ static void init_task(void *p, int64_t t) {
  * binary gets. */
 typedef struct bw_probe {
     triad tr;
+    const osp_model *dev;     /* a GPU model: its device's read probe instead of the triad */
     double bytes, secs, best; /* totals over the trials; the best trial's GB/s */
     int trials;
 } bw_probe;
@@ -65,7 +66,25 @@ static int probe_open(bw_probe *pr, int huge) {
     return 1;
 }
 
+/* The device's own probe (a GPU: a read kernel over a buffer far beyond its L2). */
+static int probe_open_dev(bw_probe *pr, const osp_model *m) {
+    memset(pr, 0, sizeof *pr);
+    double g;
+    if (osp_model_bw_trial(m, 0, &g) != OSP_OK) return 0; /* the first trial allocates and warms */
+    pr->dev = m;
+    return 1;
+}
+
 static void probe_trial(bw_probe *pr) {
+    if (pr->dev) {
+        double g;
+        if (osp_model_bw_trial(pr->dev, 0, &g) != OSP_OK) return;
+        pr->bytes += g * 1e9;
+        pr->secs += 1.0;
+        if (g > pr->best) pr->best = g;
+        pr->trials++;
+        return;
+    }
     if (!pr->tr.a) return;
     double t0 = osp_now_s();
     osp_parallel_for(osp_threads_count(), triad_task, &pr->tr);
@@ -78,7 +97,10 @@ static void probe_trial(bw_probe *pr) {
 
 static double probe_gbps(const bw_probe *pr) { return pr->secs > 0 ? pr->bytes / pr->secs / 1e9 : 0; }
 
-static void probe_close(bw_probe *pr) { osp_free(pr->tr.a), osp_free(pr->tr.b), osp_free(pr->tr.c); }
+static void probe_close(bw_probe *pr) {
+    if (pr->dev) osp_model_bw_trial(pr->dev, 1, NULL);
+    osp_free(pr->tr.a), osp_free(pr->tr.b), osp_free(pr->tr.c);
+}
 
 /* Seconds for n greedy decode steps of one sequence after a p-token
  * prefill, on a session of its own; < 0 on failure. */
@@ -113,6 +135,7 @@ static int cmp_double(const void *a, const void *b) {
 static int usage(void) {
     fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
                     "[--precise] [--concurrency N] [--kv-bits 4|8|16|32] [--kv-group-size G]\n"
+                    "         [--device cpu|cuda|auto]\n" OSP_CLI_DEVICE_HELP
                     "  --precise: reference precision (f32 activations) instead of the production path\n"
                     "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
                     "                   then the aggregate over all streams, and one sequence alone is decoded\n"
@@ -123,7 +146,7 @@ static int usage(void) {
 
 int osp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
-    int p = 512, n = 128, threads = 0, json = 0, fast = 1, conc = 1, kv_bits = 0, kv_group = 64;
+    int p = 512, n = 128, threads = 0, json = 0, fast = 1, conc = 1, kv_bits = 0, kv_group = 64, device = OSP_DEVICE_AUTO, dr;
     for (int i = 1; i < argc; i++) {
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) p = atoi(argv[++i]);
@@ -134,7 +157,10 @@ int osp_cmd_bench(int argc, char **argv) {
         else if ((!strcmp(argv[i], "--concurrency") || !strcmp(argv[i], "-np")) && i + 1 < argc) conc = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv-bits") && i + 1 < argc) kv_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv-group-size") && i + 1 < argc) kv_group = atoi(argv[++i]);
-        else return usage();
+        else if ((dr = osp_cli_device_flag("bench", argv[i], i + 1 < argc ? argv[i + 1] : NULL, &device)) != 0) {
+            if (dr < 0) return 2;
+            i++;
+        } else return usage();
     }
     if (!model) model = osp_cli_default_model();
     if (kv_bits == 32) kv_bits = 0;
@@ -142,7 +168,8 @@ int osp_cmd_bench(int argc, char **argv) {
         return usage();
     osp_set_threads(threads);
     osp_model *m;
-    if (osp_model_load(model, &m) != OSP_OK) return osp_cli_fail("bench");
+    osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");
     const osp_model_info *in = osp_model_get_info(m);
     osp_session *s = NULL;
     int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc);
@@ -178,7 +205,10 @@ int osp_cmd_bench(int argc, char **argv) {
         t_single = a < 0 ? -1 : a;
     }
     step = malloc(sizeof(double) * n);
-    if (!step || !probe_open(&bw_huge, 1) || !probe_open(&bw_4k, 0)) {
+    double g0;
+    int on_dev = osp_model_bw_trial(m, 0, &g0) == OSP_OK; /* a GPU: its read bandwidth, not the host's */
+    osp_err_clear();
+    if (!step || !(on_dev ? probe_open_dev(&bw_huge, m) : probe_open(&bw_huge, 1) && probe_open(&bw_4k, 0))) {
         rc = osp_cli_fail("bench");
         goto done;
     }
@@ -189,7 +219,7 @@ int osp_cmd_bench(int argc, char **argv) {
     int every = n / 16 > 0 ? n / 16 : 1, trial = 0, interleave = in->decode_bytes >= BENCH_INTERLEAVE_BYTES;
     double t_decode = 0;
     for (int i = 0; i < n; i++) {
-        if (interleave && i % every == 0) probe_trial(trial++ % 2 ? &bw_4k : &bw_huge);
+        if (interleave && i % every == 0) probe_trial(on_dev || trial++ % 2 == 0 ? &bw_huge : &bw_4k);
         double ts = osp_now_s();
         for (int b = 0; b < conc; b++) {
             next[b] = osp_ops_get()->argmax(logits + (int64_t)b * in->vocab, in->vocab);
@@ -201,7 +231,8 @@ int osp_cmd_bench(int argc, char **argv) {
         step[i] = osp_now_s() - ts;
         t_decode += step[i];
     }
-    while (bw_huge.trials < 8 || bw_4k.trials < 8) probe_trial(bw_huge.trials <= bw_4k.trials ? &bw_huge : &bw_4k);
+    while (bw_huge.trials < 8 || (!on_dev && bw_4k.trials < 8))
+        probe_trial(on_dev || bw_huge.trials <= bw_4k.trials ? &bw_huge : &bw_4k);
     qsort(step, (size_t)n, sizeof *step, cmp_double);
     double t_step_median = n % 2 ? step[n / 2] : (step[n / 2 - 1] + step[n / 2]) / 2;
     if (conc > 1 && t_single >= 0) {
@@ -248,21 +279,22 @@ int osp_cmd_bench(int argc, char **argv) {
      * and the triad's mean are reported beside it. */
     double dgm = t_step_median > 0 ? (double)in->decode_bytes / t_step_median / 1e9 : 0;
     if (json) {
-        printf("{\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
+        printf("{\"model\":\"%s\",\"device\":\"%s\",\"mem_bw_probe\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
                "\"decode_gbps\":%.3f,\"decode_gbps_median\":%.3f,\"mem_bw_gbps\":%.3f,\"mem_bw_4k_gbps\":%.3f,"
                "\"mem_bw_mean_gbps\":%.3f,\"mem_bw_trials\":%d,\"bw_ratio_median\":%.4f,"
                "\"bw_ratio\":%.4f,\"bw_ratio_4k\":%.4f,\"loop_overhead_pct\":%.3f,"
                "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"single_tok_s\":%.3f,\"batch_speedup\":%.3f,"
                "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
-               model, fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, dgm,
+               model, in->device, on_dev ? "device read" : "host triad", fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, dgm,
                bw, bw4k, bw_mean, bw_huge.trials + bw_4k.trials, bw > 0 ? dgm / bw : 0,
                bw > 0 ? dg / bw : 0, bw4k > 0 ? dg / bw4k : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 32, kv_bytes,
                (double)kv_bytes / ((double)conc * (p + n)));
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
-        printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production (int8 activations for q4/q8)" : "reference (f32)");
+        printf("device:       %s\n", in->device);
+        printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production" : "reference (f32)");
         printf("prefill:      %d tokens, %.2f tok/s\n", p, pp);
         if (conc > 1) {
             printf("decode:       %d streams x %d tokens, %.2f tok/s in all, %.2f tok/s per stream\n", conc, n, tg, per);
@@ -275,8 +307,12 @@ int osp_cmd_bench(int argc, char **argv) {
         printf("kv cache:     %s, %.2f MB in use (%.0f bytes per token)\n",
                kv_bits == 4 ? "4-bit" : kv_bits == 8 ? "8-bit" : kv_bits == 16 ? "bf16" : "f32", kv_bytes / 1e6, (double)kv_bytes / ((double)conc * (p + n)));
         printf("weights/step: %.1f MB -> %.2f GB/s (mean), %.2f GB/s (median step)\n", in->decode_bytes / 1e6, dg, dgm);
-        printf("memory bw:    %.2f GB/s (best triad on huge pages of %d run between the decode steps, mean %.2f; "
-               "%.2f GB/s on 4 KiB pages, as STREAM)\n", bw, bw_huge.trials, bw_mean, bw4k);
+        if (on_dev)
+            printf("memory bw:    %.2f GB/s (best device read of %d run between the decode steps, mean %.2f)\n", bw,
+                   bw_huge.trials, bw_mean);
+        else
+            printf("memory bw:    %.2f GB/s (best triad on huge pages of %d run between the decode steps, mean %.2f; "
+                   "%.2f GB/s on 4 KiB pages, as STREAM)\n", bw, bw_huge.trials, bw_mean, bw4k);
         printf("ratio:        %.1f%% of measured memory bandwidth (mean decode vs best triad; median step %.1f%%; "
                "%.1f%% of the 4 KiB-page triad)\n",
                bw > 0 ? 100 * dg / bw : 0, bw > 0 ? 100 * dgm / bw : 0, bw4k > 0 ? 100 * dg / bw4k : 0);

@@ -39,17 +39,24 @@ static int on_text(void *user, int32_t token, const char *text, size_t len) {
 static int usage(void) {
     fprintf(stderr, "usage: osprey chat [--model MODEL] [--system TEXT] [--temp T] [--top-p P] [--top-k K] [--min-p P]\n"
                     "         [--repeat-penalty R] [--seed S] [-n MAX_TOKENS_PER_REPLY] [-c CONTEXT] [-t THREADS]\n"
+                    "         [--device cpu|cuda|auto]\n" OSP_CLI_DEVICE_HELP
                     "  commands during the chat: /reset (new conversation), /quit (or Ctrl-D)\n");
     return 2;
 }
 
 int osp_cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL;
-    int n = 512, ctx = 4096, threads = 0;
+    int n = 512, ctx = 4096, threads = 0, device = OSP_DEVICE_AUTO;
     osp_cli_sampling smp = OSP_CLI_SAMPLING_UNSET;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (osp_cli_sampling_flag(&smp, a, v)) {
+            i++;
+            continue;
+        }
+        int dr = osp_cli_device_flag("chat", a, v, &device);
+        if (dr) {
+            if (dr < 0) return 2;
             i++;
             continue;
         }
@@ -71,7 +78,8 @@ int osp_cmd_chat(int argc, char **argv) {
     osp_model *m = NULL;
     osp_tokenizer *tok = NULL;
     osp_chat_template *ct = NULL;
-    if (osp_model_load(model, &m) != OSP_OK) {
+    osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    if (osp_model_load_params(model, &mp, &m) != OSP_OK) {
         if (tty) fprintf(stderr, "\n");
         return osp_cli_fail("chat");
     }

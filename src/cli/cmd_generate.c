@@ -16,7 +16,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: osprey generate [--model MODEL] (--prompt TEXT | --ids 1,2,3) [--chat] [--system TEXT]\n"
             "         [-n N] [--temp T] [--top-p P] [--top-k K] [--min-p P] [--repeat-penalty R] [--seed S]\n"
-            "         [--stop STR]... [-t THREADS] [--precise]\n"
+            "         [--stop STR]... [-t THREADS] [--precise] [--device cpu|cuda|auto]\n"
+            OSP_CLI_DEVICE_HELP
             "  --chat     render the prompt (and --system) through the model's chat template\n"
             "  defaults:  the model's generation_config.json, else greedy; -n 256\n");
     return 2;
@@ -71,11 +72,17 @@ static osp_status chat_prompt(const char *dir, const osp_tokenizer *tok, const c
 int osp_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *prompt = NULL, *system = NULL;
     const char *stops[16];
-    int n = 256, threads = 0, fast = 1, chat = 0, n_stop = 0;
+    int n = 256, threads = 0, fast = 1, chat = 0, n_stop = 0, device = OSP_DEVICE_AUTO;
     osp_cli_sampling smp = OSP_CLI_SAMPLING_UNSET;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (osp_cli_sampling_flag(&smp, a, v)) {
+            i++;
+            continue;
+        }
+        int dr = osp_cli_device_flag("generate", a, v, &device);
+        if (dr) {
+            if (dr < 0) return 2;
             i++;
             continue;
         }
@@ -100,7 +107,8 @@ int osp_cmd_generate(int argc, char **argv) {
     osp_session *s = NULL;
     int32_t *ids = NULL, eos[32];
     int rc = 0, np = 0;
-    if (osp_model_load(model, &m) != OSP_OK) return osp_cli_fail("generate");
+    osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("generate");
     const osp_model_info *in = osp_model_get_info(m);
     if (osp_tokenizer_load(in->dir, &tok) != OSP_OK) {
         if (prompt) {

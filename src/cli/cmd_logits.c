@@ -12,7 +12,7 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey logits --model MODEL --input IN.safetensors --output OUT.safetensors "
-                    "[--mode prefill|decode|chunk:N] [-t THREADS] [--fast]\n"
+                    "[--mode prefill|decode|chunk:N] [-t THREADS] [--fast] [--device cpu|cuda|auto]\n"
                     "  --fast: the production path (int8 activations for 4/8-bit weights in decode) instead of\n"
                     "          reference precision\n");
     return 2;
@@ -34,7 +34,7 @@ static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, in
 
 int osp_cmd_logits(int argc, char **argv) {
     const char *model = NULL, *input = NULL, *output = NULL, *mode = "prefill";
-    int threads = 0, fast = 0;
+    int threads = 0, fast = 0, device = OSP_DEVICE_AUTO, dr;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--input") && i + 1 < argc) input = argv[++i];
@@ -42,7 +42,10 @@ int osp_cmd_logits(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) mode = argv[++i];
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--fast")) fast = 1;
-        else return usage();
+        else if ((dr = osp_cli_device_flag("logits", argv[i], i + 1 < argc ? argv[i + 1] : NULL, &device)) != 0) {
+            if (dr < 0) return 2;
+            i++;
+        } else return usage();
     }
     if (!model || !input || !output) return usage();
     int chunk = 0;
@@ -66,7 +69,8 @@ int osp_cmd_logits(int argc, char **argv) {
     osp_st_close(st);
 
     osp_model *m;
-    if (osp_model_load(model, &m) != OSP_OK) {
+    osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    if (osp_model_load_params(model, &mp, &m) != OSP_OK) {
         free(ids);
         return osp_cli_fail("logits");
     }

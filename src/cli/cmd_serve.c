@@ -19,6 +19,8 @@ static int usage(FILE *f) {
             "  --port PORT              port (default 8080; 0 picks a free one)\n"
             "  -c, --ctx-size N         context per request in tokens (default: the model's, at most 8192)\n"
             "  -t, --threads N          compute threads (default: all cores)\n"
+            "  --device cpu|cuda|auto   where the model runs (default auto: the GPU when one is present)\n"
+            "  -ngl, --n-gpu-layers N   llama-server's spelling: N > 0 = cuda, 0 = cpu\n"
             "  --max-tokens N           default max_tokens of a request (default 512)\n"
             "  --temp T                 default temperature (default: generation_config.json, else 0)\n"
             "  --top-p P, --top-k K, --min-p P   default filters\n"
@@ -127,6 +129,9 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--port")) { if (NUM(0, 65535)) return 2; c.port = (int)d; }
         else if (IS("-c") || IS("--ctx-size")) { if (NUM(0, 1 << 24)) return 2; c.ctx = (int)d; }
         else if (IS("-t") || IS("--threads")) { if (NUM(0, 4096)) return 2; threads = (int)d; }
+        else if (IS("--device") || IS("-ngl") || IS("--n-gpu-layers") || IS("--gpu-layers")) {
+            if (osp_cli_device_flag("serve", a, v, &c.device) < 0) return 2;
+        }
         else if (IS("--max-tokens") || IS("-n") || IS("--n-predict")) { if (NUM(1, 1 << 30)) return 2; c.max_tokens = (int)d; }
         else if (IS("--temp") || IS("--temperature")) { if (NUM(0, 1e6)) return 2; c.temp = (float)d; }
         else if (IS("--top-p")) { if (NUM(0, 1)) return 2; c.top_p = (float)d; }

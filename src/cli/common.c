@@ -49,3 +49,30 @@ void osp_cli_sampling_apply(const osp_cli_sampling *s, osp_gen_params *p) {
     if (s->rep >= 0) p->sampler.repetition_penalty = s->rep;
     p->sampler.seed = s->seed >= 0 ? (uint64_t)s->seed : (uint64_t)(osp_now_s() * 1e6);
 }
+
+int osp_cli_device_flag(const char *cmd, const char *f, const char *v, int *device) {
+    int ngl = !strcmp(f, "-ngl") || !strcmp(f, "--n-gpu-layers") || !strcmp(f, "--gpu-layers");
+    if (strcmp(f, "--device") != 0 && !ngl) return 0;
+    if (!v) {
+        fprintf(stderr, "osprey %s: %s needs a value\n", cmd, f);
+        return -1;
+    }
+    if (ngl) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (!*v || *end || n < -1) {
+            fprintf(stderr, "osprey %s: %s expects a layer count, got '%s'\n", cmd, f, v);
+            return -1;
+        }
+        *device = n == 0 ? OSP_DEVICE_CPU : OSP_DEVICE_CUDA; /* -1 (llama.cpp: all layers) too */
+        return 1;
+    }
+    if (!strcmp(v, "cpu")) *device = OSP_DEVICE_CPU;
+    else if (!strcmp(v, "cuda") || !strcmp(v, "gpu")) *device = OSP_DEVICE_CUDA;
+    else if (!strcmp(v, "auto")) *device = OSP_DEVICE_AUTO;
+    else {
+        fprintf(stderr, "osprey %s: --device expects cpu, cuda or auto, got '%s'\n", cmd, v);
+        return -1;
+    }
+    return 1;
+}

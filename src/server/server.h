@@ -28,6 +28,7 @@ typedef struct osp_serve_config {
     int port;                   /* default 8080; 0 = any free port */
     int ctx;                    /* context per request; 0 = min(model, 8192) */
     int threads;                /* 0 = all cores */
+    int device;                 /* osp_device: 0 = auto (the GPU when present) */
     int max_tokens;             /* default max_tokens; <= 0: 512 */
     float temp, top_p, min_p;   /* server sampling defaults; < 0 = not given */
     int top_k;                  /* < 0 = not given */

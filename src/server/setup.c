@@ -38,7 +38,8 @@ void srv_model_name(const char *path, char *out, size_t cap) {
 int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
-    if (osp_model_load(c->model, &s->model) != OSP_OK) return -1;
+    osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
+    if (osp_model_load_params(c->model, &mp, &s->model) != OSP_OK) return -1;
     const osp_model_info *in = osp_model_get_info(s->model);
     if (osp_tokenizer_load(in->dir, &s->tok) != OSP_OK) return -1;
     if (osp_chat_template_load(in->dir, c->chat_template, &s->tmpl) != OSP_OK) {
@@ -78,8 +79,8 @@ int srv_setup(srv *s) {
     if (c->top_p >= 0) s->defaults.sampler.top_p = c->top_p;
     if (c->top_k >= 0) s->defaults.sampler.top_k = c->top_k;
     if (c->min_p >= 0) s->defaults.sampler.min_p = c->min_p;
-    OSP_LOG(1, "osprey serve: loaded %s (%s, context %d, reply format %s) in %.2f s; %d parallel rows, KV %s%s, "
-            "budget %.1f MiB (%.1f MiB per row at full context)", s->model_name, in->architecture, ctx,
+    OSP_LOG(1, "osprey serve: loaded %s (%s on %s, context %d, reply format %s) in %.2f s; %d parallel rows, KV %s%s, "
+            "budget %.1f MiB (%.1f MiB per row at full context)", s->model_name, in->architecture, in->device, ctx,
             osp_reply_format_name(s->fmt), osp_now_s() - t0, c->parallel,
             have_cfg ? "per kv_config.json" : so.kv_bits == 16 ? "bf16" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
             so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);

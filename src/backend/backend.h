@@ -169,6 +169,13 @@ typedef struct osp_backend {
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T);
     void (*head)(osp_be_session *s, const osp_head_args *a);
     void (*moe)(osp_be_session *s, const osp_moe_args *a);
+
+    /* ---- measuring ---- */
+    /* One trial of the device's read bandwidth in GB/s (a kernel that reads
+     * a buffer far beyond its caches once), < 0 on failure; release = 1
+     * frees the probe's buffer instead. NULL where the caller measures
+     * itself (the CPU: bench runs a triad on its threads). */
+    double (*bw_trial)(int release);
 } osp_backend;
 
 /* The CPU backend (backend/cpu/): today's kernels, threads and int8 path. */

@@ -29,6 +29,12 @@ typedef struct osp_cu_weight {
 /* y[t * ldy + r] = sum_c x[t * w->cols + c] * W[r, c], t < n, r < rows */
 int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y, int64_t ldy);
 
+/* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */
+int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n);
+int osp_cu_weight_to_bf16(osp_cu_stream st, const osp_cu_weight *w, uint16_t *dst);
+/* Read `bytes` of buf once (the bandwidth probe); sink: a device word the kernel may touch. */
+int osp_cu_read_probe(osp_cu_stream st, const void *buf, int64_t bytes, unsigned *sink, int sms);
+
 int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                    int add_one);
 int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);

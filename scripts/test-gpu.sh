@@ -1,0 +1,66 @@
+#!/bin/sh
+# The GPU suite: the CUDA backend's kernels against scalar references, every
+# golden in every mode on the GPU (reference precision, the CPU's bound),
+# the production path's KL tier, batch invariance with and without CUDA
+# graphs, and the end-to-end server suite, on this machine's NVIDIA GPU.
+# Without a GPU it says so and exits 0 (scripts/test.sh is the CPU suite).
+#   scripts/test-gpu.sh                builds build/ (scripts/setup.sh) and runs it
+#   OSP_BIN=DIR scripts/test-gpu.sh    runs prebuilt binaries from DIR (osprey,
+#                                      golden_compare, test_*; also DIR/tests/)
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "test-gpu: no NVIDIA GPU on this machine: skipped"
+    exit 0
+fi
+if [ -z "${OSP_BIN:-}" ]; then
+    sh scripts/setup.sh || exit 1
+    OSP_BIN=build
+fi
+case "$OSP_BIN" in /*) ;; *) OSP_BIN="$root/$OSP_BIN" ;; esac
+bin() { if [ -x "$OSP_BIN/$1" ]; then echo "$OSP_BIN/$1"; else echo "$OSP_BIN/tests/$1"; fi; }
+export OSP_DEVICE=cuda
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+run() {
+    name=$1
+    shift
+    t0=$(date +%s)
+    if "$@" >"$tmp/log" 2>&1; then
+        echo "ok    $name ($(($(date +%s) - t0)) s)"
+    else
+        echo "FAIL  $name"
+        tail -40 "$tmp/log"
+        fails=$((fails + 1))
+    fi
+}
+cd tests
+run test_cuda "$(bin test_cuda)"
+for t in test_parity test_shapes test_batch test_fast_path test_kv_quant test_generate test_fortune \
+    test_mixed_quant test_gemma4_layouts; do
+    run "$t" "$(bin "$t")"
+done
+# eager steps only (no CUDA graphs): the same numbers
+OSP_CUDA_GRAPHS=0 run "test_batch (no graphs)" "$(bin test_batch)"
+# the command line, every golden in every mode
+for g in data/goldens/*/; do
+    g=${g%/}
+    [ -f "$g/golden.safetensors" ] || continue
+    for mode in prefill decode chunk:5; do
+        run "logits $(basename "$g") $mode" sh -c "'$(bin osprey)' logits --device cuda --model $g \
+            --input $g/golden.safetensors --output '$tmp/out.safetensors' --mode $mode && \
+            '$(bin golden_compare)' $g '$tmp/out.safetensors'"
+    done
+done
+# the server end to end with the real openai client, where node and the client are here
+if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
+    for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges; do
+        run "e2e $s" sh -c "cd e2e && OSPREY_BIN='$(bin osprey)' node --test $s.test.mjs"
+    done
+else
+    echo "skip  e2e (no node or no tests/e2e/node_modules: npm ci there)"
+fi
+echo "test-gpu: $fails failed"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,276 @@
+/* The CUDA backend's operations against scalar references computed here in
+ * double precision, on random data: matmul for every kind of weight (the
+ * chunked kernels and the generic one), the production path's GEMM, the
+ * row operations, and batch invariance (a token's result is bitwise the
+ * same whatever number of tokens shares the call). Skipped (exit 77) on a
+ * machine without a CUDA device or a build without the backend. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+#include "backend/backend.h"
+#include "core/core.h"
+#include "tensor/tensor.h"
+
+static const osp_backend *be;
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t next_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+
+static float uniform(void) { return (float)((next_u32() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+typedef struct host_weight {
+    osp_weight w;
+    void *data, *scales, *biases;
+    void *owned; /* the placement */
+} host_weight;
+
+static void put_scalar(void *p, osp_dtype t, int64_t i, float v) {
+    if (t == OSP_DT_BF16) ((uint16_t *)p)[i] = osp_f32_to_bf16(v);
+    else if (t == OSP_DT_F16) ((uint16_t *)p)[i] = osp_f32_to_f16(v);
+    else ((float *)p)[i] = v;
+}
+
+/* A random weight: dense of dtype dt (bits 0), or MLX affine with bits/group and scales of sdt. */
+static void make_weight(host_weight *h, int64_t rows, int64_t cols, osp_dtype dt, int bits, int group, osp_dtype sdt) {
+    memset(h, 0, sizeof *h);
+    osp_weight *w = &h->w;
+    w->rows = rows, w->cols = cols;
+    if (!bits) {
+        w->dtype = dt;
+        size_t es = osp_dtype_size(dt);
+        h->data = malloc((size_t)(rows * cols) * es);
+        for (int64_t i = 0; i < rows * cols; i++) put_scalar(h->data, dt, i, uniform());
+    } else {
+        w->dtype = OSP_DT_U32, w->qbits = bits, w->group = group, w->sdtype = sdt;
+        size_t nb = (size_t)(rows * cols * bits / 8), ng = (size_t)(rows * (cols / group));
+        h->data = malloc(nb);
+        for (size_t i = 0; i < nb; i++) ((unsigned char *)h->data)[i] = (unsigned char)next_u32();
+        h->scales = malloc(ng * osp_dtype_size(sdt));
+        h->biases = malloc(ng * osp_dtype_size(sdt));
+        for (size_t i = 0; i < ng; i++) {
+            put_scalar(h->scales, sdt, (int64_t)i, uniform() * 0.1f);
+            put_scalar(h->biases, sdt, (int64_t)i, uniform() * 0.5f);
+        }
+        w->scales = h->scales, w->biases = h->biases;
+    }
+    w->data = h->data;
+    osp_weight *ws[] = {w};
+    assert_int_equal(be->place(ws, 1, NULL, 0, NULL, 0, &h->owned), OSP_OK);
+}
+
+static void free_weight(host_weight *h) {
+    be->unplace(h->owned);
+    free(h->data), free(h->scales), free(h->biases);
+}
+
+static osp_dbuf *upload(const float *x, int64_t n) {
+    osp_dbuf *d = be->alloc((size_t)n);
+    assert_non_null(d);
+    be->write(d, x, n);
+    return d;
+}
+
+/* y = x · Wᵀ on the device for n tokens of a chunk of B rows of T tokens */
+static void device_matmul(osp_be_session *s, host_weight *h, const float *x, int64_t n, int32_t B, int32_t T,
+                          float *y) {
+    osp_dbuf *dx = upload(x, n * h->w.cols), *dy = be->alloc((size_t)(n * h->w.rows));
+    assert_non_null(dy);
+    const osp_weight *ws[] = {&h->w};
+    osp_dbuf *ys[] = {dy};
+    be->begin_chunk(s, B, T);
+    be->matmul(s, ws, 1, dx, n, ys);
+    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+    be->read(y, dy, n * h->w.rows);
+    be->free(dx), be->free(dy);
+}
+
+/* |got - ref| within tol of sum |w x| (the size of the terms summed) */
+static void check_matmul(host_weight *h, const float *x, int64_t n, const float *y, double tol, const char *what) {
+    int64_t R = h->w.rows, C = h->w.cols;
+    float *row = malloc(sizeof(float) * (size_t)C);
+    for (int64_t r = 0; r < R; r++) {
+        osp_weight_row_f32(&h->w, r, row);
+        for (int64_t t = 0; t < n; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t c = 0; c < C; c++) {
+                ref += (double)row[c] * x[t * C + c];
+                mag += fabs((double)row[c] * x[t * C + c]);
+            }
+            double got = y[t * R + r];
+            if (!(fabs(got - ref) <= tol * mag + 1e-30))
+                fail_msg("%s: row %lld token %lld: %.9g vs %.9g (|terms| %.3g)", what, (long long)r, (long long)t, got,
+                         ref, mag);
+        }
+    }
+    free(row);
+}
+
+typedef struct wkind {
+    const char *name;
+    osp_dtype dt;
+    int bits, group;
+    osp_dtype sdt;
+    int64_t cols;
+} wkind;
+
+static const wkind KINDS[] = {
+    {"f32", OSP_DT_F32, 0, 0, 0, 260},         {"f16", OSP_DT_F16, 0, 0, 0, 520},
+    {"bf16", OSP_DT_BF16, 0, 0, 0, 2056},      {"bf16 odd", OSP_DT_BF16, 0, 0, 0, 100}, /* generic kernel */
+    {"q4 g64", 0, 4, 64, OSP_DT_BF16, 1024},    {"q4 g32 f16", 0, 4, 32, OSP_DT_F16, 544},
+    {"q4 g128 f32", 0, 4, 128, OSP_DT_F32, 384}, {"q8 g64", 0, 8, 64, OSP_DT_BF16, 960},
+    {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},      {"q2 g64", 0, 2, 64, OSP_DT_BF16, 256},
+    {"q3 g64", 0, 3, 64, OSP_DT_BF16, 192},     {"q5 g32", 0, 5, 32, OSP_DT_BF16, 160},
+    {"q6 g64", 0, 6, 64, OSP_DT_BF16, 320},
+};
+
+static void test_matmul(void **state) {
+    (void)state;
+    osp_be_session *s;
+    assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+    const int64_t ns[] = {1, 2, 3, 5, 8, 9, 17};
+    for (size_t k = 0; k < sizeof KINDS / sizeof *KINDS; k++) {
+        const wkind *K = &KINDS[k];
+        host_weight h;
+        make_weight(&h, 45, K->cols, K->dt, K->bits, K->group, K->sdt);
+        int64_t C = K->cols, R = h.w.rows, nmax = 17;
+        float *x = malloc(sizeof(float) * (size_t)(nmax * C)), *y = malloc(sizeof(float) * (size_t)(nmax * R)),
+              *y1 = malloc(sizeof(float) * (size_t)R);
+        for (int64_t i = 0; i < nmax * C; i++) x[i] = uniform();
+        for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+            int64_t n = ns[j];
+            device_matmul(s, &h, x, n, (int32_t)n, 1, y); /* a decode step of n rows */
+            char what[64];
+            snprintf(what, sizeof what, "%s, %lld tokens", K->name, (long long)n);
+            check_matmul(&h, x, n, y, 1e-5, what);
+            for (int64_t t = 0; t < n; t++) { /* each token as alone */
+                device_matmul(s, &h, x + t * C, 1, 1, 1, y1);
+                if (memcmp(y1, y + t * R, sizeof(float) * (size_t)R) != 0)
+                    fail_msg("%s: token %lld differs alone and among %lld", K->name, (long long)t, (long long)n);
+            }
+        }
+        free(x), free(y), free(y1);
+        free_weight(&h);
+    }
+    be->session_free(s);
+}
+
+/* The production prefill: bf16 operands on the tensor cores (cuBLAS), f32
+ * accumulation: within bf16 rounding of the activations and weights. */
+static void test_gemm(void **state) {
+    (void)state;
+    osp_be_session *s;
+    assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+    be->set_fast(s, 1);
+    const wkind *ks[] = {&KINDS[2], &KINDS[4], &KINDS[7], &KINDS[0]};
+    for (size_t k = 0; k < sizeof ks / sizeof *ks; k++) {
+        host_weight h;
+        make_weight(&h, 70, ks[k]->cols, ks[k]->dt, ks[k]->bits, ks[k]->group, ks[k]->sdt);
+        int64_t n = 40, C = h.w.cols;
+        float *x = malloc(sizeof(float) * (size_t)(n * C)), *y = malloc(sizeof(float) * (size_t)(n * h.w.rows));
+        for (int64_t i = 0; i < n * C; i++) x[i] = uniform();
+        device_matmul(s, &h, x, n, 1, (int32_t)n, y);
+        char what[64];
+        snprintf(what, sizeof what, "GEMM %s", ks[k]->name);
+        check_matmul(&h, x, n, y, 8e-3, what); /* two bf16 roundings of each term: 2^-8 of |terms| at most */
+        free(x), free(y);
+        free_weight(&h);
+    }
+    be->session_free(s);
+}
+
+static void test_rows(void **state) {
+    (void)state;
+    osp_be_session *s;
+    assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+    enum { N = 6, Dm = 300 };
+    float x[N * Dm], w[Dm], g[N * Dm], u[N * Dm], y[N * Dm];
+    for (int i = 0; i < N * Dm; i++) x[i] = uniform() * 3, g[i] = uniform() * 4, u[i] = uniform();
+    for (int i = 0; i < Dm; i++) w[i] = uniform();
+    osp_dbuf *dx = upload(x, N * Dm), *dw = upload(w, Dm), *dg = upload(g, N * Dm), *du = upload(u, N * Dm);
+    osp_dbuf *dy = be->alloc(N * Dm);
+    for (int add_one = 0; add_one < 2; add_one++) {
+        be->begin_chunk(s, N, 1);
+        be->rmsnorm(s, dy, dx, dw, N, Dm, 1e-6f, add_one);
+        assert_int_equal(be->status(s), OSP_OK);
+        be->read(y, dy, N * Dm);
+        for (int r = 0; r < N; r++) {
+            double ss = 0;
+            for (int j = 0; j < Dm; j++) ss += (double)x[r * Dm + j] * x[r * Dm + j];
+            double inv = 1.0 / sqrt(ss / Dm + 1e-6);
+            for (int j = 0; j < Dm; j++) {
+                double ref = x[r * Dm + j] * inv * (add_one ? 1.0 + w[j] : w[j]);
+                if (fabs(y[r * Dm + j] - ref) > 1e-5 * (1 + fabs(ref))) fail_msg("rmsnorm %d %d: %g vs %g", r, j, y[r * Dm + j], ref);
+            }
+        }
+    }
+    for (int act = 0; act < 2; act++) {
+        be->begin_chunk(s, N, 1);
+        be->act_mul(s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, dy, dg, du, N, Dm, Dm);
+        assert_int_equal(be->status(s), OSP_OK);
+        be->read(y, dy, N * Dm);
+        for (int i = 0; i < N * Dm; i++) {
+            double gv = g[i], a = act ? 0.5 * gv * (1 + tanh(sqrt(2 / M_PI) * (gv + 0.044715 * gv * gv * gv)))
+                                      : gv / (1 + exp(-gv));
+            double ref = a * u[i];
+            if (fabs(y[i] - ref) > 1e-5 * (1 + fabs(ref))) fail_msg("act %d at %d: %g vs %g", act, i, y[i], ref);
+        }
+    }
+    /* RoPE: 2 rows x 3 tokens x 2 heads of D = 8, rows at positions 5 and 40 */
+    {
+        enum { B = 2, T = 3, Hh = 2, Dh = 8 };
+        float q[B * T * Hh * Dh], inv[Dh / 2], out[B * T * Hh * Dh];
+        int32_t pos[B] = {5, 40};
+        for (int i = 0; i < B * T * Hh * Dh; i++) q[i] = uniform();
+        for (int i = 0; i < Dh / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / Dh);
+        osp_dbuf *dq = upload(q, B * T * Hh * Dh), *di = upload(inv, Dh / 2);
+        be->begin_chunk(s, B, T);
+        be->rope(s, dq, B, T, Hh, Dh, di, pos);
+        assert_int_equal(be->status(s), OSP_OK);
+        be->read(out, dq, B * T * Hh * Dh);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int hh = 0; hh < Hh; hh++)
+                    for (int i = 0; i < Dh / 2; i++) {
+                        const float *v = q + ((b * T + t) * Hh + hh) * Dh;
+                        const float *o = out + ((b * T + t) * Hh + hh) * Dh;
+                        double a = (double)(float)((float)(pos[b] + t) * inv[i]);
+                        double r1 = v[i] * cos(a) - v[i + Dh / 2] * sin(a), r2 = v[i + Dh / 2] * cos(a) + v[i] * sin(a);
+                        if (fabs(o[i] - r1) > 1e-5 || fabs(o[i + Dh / 2] - r2) > 1e-5)
+                            fail_msg("rope b%d t%d h%d i%d: %g %g vs %g %g", b, t, hh, i, o[i], o[i + Dh / 2], r1, r2);
+                    }
+        be->free(dq), be->free(di);
+    }
+    be->free(dx), be->free(dw), be->free(dg), be->free(du), be->free(dy);
+    be->session_free(s);
+}
+
+static void test_bandwidth_probe(void **state) {
+    (void)state;
+    double g = be->bw_trial(0);
+    printf("# device read bandwidth, one trial: %.0f GB/s\n", g);
+    assert_true(g > 10); /* any GPU reads faster than this */
+    be->bw_trial(1);
+}
+
+int main(void) {
+    be = osp_backend_cuda();
+    if (!be) {
+        printf("test_cuda: skipped: %s\n", osp_last_error());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_bandwidth_probe),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

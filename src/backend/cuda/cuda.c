@@ -1,169 +1,28 @@
 /* backend/cuda: the CUDA backend. Activations, weight vectors, placed
  * matmul weights and KV blocks live in device memory; every operation is a
- * kernel (kernels.cu) on the session's stream.
- *
- * Host data a step needs (embedding rows gathered from the mapped table,
- * positions, per-row KV descriptors) is written into a pinned staging area
- * at offsets that follow the order of the operations, and copied up by
- * the stream ahead of the kernels that read it. A decode step (one token per
- * row) therefore issues the same operations with the same arguments every
- * time for a given number of rows: the second such step is captured as a
- * CUDA graph, and later steps only stage their data and replay the graph
- * (one launch instead of hundreds). A step's fingerprint (every pointer,
- * size and constant its operations passed) must match the captured one, or
- * the step fails rather than replay a different computation.
+ * kernel (kernels.cu) on the session's stream, submitted through step.c
+ * (staged host data, CUDA graphs for decode steps).
  *
  * Precisions: reference (f32 everywhere, the goldens' tier) and production
  * (set_fast): prefill chunks of one row with 16 or more tokens multiply on
  * the tensor cores through cuBLAS (bf16 operands, f32 accumulation). A
  * decode step uses the same kernels in both, whatever the number of rows,
  * so a row's numbers do not depend on its batch. */
-#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "backend/backend.h"
 #include "backend/cuda/blas.h"
+#include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels.h"
 #include "kv/kv.h"
 
 #define D(p) ((float *)(p))
 #define CD(p) ((const float *)(p))
-
-enum { EAGER, CAPTURE, REPLAY };
-
-#define MAX_GRAPHS 64
-#define MAX_GRAPH_ROWS 256
-
-typedef struct graph_slot {
-    int32_t B;
-    cudaGraphExec_t exec;
-    int n_ops;
-    size_t staged;
-    uint64_t fp;
-} graph_slot;
-
-struct osp_be_session {
-    cudaStream_t st;
-    int fast;
-    int err;             /* the first CUDA error, sticky until status() reports it */
-    char err_where[96];
-    int32_t B, T;        /* the chunk in progress */
-    /* staging: pinned host and device areas of the same size */
-    unsigned char *stage_h, *stage_d;
-    size_t stage_cap, stage_off;
-    int pending;         /* work enqueued since the last synchronization */
-    /* graphs */
-    int mode, use_graphs;
-    int n_ops;
-    uint64_t fp;
-    unsigned char seen[MAX_GRAPH_ROWS + 1]; /* decode steps of B rows run eagerly (captured when B comes again) */
-    graph_slot graphs[MAX_GRAPHS];
-    int n_graphs;
-    /* device scratch */
-    float *logits;       /* the head's output */
-    size_t logits_cap;   /* floats */
-    void *blas;          /* cuBLAS handle, or NULL */
-    int blas_tried;
-    uint16_t *xb, *wb;   /* bf16 activations and weights of a GEMM */
-    size_t xb_cap, wb_cap; /* elements */
-};
-
-static void note(osp_be_session *s, int e, const char *where) {
-    if (e && !s->err) {
-        s->err = e;
-        snprintf(s->err_where, sizeof s->err_where, "%s", where);
-    }
-}
-
-static void drop_graphs(osp_be_session *s) {
-    for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
-    s->n_graphs = 0;
-    memset(s->seen, 0, sizeof s->seen);
-}
-
-/* FNV-1a over the words an operation passes: the step's fingerprint. */
-static void mix(osp_be_session *s, uint64_t v) {
-    for (int i = 0; i < 8; i++) {
-        s->fp ^= (v >> (8 * i)) & 0xff;
-        s->fp *= 0x100000001b3ULL;
-    }
-}
-
-/* An operation begins: its arguments go into the fingerprint; returns 0
- * when it must not launch (a replayed step: the graph holds its kernels). */
-static int op(osp_be_session *s, int id, uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-    s->n_ops++;
-    mix(s, (uint64_t)id), mix(s, a), mix(s, b), mix(s, c), mix(s, d);
-    return s->mode != REPLAY && !s->err;
-}
-#define U(p) ((uint64_t)(uintptr_t)(p))
-
-static uint64_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-/* Grow the device buffer *p to n bytes (contents not kept); graphs that
- * captured the old one are dropped. 0 when out of memory or capturing. */
-static int grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem) {
-    if (n <= *cap) return 1;
-    if (s->mode != EAGER) return 0; /* never inside a captured or replayed step */
-    cudaStreamSynchronize(s->st);
-    drop_graphs(s);
-    cudaFree(*p);
-    *p = NULL;
-    *cap = 0;
-    if (cudaMalloc(p, n * elem) != cudaSuccess) return 0;
-    *cap = n;
-    return 1;
-}
-
-/* n bytes of staging for this step: *host to fill now; returns the device
- * address the step's kernels read. The copy up is enqueued by stage_put. */
-static void *stage_alloc(osp_be_session *s, size_t n, void **host) {
-    size_t off = (s->stage_off + 255) & ~(size_t)255;
-    if (off + n > s->stage_cap) {
-        if (s->mode != EAGER) {
-            note(s, cudaErrorMemoryAllocation, "staging (a replayed step outgrew its capture)");
-            return NULL;
-        }
-        size_t cap = 2 * (off + n) > ((size_t)1 << 20) ? 2 * (off + n) : (size_t)1 << 20;
-        cudaStreamSynchronize(s->st); /* earlier copies of this step have read the old area */
-        drop_graphs(s);
-        unsigned char *h = NULL, *d = NULL;
-        if (cudaMallocHost((void **)&h, cap) != cudaSuccess || cudaMalloc((void **)&d, cap) != cudaSuccess) {
-            cudaFreeHost(h);
-            note(s, cudaErrorMemoryAllocation, "staging");
-            return NULL;
-        }
-        if (off) memcpy(h, s->stage_h, off); /* nothing after the sync reads the old area; keep it for tidiness */
-        cudaFreeHost(s->stage_h);
-        cudaFree(s->stage_d);
-        s->stage_h = h, s->stage_d = d, s->stage_cap = cap;
-    }
-    s->stage_off = off + n;
-    *host = s->stage_h + off;
-    return s->stage_d + off;
-}
-
-/* Enqueue the copy up of a staged range (in a replayed step the graph's copy node does it). */
-static void stage_put(osp_be_session *s, void *dev, size_t n) {
-    if (s->mode == REPLAY || !dev) return;
-    size_t off = (size_t)((unsigned char *)dev - s->stage_d);
-    note(s, cudaMemcpyAsync(dev, s->stage_h + off, n, cudaMemcpyHostToDevice, s->st), "staging copy");
-    s->pending = 1;
-}
-
-static void *stage(osp_be_session *s, const void *src, size_t n) {
-    void *h, *d = stage_alloc(s, n, &h);
-    if (!d) return NULL;
-    memcpy(h, src, n);
-    stage_put(s, d, n);
-    return d;
-}
+#define note osp_cu_note
+/* submit an operation: its argument struct is zeroed first (padding too: its bytes are the fingerprint) */
+#define SUBMIT(s, fn, a) osp_cu_submit((s), (fn), &(a), sizeof(a))
+#define ARGS(type, a) type a; memset(&a, 0, sizeof a)
 
 /* ---- memory ---- */
 
@@ -191,11 +50,15 @@ static void cu_read(float *host, const osp_dbuf *src, int64_t n) {
 }
 
 /* KV blocks are allocated, copied and freed between steps, on the legacy
- * stream, which the sessions' (blocking) streams are ordered with. */
+ * stream, which the sessions' (blocking) streams are ordered with both
+ * ways: no host synchronization is needed. */
 static void *kv_alloc(size_t n) {
     void *p = NULL;
-    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) return NULL;
-    if (cudaMemset(p, 0, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (cudaMemsetAsync(p, 0, n, 0) != cudaSuccess) {
         cudaFree(p);
         return NULL;
     }
@@ -203,11 +66,7 @@ static void *kv_alloc(size_t n) {
 }
 
 static void kv_free(void *p) { cudaFree(p); }
-
-static void kv_copy(void *d, const void *s, size_t n) {
-    cudaMemcpy(d, s, n, cudaMemcpyDeviceToDevice);
-    cudaDeviceSynchronize();
-}
+static void kv_copy(void *d, const void *s, size_t n) { cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0); }
 static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy};
 
 /* ---- weights ---- */
@@ -286,11 +145,10 @@ static void cu_unplace(void *owned) {
 static void session_free(osp_be_session *s) {
     if (!s) return;
     cudaStreamSynchronize(s->st);
-    drop_graphs(s);
+    osp_cu_step_free(s);
     osp_cublas_free(s->blas);
-    cudaFreeHost(s->stage_h);
-    cudaFree(s->stage_d);
     cudaFree(s->logits);
+    cudaFree(s->part);
     cudaFree(s->xb);
     cudaFree(s->wb);
     cudaStreamDestroy(s->st);
@@ -302,101 +160,25 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     osp_be_session *s = calloc(1, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     if (cudaStreamCreate(&s->st) != cudaSuccess) {
+        cudaGetLastError();
         free(s);
         return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
     }
-    const char *g = getenv("OSP_CUDA_GRAPHS");
-    s->use_graphs = !(g && !strcmp(g, "0"));
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
-    if (cudaMallocHost((void **)&s->stage_h, cap) != cudaSuccess || cudaMalloc((void **)&s->stage_d, cap) != cudaSuccess) {
+    osp_status rc = osp_cu_step_init(s, cap);
+    if (rc != OSP_OK) {
         session_free(s);
-        return osp_err(OSP_ERR_NOMEM, "out of GPU or pinned host memory for a session's staging area");
+        return rc;
     }
-    s->stage_cap = cap;
     *out = s;
     return OSP_OK;
 }
 
 static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
-
-static graph_slot *find_graph(osp_be_session *s, int32_t B) {
-    for (int i = 0; i < s->n_graphs; i++)
-        if (s->graphs[i].B == B) return &s->graphs[i];
-    return NULL;
-}
-
-static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) {
-    if (s->pending) { /* the staging area is rewritten: the last chunk's copies must have run */
-        note(s, cudaStreamSynchronize(s->st), "a previous chunk");
-        s->pending = 0;
-    }
-    s->B = B, s->T = T;
-    s->stage_off = 0;
-    s->n_ops = 0;
-    s->fp = 0xcbf29ce484222325ULL;
-    s->mode = EAGER;
-    if (!s->use_graphs || T != 1 || B > MAX_GRAPH_ROWS || s->err) return;
-    if (find_graph(s, B)) {
-        s->mode = REPLAY;
-    } else if (s->seen[B] && s->n_graphs < MAX_GRAPHS) {
-        if (cudaStreamBeginCapture(s->st, cudaStreamCaptureModeRelaxed) == cudaSuccess) s->mode = CAPTURE;
-        else cudaGetLastError();
-    }
-}
-
-/* The end of a step whose head ran: capture ends, graphs launch. */
-static void end_step(osp_be_session *s) {
-    if (s->mode == CAPTURE) {
-        cudaGraph_t g = NULL;
-        cudaGraphExec_t ex = NULL;
-        int e = cudaStreamEndCapture(s->st, &g);
-        if (e == cudaSuccess && !s->err) e = cudaGraphInstantiate(&ex, g, 0);
-        if (g) cudaGraphDestroy(g);
-        s->mode = EAGER;
-        if (e != cudaSuccess || s->err) {
-            note(s, e, "capturing a decode step");
-            s->use_graphs = 0; /* this session runs its steps eagerly from now on */
-            return;
-        }
-        s->graphs[s->n_graphs++] = (graph_slot){s->B, ex, s->n_ops, s->stage_off, s->fp};
-        note(s, cudaGraphLaunch(ex, s->st), "launching a decode step's graph");
-    } else if (s->mode == REPLAY) {
-        graph_slot *g = find_graph(s, s->B);
-        s->mode = EAGER;
-        if (g->n_ops != s->n_ops || g->staged != s->stage_off || g->fp != s->fp) {
-            drop_graphs(s);
-            s->use_graphs = 0;
-            note(s, cudaErrorInvalidValue, "a decode step differed from its captured graph");
-            return;
-        }
-        note(s, cudaGraphLaunch(g->exec, s->st), "launching a decode step's graph");
-    } else if (s->use_graphs && s->T == 1 && s->B <= MAX_GRAPH_ROWS) {
-        s->seen[s->B] = 1; /* captured when a step has as many rows again */
-    }
-}
-
-static osp_status status(osp_be_session *s) {
-    if (s->mode == CAPTURE) { /* a step that ended before its head */
-        cudaGraph_t g = NULL;
-        cudaStreamEndCapture(s->st, &g);
-        if (g) cudaGraphDestroy(g);
-        note(s, cudaErrorInvalidValue, "a captured step ended early");
-        s->use_graphs = 0;
-    } else if (s->mode == REPLAY) {
-        note(s, cudaErrorInvalidValue, "a replayed step ended early");
-        drop_graphs(s);
-        s->use_graphs = 0;
-    }
-    s->mode = EAGER;
-    if (!s->err) note(s, cudaGetLastError(), "a kernel launch");
-    if (!s->err) return OSP_OK;
-    int e = s->err;
-    s->err = 0; /* reported once; the session stays usable */
-    cudaGetLastError();
-    return osp_err(OSP_ERR_IO, "CUDA: %s (%s)", cudaGetErrorString((cudaError_t)e), s->err_where);
-}
+static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
+static osp_status status(osp_be_session *s) { return osp_cu_step_status(s); }
 
 /* ---- operations ---- */
 
@@ -404,7 +186,7 @@ static osp_status status(osp_be_session *s) {
  * depend on that row's chunk alone) with enough tokens to fill the tensor
  * cores. */
 static int use_gemm(osp_be_session *s, int64_t n) {
-    if (!s->fast || s->T < 2 || s->B != 1 || n < 16 || s->mode != EAGER) return 0;
+    if (!s->fast || s->T < 2 || s->B != 1 || n < 16 || s->mode != STEP_EAGER) return 0;
     if (!s->blas_tried) {
         s->blas_tried = 1;
         s->blas = osp_cublas_new(s->st);
@@ -415,14 +197,14 @@ static int use_gemm(osp_be_session *s, int64_t n) {
 static void gemm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy) {
     const void *wb = d->data;
     if (d->qbits || d->dtype != 2) { /* dequantized to bf16 for this product */
-        if (!grow(s, (void **)&s->wb, &s->wb_cap, (size_t)(d->rows * d->cols), sizeof(uint16_t))) {
+        if (!osp_cu_grow(s, (void **)&s->wb, &s->wb_cap, (size_t)(d->rows * d->cols), sizeof(uint16_t))) {
             note(s, cudaErrorMemoryAllocation, "GEMM weight scratch");
             return;
         }
         note(s, osp_cu_weight_to_bf16(s->st, d, s->wb), "weight to bf16");
         wb = s->wb;
     }
-    if (!grow(s, (void **)&s->xb, &s->xb_cap, (size_t)(n * d->cols), sizeof(uint16_t))) {
+    if (!osp_cu_grow(s, (void **)&s->xb, &s->xb_cap, (size_t)(n * d->cols), sizeof(uint16_t))) {
         note(s, cudaErrorMemoryAllocation, "GEMM activation scratch");
         return;
     }
@@ -431,29 +213,67 @@ static void gemm(osp_be_session *s, const osp_cu_weight *d, const float *x, int6
     if (e) note(s, cudaErrorUnknown, "cuBLAS GEMM");
 }
 
-static void mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy) {
-    if (!op(s, 1, U(d), U(x), (uint64_t)n, U(y) ^ (uint64_t)ldy << 48)) return;
-    if (use_gemm(s, n)) gemm(s, d, x, n, y, ldy);
-    else note(s, osp_cu_matmul(s->st, d, x, n, y, ldy), "matmul");
+typedef struct mm_args {
+    const osp_cu_weight *d[4];
+    float *y[4];
+    int64_t ldy[4];
+    const float *x;
+    int64_t n;
+    int32_t nw;
+} mm_args;
+
+static void mm_exec(osp_be_session *s, const void *p) {
+    const mm_args *a = p;
+    if (use_gemm(s, a->n)) {
+        for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
+    } else {
+        note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
+    }
 }
 
+static void mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy) {
+    ARGS(mm_args, a);
+    a.d[0] = d, a.y[0] = y, a.ldy[0] = ldy, a.x = x, a.n = n, a.nw = 1;
+    SUBMIT(s, mm_exec, a);
+}
+
+/* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
-    for (int i = 0; i < nw; i++) {
-        const osp_cu_weight *d = ws[i]->packed;
-        if (!d) {
-            note(s, cudaErrorInvalidValue, "a weight not placed on the GPU");
-            return;
+    for (int i0 = 0; i0 < nw; i0 += 4) {
+        ARGS(mm_args, a);
+        a.x = CD(x), a.n = n;
+        for (int i = i0; i < nw && i < i0 + 4; i++) {
+            const osp_cu_weight *d = ws[i]->packed;
+            if (!d) {
+                note(s, cudaErrorInvalidValue, "a weight not placed on the GPU");
+                return;
+            }
+            a.d[a.nw] = d, a.y[a.nw] = D(ys[i]), a.ldy[a.nw] = d->rows;
+            a.nw++;
         }
-        mm(s, d, CD(x), n, D(ys[i]), d->rows);
+        SUBMIT(s, mm_exec, a);
     }
+}
+
+typedef struct norm_args {
+    float *y;
+    const float *x, *w;
+    int64_t n, d;
+    float eps;
+    int32_t add_one;
+} norm_args;
+
+static void norm_exec(osp_be_session *s, const void *p) {
+    const norm_args *a = p;
+    note(s, osp_cu_rmsnorm(s->st, a->y, a->x, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
 }
 
 static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                  int add_one) {
-    if (!op(s, 2, U(y), U(x), U(w) ^ (uint64_t)add_one << 60, (uint64_t)n << 32 ^ (uint64_t)d ^ fbits(eps) << 16))
-        return;
-    note(s, osp_cu_rmsnorm(s->st, y, x, w, n, d, eps, add_one), "rmsnorm");
+    ARGS(norm_args, a);
+    a.y = y, a.x = x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
+    SUBMIT(s, norm_exec, a);
 }
 
 static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, int64_t n, int64_t d,
@@ -461,34 +281,80 @@ static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp
     norm(s, D(y), CD(x), CD(w), n, d, eps, add_one);
 }
 
-static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
-    if (op(s, 3, U(y), U(x), (uint64_t)n, 0)) note(s, osp_cu_add(s->st, D(y), CD(x), n), "add");
+/* the element-wise operations: y op= x / b / a */
+typedef struct ew_args {
+    float *y;
+    const float *x;
+    int64_t n, d;
+    float a;
+    int32_t kind; /* 0 add, 1 add_bias, 2 scale, 3 copy, 4 mul_vec */
+} ew_args;
+
+static void ew_exec(osp_be_session *s, const void *p) {
+    const ew_args *a = p;
+    switch (a->kind) {
+    case 0: note(s, osp_cu_add(s->st, a->y, a->x, a->n), "add"); break;
+    case 1: note(s, osp_cu_add_bias(s->st, a->y, a->x, a->n, a->d), "add_bias"); break;
+    case 2: note(s, osp_cu_scale(s->st, a->y, a->a, a->n), "scale"); break;
+    case 3: note(s, cudaMemcpyAsync(a->y, a->x, (size_t)a->n * sizeof(float), cudaMemcpyDeviceToDevice, s->st), "copy"); break;
+    default: note(s, osp_cu_mul_vec(s->st, a->y, a->x, a->a, a->n, a->d), "mul_vec"); break;
+    }
 }
+
+static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n, int64_t d, float f) {
+    ARGS(ew_args, a);
+    a.y = y, a.x = x, a.n = n, a.d = d, a.a = f, a.kind = kind;
+    SUBMIT(s, ew_exec, a);
+}
+
+static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 0, D(y), CD(x), n, 0, 0); }
 
 static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d) {
-    if (b && op(s, 4, U(y), U(b), (uint64_t)n, (uint64_t)d)) note(s, osp_cu_add_bias(s->st, D(y), CD(b), n, d), "add_bias");
+    if (b) ew(s, 1, D(y), CD(b), n, d, 0);
 }
 
-static void scale(osp_be_session *s, osp_dbuf *y, float a, int64_t n) {
-    if (op(s, 5, U(y), fbits(a), (uint64_t)n, 0)) note(s, osp_cu_scale(s->st, D(y), a, n), "scale");
-}
+static void scale(osp_be_session *s, osp_dbuf *y, float a, int64_t n) { ew(s, 2, D(y), NULL, n, 0, a); }
+static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 3, D(y), CD(x), n, 0, 0); }
 
-static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
-    if (op(s, 6, U(y), U(x), (uint64_t)n, 0))
-        note(s, cudaMemcpyAsync(y, x, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, s->st), "copy");
+typedef struct act_args {
+    float *y;
+    const float *g, *u;
+    int64_t n, d, ld_u;
+    int32_t act;
+} act_args;
+
+static void act_exec(osp_be_session *s, const void *p) {
+    const act_args *a = p;
+    note(s, osp_cu_act_mul(s->st, a->act, a->y, a->g, a->u, a->n, a->d, a->ld_u), "act_mul");
 }
 
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
-    if (op(s, 7, U(y) ^ (uint64_t)act << 60, U(g), U(u), (uint64_t)n << 40 ^ (uint64_t)d << 20 ^ (uint64_t)ld_u))
-        note(s, osp_cu_act_mul(s->st, act == OSP_ACT_SILU ? 0 : 1, D(y), CD(g), CD(u), n, d, ld_u), "act_mul");
+    ARGS(act_args, a);
+    a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
+    SUBMIT(s, act_exec, a);
+}
+
+typedef struct rope_args {
+    float *x;
+    const float *inv;
+    const int32_t *pos;
+    int64_t heads;
+    int32_t B, T, Dh;
+} rope_args;
+
+static void rope_exec(osp_be_session *s, const void *p) {
+    const rope_args *a = p;
+    note(s, osp_cu_rope(s->st, a->x, a->B, a->T, a->heads, a->Dh, a->inv, a->pos), "rope");
 }
 
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t Dh,
                  const osp_dbuf *inv, const int32_t *pos) {
-    const int32_t *dpos = stage(s, pos, sizeof(int32_t) * (size_t)B);
-    if (dpos && op(s, 8, U(x), U(inv), U(dpos), (uint64_t)B << 48 ^ (uint64_t)T << 32 ^ (uint64_t)heads << 16 ^ (uint64_t)Dh))
-        note(s, osp_cu_rope(s->st, D(x), B, T, heads, Dh, CD(inv), dpos), "rope");
+    const int32_t *dpos = osp_cu_stage(s, pos, sizeof(int32_t) * (size_t)B);
+    if (!dpos) return;
+    ARGS(rope_args, a);
+    a.x = D(x), a.inv = CD(inv), a.pos = dpos, a.heads = heads, a.B = B, a.T = T, a.Dh = Dh;
+    SUBMIT(s, rope_exec, a);
 }
 
 /* The rows are gathered on the host from the mapped table into the staging area. */
@@ -496,7 +362,7 @@ static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_
     int64_t H = e->cols;
     size_t bytes = (size_t)(n * H) * sizeof(float);
     void *hv;
-    float *dv = stage_alloc(s, bytes, &hv);
+    float *dv = osp_cu_stage_alloc(s, bytes, &hv);
     if (!dv) return;
     float *h = hv;
     for (int64_t i = 0; i < n; i++) {
@@ -504,61 +370,120 @@ static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_
         if (sc != 1.0f)
             for (int64_t j = 0; j < H; j++) h[i * H + j] *= sc;
     }
-    stage_put(s, dv, bytes);
-    if (op(s, 9, U(x), U(dv), (uint64_t)n, (uint64_t)H))
-        note(s, cudaMemcpyAsync(x, dv, bytes, cudaMemcpyDeviceToDevice, s->st), "embed");
+    osp_cu_stage_put(s, dv, bytes);
+    ew(s, 3, D(x), dv, n * H, 0, 0);
 }
 
 /* The per-row descriptors of a KV layer for this call, staged. */
 static const osp_cu_kvrow *kv_rows(osp_be_session *s, const osp_kv *kv, int32_t layer, const int32_t *rows,
                                    int32_t nb, osp_cu_kvlayer *L) {
     const osp_kv_layer *l = &kv->layers[layer];
+    memset(L, 0, sizeof *L);
     *L = (osp_cu_kvlayer){l->sliding, l->ring, l->bits, l->group, l->n_kv_heads, l->head_dim, l->cb, l->ng,
                           l->slot_bytes};
     void *hv;
-    osp_cu_kvrow *d = stage_alloc(s, sizeof(osp_cu_kvrow) * (size_t)(nb > 0 ? nb : 1), &hv);
+    osp_cu_kvrow *d = osp_cu_stage_alloc(s, sizeof(osp_cu_kvrow) * (size_t)(nb > 0 ? nb : 1), &hv);
     if (!d) return NULL;
     osp_cu_kvrow *r = hv;
     for (int32_t i = 0; i < nb; i++) {
         int32_t row = rows[i];
-        r[i] = (osp_cu_kvrow){l->mem ? l->mem[row] : NULL, l->cap ? l->cap[row] : 0, kv->pos[row]};
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].mem = l->mem ? l->mem[row] : NULL;
+        r[i].cap = l->cap ? l->cap[row] : 0;
+        r[i].pos = kv->pos[row];
     }
-    stage_put(s, d, sizeof(osp_cu_kvrow) * (size_t)nb);
+    osp_cu_stage_put(s, d, sizeof(osp_cu_kvrow) * (size_t)nb);
     return d;
 }
 
-static uint64_t layer_fp(const osp_cu_kvlayer *L) {
-    return (uint64_t)L->sliding ^ (uint64_t)L->ring << 8 ^ (uint64_t)L->bits << 32 ^ (uint64_t)L->group << 40 ^
-           (uint64_t)L->n_kv_heads << 48 ^ (uint64_t)L->head_dim << 20;
+typedef struct attn_args {
+    osp_cu_attn c;
+    int32_t nsplit;
+} attn_args;
+
+static void attn_exec(osp_be_session *s, const void *p) {
+    const attn_args *a = p;
+    int64_t need = osp_cu_attention_scratch(&a->c, a->nsplit);
+    if (need > 0 && !osp_cu_grow(s, (void **)&s->part, &s->part_cap, (size_t)need, sizeof(float))) {
+        note(s, cudaErrorMemoryAllocation, "attention scratch");
+        return;
+    }
+    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit), "attention");
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {
-    osp_cu_attn c;
-    c.rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c.L);
-    if (!c.rows) return;
-    c.nb = a->nb, c.T = a->T, c.n_heads = a->n_heads, c.window = a->window;
-    c.scale = a->scale, c.softcap = a->softcap;
-    c.q = CD(a->q), c.k = CD(a->k), c.v = CD(a->v), c.out = D(a->out);
-    uint64_t k = (uint64_t)c.nb << 48 ^ (uint64_t)c.T << 32 ^ (uint64_t)c.n_heads << 16 ^ (uint64_t)c.window ^
-                 fbits(c.scale) << 8 ^ fbits(c.softcap) << 24;
-    if (op(s, 10, U(c.rows) ^ layer_fp(&c.L), U(c.q) ^ U(c.k) << 1, U(c.v) ^ U(c.out) << 1, k))
-        note(s, osp_cu_attention(s->st, &c), "attention");
+    ARGS(attn_args, x);
+    osp_cu_attn *c = &x.c;
+    c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
+    if (!c->rows) return;
+    c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
+    c->scale = a->scale, c->softcap = a->softcap;
+    c->q = CD(a->q), c->k = CD(a->k), c->v = CD(a->v), c->out = D(a->out);
+    /* splits: enough for the longest range. A decode step (a graph's
+     * candidate) sizes them by the rows' KV capacity rounded up to a power
+     * of two instead, so its arguments change rarely as the rows grow (the
+     * combine reads a query's own splits only: the numbers are the same). */
+    const osp_kv_layer *l = &a->kv->layers[a->layer];
+    int32_t longest = 1;
+    for (int32_t i = 0; i < a->nb; i++) {
+        int32_t r = a->rows[i], len = a->kv->pos[r] + a->T;
+        if (a->T == 1 && l->cap && l->cap[r] + 1 > len) len = l->cap[r] + 1;
+        if (len > longest) longest = len;
+    }
+    int32_t ns = (longest + OSP_CU_ATT_SPLIT - 1) / OSP_CU_ATT_SPLIT;
+    if (a->T == 1) {
+        int32_t p2 = 1;
+        while (p2 < ns) p2 *= 2;
+        ns = p2;
+    }
+    x.nsplit = ns;
+    SUBMIT(s, attn_exec, x);
+}
+
+typedef struct kvw_args {
+    osp_cu_kvlayer L;
+    const osp_cu_kvrow *rows;
+    const float *k, *v;
+    int32_t nb, T;
+} kvw_args;
+
+static void kvw_exec(osp_be_session *s, const void *p) {
+    const kvw_args *a = p;
+    note(s, osp_cu_kv_write(s->st, &a->L, a->rows, a->nb, a->T, a->k, a->v), "kv_write");
 }
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
-    osp_cu_kvlayer L;
-    const osp_cu_kvrow *r = kv_rows(s, kv, layer, rows, nb, &L);
-    if (r && op(s, 11, U(r) ^ layer_fp(&L), U(k), U(v), (uint64_t)nb << 32 ^ (uint64_t)T))
-        note(s, osp_cu_kv_write(s->st, &L, r, nb, T, CD(k), CD(v)), "kv_write");
+    ARGS(kvw_args, a);
+    a.rows = kv_rows(s, kv, layer, rows, nb, &a.L);
+    if (!a.rows) return;
+    a.k = CD(k), a.v = CD(v), a.nb = nb, a.T = T;
+    SUBMIT(s, kvw_exec, a);
+}
+
+typedef struct softcap_args {
+    float *x;
+    int64_t n;
+    float cap;
+} softcap_args;
+
+static void softcap_exec(osp_be_session *s, const void *p) {
+    const softcap_args *a = p;
+    note(s, osp_cu_softcap(s->st, a->x, a->n, a->cap), "softcap");
 }
 
 static void head(osp_be_session *s, const osp_head_args *a) {
     const osp_cu_weight *w = a->w->packed;
     int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab, rows = a->all_logits ? N : a->B;
-    if (!w || !grow(s, (void **)&s->logits, &s->logits_cap, (size_t)(rows * V), sizeof(float))) {
-        note(s, w ? cudaErrorMemoryAllocation : cudaErrorInvalidValue, "head");
-        end_step(s);
+    if (rows * V > (int64_t)s->logits_cap) {
+        osp_cu_step_eager(s); /* the logits buffer is never moved under a graph */
+        if (!osp_cu_grow(s, (void **)&s->logits, &s->logits_cap, (size_t)(rows * V), sizeof(float))) {
+            note(s, cudaErrorMemoryAllocation, "logits");
+            return;
+        }
+    }
+    if (!w) {
+        note(s, cudaErrorInvalidValue, "the head's weight is not on the GPU");
         return;
     }
     float *lg = s->logits;
@@ -566,14 +491,20 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         norm(s, D(a->xn), CD(a->x), CD(a->norm), N, H, a->eps, a->add_one);
         mm(s, w, CD(a->xn), N, lg, V);
     } else {
-        for (int32_t b = 0; b < a->B; b++)
-            norm(s, D(a->hlast) + b * H, CD(a->x) + ((int64_t)b * a->T + a->T - 1) * H, CD(a->norm), 1, H, a->eps,
-                 a->add_one);
+        if (a->T == 1) /* the rows' last tokens are contiguous */
+            norm(s, D(a->hlast), CD(a->x), CD(a->norm), a->B, H, a->eps, a->add_one);
+        else
+            for (int32_t b = 0; b < a->B; b++)
+                norm(s, D(a->hlast) + b * H, CD(a->x) + ((int64_t)b * a->T + a->T - 1) * H, CD(a->norm), 1, H,
+                     a->eps, a->add_one);
         mm(s, w, CD(a->hlast), a->B, lg, V);
     }
-    if (a->softcap > 0 && op(s, 12, U(lg), (uint64_t)(rows * V), fbits(a->softcap), 0))
-        note(s, osp_cu_softcap(s->st, lg, rows * V, a->softcap), "softcap");
-    end_step(s);
+    if (a->softcap > 0) {
+        ARGS(softcap_args, c);
+        c.x = lg, c.n = rows * V, c.cap = a->softcap;
+        SUBMIT(s, softcap_exec, c);
+    }
+    osp_cu_step_end(s);
     if (s->err) return;
     if (a->all_logits) {
         for (int32_t b = 0; b < a->B; b++)
@@ -600,19 +531,29 @@ static void softmax_host(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
 
+typedef struct moe_io_args {
+    float *dst;
+    const float *src, *w;
+    const int32_t *rows;
+    int64_t n, H;
+    int32_t scatter;
+} moe_io_args;
+
+static void moe_io_exec(osp_be_session *s, const void *p) {
+    const moe_io_args *a = p;
+    if (a->scatter) note(s, osp_cu_scatter_axpy(s->st, a->dst, a->src, a->rows, a->w, a->n, a->H), "moe scatter");
+    else note(s, osp_cu_gather(s->st, a->dst, a->src, a->rows, a->n, a->H), "moe gather");
+}
+
 /* Routing on the host (the probabilities come back: E per token), experts
- * on the GPU. The round trip makes such a step uncapturable: sessions that
- * route run eagerly. */
+ * on the GPU. The round trip makes such a step uncapturable: a session
+ * that routes runs its steps eagerly. */
 static void moe(osp_be_session *s, const osp_moe_args *a) {
-    if (s->mode != EAGER) {
-        note(s, cudaErrorInvalidValue, "routing inside a captured step");
-        return;
-    }
+    osp_cu_step_eager(s);
     s->use_graphs = 0;
-    drop_graphs(s);
     int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter;
     norm(s, D(a->normed), CD(a->x), NULL, N, H, a->eps, 0);
-    note(s, osp_cu_mul_vec(s->st, D(a->normed), CD(a->router_scale), a->scale, N, H), "router scale");
+    ew(s, 4, D(a->normed), CD(a->router_scale), N, H, a->scale);
     osp_dbuf *pb = a->probs;
     matmul(s, &a->router, 1, a->normed, N, &pb);
     float *probs = malloc(sizeof(float) * (size_t)(N * E + E));
@@ -654,10 +595,12 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
                     n++;
                 }
         if (!n) continue;
-        const int32_t *drows = stage(s, a->rows, sizeof(int32_t) * (size_t)n);
-        const float *dw = stage(s, a->row_w, sizeof(float) * (size_t)n);
+        const int32_t *drows = osp_cu_stage(s, a->rows, sizeof(int32_t) * (size_t)n);
+        const float *dw = osp_cu_stage(s, a->row_w, sizeof(float) * (size_t)n);
         if (!drows || !dw) return;
-        note(s, osp_cu_gather(s->st, D(a->moe_x), CD(a->x2), drows, n, H), "moe gather");
+        ARGS(moe_io_args, g);
+        g.dst = D(a->moe_x), g.src = CD(a->x2), g.rows = drows, g.n = n, g.H = H;
+        SUBMIT(s, moe_io_exec, g);
         const osp_weight *ws[] = {&a->gate[e], &a->up[e]};
         osp_dbuf *ys[] = {a->g, a->u};
         matmul(s, ws, 2, a->moe_x, n, ys);
@@ -665,7 +608,9 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
         const osp_weight *wd = &a->down[e];
         osp_dbuf *acc = a->moe_acc;
         matmul(s, &wd, 1, a->g, n, &acc);
-        note(s, osp_cu_scatter_axpy(s->st, D(a->out), CD(a->moe_acc), drows, dw, n, H), "moe scatter");
+        ARGS(moe_io_args, sc);
+        sc.dst = D(a->out), sc.src = CD(a->moe_acc), sc.w = dw, sc.rows = drows, sc.n = n, sc.H = H, sc.scatter = 1;
+        SUBMIT(s, moe_io_exec, sc);
     }
 }
 

@@ -87,104 +87,28 @@ __global__ void mm_kernel(osp_cu_weight w, const float *__restrict__ x, int64_t 
     }
 }
 
-// ---- matvec: a warp per weight row streaming 16-byte chunks; up to MV_TT tokens share each chunk ----
+// ---- matvec: warps stream weight rows in 16-byte chunks ----
 //
-// Each lane owns the chunks lane, lane + 32, ... of the row and accumulates
-// them in that order, then the warp sums its lanes in a fixed tree: the same
-// order for every token whatever the number of tokens in the call (batch
-// invariance). Quantized chunks: s * sum(code * x) + b * sum(x) per group.
+// A warp takes R consecutive rows of a weight: lane l reads chunks l, l + 32,
+// ... of each, loads the matching input chunk once for all R rows, and keeps
+// one sum per (row, token) in that chunk order; the warp then adds its
+// lanes in a fixed tree. Up to NT tokens share each weight chunk. The order
+// of every sum is the same whatever R, NT or the number of tokens in the
+// call (batch invariance); rounding is explicit (fma / mul / add intrinsics,
+// which the compiler never contracts differently per instantiation).
+// Quantized chunks: s * sum(code * x) + b * sum(x) per group.
 
 #define MV_WARPS 8
 #define MV_TT 8
-
-template <int KIND> struct mv_chunk; // KIND: 0 f32, 1 f16, 2 bf16, 4 q4, 8 q8
-
-__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
-
-// dot of a 16-byte weight chunk (holding E values) with x[c0 .. c0 + E)
-template <int KIND> __device__ __forceinline__ float chunk_dot(uint4 w, const float *x, float s, float b);
-
-// Explicit roundings (fma / mul / add intrinsics, never contracted
-// differently per instantiation): a token's sum is the same whichever tile
-// width NT the call was compiled for.
 #define FMA __fmaf_rn
 #define MUL __fmul_rn
 #define ADD __fadd_rn
 
-template <> __device__ __forceinline__ float chunk_dot<0>(uint4 w, const float *x, float, float) {
-    float4 a = ld4(x);
-    return FMA(__uint_as_float(w.w), a.w,
-               FMA(__uint_as_float(w.z), a.z, FMA(__uint_as_float(w.y), a.y, MUL(__uint_as_float(w.x), a.x))));
-}
-
-__device__ __forceinline__ float dot2_bf16(uint32_t u, float x0, float x1, float acc) {
-    return FMA(__uint_as_float(u & 0xffff0000u), x1, FMA(__uint_as_float(u << 16), x0, acc));
-}
-
-template <> __device__ __forceinline__ float chunk_dot<2>(uint4 w, const float *x, float, float) {
-    float4 a = ld4(x), c = ld4(x + 4);
-    float d = dot2_bf16(w.x, a.x, a.y, 0.0f);
-    d = dot2_bf16(w.y, a.z, a.w, d);
-    d = dot2_bf16(w.z, c.x, c.y, d);
-    return dot2_bf16(w.w, c.z, c.w, d);
-}
-
-__device__ __forceinline__ float dot2_f16(uint32_t u, float x0, float x1, float acc) {
-    __half2 h = *reinterpret_cast<__half2 *>(&u);
-    float2 f = __half22float2(h);
-    return FMA(f.y, x1, FMA(f.x, x0, acc));
-}
-
-template <> __device__ __forceinline__ float chunk_dot<1>(uint4 w, const float *x, float, float) {
-    float4 a = ld4(x), c = ld4(x + 4);
-    float d = dot2_f16(w.x, a.x, a.y, 0.0f);
-    d = dot2_f16(w.y, a.z, a.w, d);
-    d = dot2_f16(w.z, c.x, c.y, d);
-    return dot2_f16(w.w, c.z, c.w, d);
-}
-
-// 8 codes of `bits` in u (LSB first) against x[0..8): cx += code * x, sx += x
-__device__ __forceinline__ void q4_word(uint32_t u, const float *x, float &cx, float &sx) {
-    float4 a = ld4(x), c = ld4(x + 4);
-    const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        cx = FMA((float)((u >> (4 * k)) & 15u), v[k], cx);
-        sx = ADD(sx, v[k]);
-    }
-}
-
-template <> __device__ __forceinline__ float chunk_dot<4>(uint4 w, const float *x, float s, float b) {
-    float cx = 0.0f, sx = 0.0f;
-    q4_word(w.x, x, cx, sx);
-    q4_word(w.y, x + 8, cx, sx);
-    q4_word(w.z, x + 16, cx, sx);
-    q4_word(w.w, x + 24, cx, sx);
-    return FMA(b, sx, MUL(s, cx));
-}
-
-__device__ __forceinline__ void q8_word(uint32_t u, const float *x, float &cx, float &sx) {
-    float4 a = ld4(x);
-    const float v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        cx = FMA((float)((u >> (8 * k)) & 255u), v[k], cx);
-        sx = ADD(sx, v[k]);
-    }
-}
-
-template <> __device__ __forceinline__ float chunk_dot<8>(uint4 w, const float *x, float s, float b) {
-    float cx = 0.0f, sx = 0.0f;
-    q8_word(w.x, x, cx, sx);
-    q8_word(w.y, x + 4, cx, sx);
-    q8_word(w.z, x + 8, cx, sx);
-    q8_word(w.w, x + 12, cx, sx);
-    return FMA(b, sx, MUL(s, cx));
-}
-
 template <int KIND> struct kind_traits {
     static const int E = KIND == 0 ? 4 : KIND == 1 || KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // values per chunk
 };
+
+__device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
@@ -194,71 +118,158 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     return r;
 }
 
-template <int KIND, int NT>
-__global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(osp_cu_weight w, const float *__restrict__ x, int64_t n,
-                                                             float *__restrict__ y, int64_t ldy) {
-    constexpr int E = kind_traits<KIND>::E;
-    const int lane = threadIdx.x % WARP;
-    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + threadIdx.x / WARP;
-    if (r >= w.rows) return;
-    const int64_t cols = w.cols, nch = cols / E;
-    const int64_t row_bytes = KIND == 4 ? cols / 2 : KIND == 8 ? cols : cols * (KIND == 0 ? 4 : 2);
-    const uint4 *row = (const uint4 *)((const unsigned char *)w.data + r * row_bytes);
-    const int64_t ng = KIND >= 4 ? cols / w.group : 0;
-    for (int64_t t0 = 0; t0 < n; t0 += NT) {
-        const int nt = n - t0 < NT ? (int)(n - t0) : NT;
-        float acc[NT];
+// the input chunk matching a weight chunk: E floats
+template <int KIND> __device__ __forceinline__ void load_x(const float *x, float (&v)[kind_traits<KIND>::E]) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-        int64_t c = lane;
-        // four chunks in flight per lane, then the remainder
-        for (; c + 3 * WARP < nch; c += 4 * WARP) {
-            uint4 wv[4];
-            float sc[4], bi[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) wv[k] = ld_stream(row + c + k * WARP);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                sc[k] = bi[k] = 0.0f;
-                if (KIND >= 4) {
-                    int64_t g = (c + k * WARP) * E / w.group;
-                    sc[k] = load_float(w.scales, w.sdtype, r * ng + g);
-                    bi[k] = load_float(w.biases, w.sdtype, r * ng + g);
-                }
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (t < nt) acc[t] = ADD(acc[t], chunk_dot<KIND>(wv[k], x + (t0 + t) * cols + (c + k * WARP) * E, sc[k], bi[k]));
-        }
-        for (; c < nch; c += WARP) {
-            uint4 wv = ld_stream(row + c);
-            float sc = 0.0f, bi = 0.0f;
-            if (KIND >= 4) {
-                int64_t g = c * E / w.group;
-                sc = load_float(w.scales, w.sdtype, r * ng + g);
-                bi = load_float(w.biases, w.sdtype, r * ng + g);
-            }
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (t < nt) acc[t] = ADD(acc[t], chunk_dot<KIND>(wv, x + (t0 + t) * cols + c * E, sc, bi));
-        }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float sum = warp_sum(acc[t]);
-            if (lane == 0 && t < nt) y[(t0 + t) * ldy + r] = sum;
-        }
+    for (int i = 0; i < kind_traits<KIND>::E; i += 4) {
+        const float4 a = ld4(x + i);
+        v[i] = a.x, v[i + 1] = a.y, v[i + 2] = a.z, v[i + 3] = a.w;
     }
 }
 
+// a small unsigned integer as a float, exactly, without a conversion instruction
+__device__ __forceinline__ float small_uint(uint32_t c) { return __uint_as_float(0x4b000000u | c) - 8388608.0f; }
+
 template <int KIND>
-static void mv_launch(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y, int64_t ldy) {
-    unsigned g = blocks_for(w->rows, MV_WARPS);
-    if (n == 1) mv_kernel<KIND, 1><<<g, MV_WARPS * WARP, 0, st>>>(*w, x, n, y, ldy);
-    else if (n == 2) mv_kernel<KIND, 2><<<g, MV_WARPS * WARP, 0, st>>>(*w, x, n, y, ldy);
-    else if (n <= 4) mv_kernel<KIND, 4><<<g, MV_WARPS * WARP, 0, st>>>(*w, x, n, y, ldy);
-    else mv_kernel<KIND, MV_TT><<<g, MV_WARPS * WARP, 0, st>>>(*w, x, n, y, ldy);
+__device__ __forceinline__ float chunk_dot(uint4 w, const float (&x)[kind_traits<KIND>::E], float s, float b) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    if (KIND == 0) {
+        float d = MUL(__uint_as_float(u[0]), x[0]);
+#pragma unroll
+        for (int i = 1; i < 4; i++) d = FMA(__uint_as_float(u[i]), x[i], d);
+        return d;
+    }
+    if (KIND == 1 || KIND == 2) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float lo, hi;
+            if (KIND == 2) {
+                lo = __uint_as_float(u[i] << 16), hi = __uint_as_float(u[i] & 0xffff0000u);
+            } else {
+                uint32_t v = u[i];
+                float2 f = __half22float2(*reinterpret_cast<__half2 *>(&v));
+                lo = f.x, hi = f.y;
+            }
+            d = FMA(hi, x[2 * i + 1], FMA(lo, x[2 * i], d));
+        }
+        return d;
+    }
+    constexpr int bits = KIND >= 4 ? KIND : 4, per = 32 / bits;
+    float cx = 0.0f, sx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int k = 0; k < per; k++) {
+            cx = FMA(small_uint((u[i] >> (bits * k)) & ((1u << bits) - 1u)), x[i * per + k], cx);
+            sx = ADD(sx, x[i * per + k]);
+        }
+    return FMA(b, sx, MUL(s, cx));
+}
+
+// Several weights of one kind and width sharing the input (q/k/v, gate/up)
+// go in one launch: the warps' row groups run over the weights end to end.
+#define MV_MAXW 4
+struct mv_set {
+    osp_cu_weight w[MV_MAXW];
+    float *y[MV_MAXW];
+    int64_t ldy[MV_MAXW], end[MV_MAXW]; // end: the last row group + 1 of weight i in the concatenation
+    int nw;
+};
+
+template <int KIND, int NT, int R>
+__global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(const __grid_constant__ mv_set set,
+                                                             const float *__restrict__ x, int64_t n) {
+    constexpr int E = kind_traits<KIND>::E;
+    const int lane = threadIdx.x % WARP;
+    int64_t r0 = (int64_t)blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    int wi = 0;
+    while (wi < set.nw && r0 >= set.end[wi]) wi++;
+    if (wi == set.nw) return;
+    if (wi) r0 -= set.end[wi - 1];
+    r0 *= R;
+    const osp_cu_weight &w = set.w[wi];
+    float *__restrict__ y = set.y[wi];
+    const int64_t ldy = set.ldy[wi];
+    const int64_t cols = w.cols, nch = cols / E;
+    const int64_t row_bytes = KIND == 4 ? cols / 2 : KIND == 8 ? cols : cols * (KIND == 0 ? 4 : 2);
+    const int64_t ng = KIND >= 4 ? cols / w.group : 0;
+    const uint4 *rowp[R];
+    bool ok[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        ok[r] = r0 + r < w.rows;
+        rowp[r] = (const uint4 *)((const unsigned char *)w.data + (ok[r] ? r0 + r : r0) * row_bytes);
+    }
+    for (int64_t t0 = 0; t0 < n; t0 += NT) {
+        const int nt = n - t0 < NT ? (int)(n - t0) : NT;
+        float acc[R][NT];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        constexpr int U = R >= 4 ? 1 : 4 / R; // chunks of a row in flight per lane: R * U loads
+        int64_t c = lane;
+        for (; c < nch; c += U * WARP) {
+            uint4 wv[U][R];
+            float sc[U][R], bi[U][R];
+#pragma unroll
+            for (int k = 0; k < U; k++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int64_t ck = c + k * WARP;
+                    wv[k][r] = ok[r] && ck < nch ? ld_stream(rowp[r] + ck) : make_uint4(0, 0, 0, 0);
+                    sc[k][r] = bi[k][r] = 0.0f;
+                    if (KIND >= 4 && ok[r] && ck < nch) {
+                        const int64_t g = (r0 + r) * ng + ck * E / w.group;
+                        sc[k][r] = load_float(w.scales, w.sdtype, g);
+                        bi[k][r] = load_float(w.biases, w.sdtype, g);
+                    }
+                }
+#pragma unroll
+            for (int k = 0; k < U; k++) {
+                const int64_t ck = c + k * WARP;
+                if (ck >= nch) break;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= nt) break;
+                    float xv[E];
+                    load_x<KIND>(x + (t0 + t) * cols + ck * E, xv);
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][t] = ADD(acc[r][t], chunk_dot<KIND>(wv[k][r], xv, sc[k][r], bi[k][r]));
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const float sum = warp_sum(acc[r][t]);
+                if (lane == 0 && t < nt && ok[r]) y[(t0 + t) * ldy + r0 + r] = sum;
+            }
+    }
+}
+
+// rows per warp: one input chunk serves R rows (4 for codes, whose input is
+// 32 floats a chunk; 2 for 16-bit weights) in single-token calls
+template <int KIND> struct rows_per_warp {
+    static const int R = KIND >= 4 ? 4 : KIND == 0 ? 1 : 2;
+};
+
+template <int KIND, int NT, int R> static void mv_go(osp_cu_stream st, mv_set set, const float *x, int64_t n) {
+    for (int i = 0; i < set.nw; i++) { // row groups of R
+        int64_t groups = (set.w[i].rows + R - 1) / R;
+        set.end[i] = (i ? set.end[i - 1] : 0) + groups;
+    }
+    unsigned g = blocks_for(set.end[set.nw - 1], MV_WARPS);
+    mv_kernel<KIND, NT, R><<<g, MV_WARPS * WARP, 0, st>>>(set, x, n);
+}
+
+template <int KIND> static void mv_launch(osp_cu_stream st, const mv_set &set, const float *x, int64_t n) {
+    if (n == 1) mv_go<KIND, 1, rows_per_warp<KIND>::R>(st, set, x, n);
+    else if (n == 2) mv_go<KIND, 2, 1>(st, set, x, n);
+    else if (n <= 4) mv_go<KIND, 4, 1>(st, set, x, n);
+    else mv_go<KIND, MV_TT, 1>(st, set, x, n);
 }
 
 // the chunked kernels' layout: 16-byte aligned rows of whole chunks, groups of whole chunks
@@ -273,19 +284,48 @@ static int mv_kind(const osp_cu_weight *w) {
     return w->qbits;
 }
 
-extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y,
-                             int64_t ldy) {
-    if (n <= 0 || w->rows <= 0) return 0;
+static int same_shape(const osp_cu_weight *a, const osp_cu_weight *b) {
+    return a->dtype == b->dtype && a->qbits == b->qbits && a->group == b->group && a->sdtype == b->sdtype &&
+           a->cols == b->cols;
+}
+
+extern "C" int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                   int64_t n, float *const *ys, const int64_t *ldys) {
+    if (n <= 0) return 0;
     // A token's result must not depend on n: the kernel is chosen by the weight alone.
-    switch (mv_kind(w)) {
-    case 0: mv_launch<0>(st, w, x, n, y, ldy); break;
-    case 1: mv_launch<1>(st, w, x, n, y, ldy); break;
-    case 2: mv_launch<2>(st, w, x, n, y, ldy); break;
-    case 4: mv_launch<4>(st, w, x, n, y, ldy); break;
-    case 8: mv_launch<8>(st, w, x, n, y, ldy); break;
-    default: mm_kernel<<<blocks_for(w->rows, MM_WARPS), MM_WARPS * WARP, 0, st>>>(*w, x, n, y, ldy);
+    for (int i0 = 0; i0 < nw;) {
+        const int kind = mv_kind(ws[i0]);
+        if (kind < 0) { // the generic kernel, one weight at a time
+            if (ws[i0]->rows > 0)
+                mm_kernel<<<blocks_for(ws[i0]->rows, MM_WARPS), MM_WARPS * WARP, 0, st>>>(*ws[i0], x, n, ys[i0], ldys[i0]);
+            i0++;
+            continue;
+        }
+        mv_set set;
+        set.nw = 0;
+        int64_t rows = 0;
+        int i = i0;
+        for (; i < nw && set.nw < MV_MAXW && mv_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]); i++) {
+            set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
+            rows += ws[i]->rows;
+            set.end[set.nw++] = rows;
+        }
+        i0 = i;
+        if (rows <= 0) continue;
+        switch (kind) {
+        case 0: mv_launch<0>(st, set, x, n); break;
+        case 1: mv_launch<1>(st, set, x, n); break;
+        case 2: mv_launch<2>(st, set, x, n); break;
+        case 4: mv_launch<4>(st, set, x, n); break;
+        default: mv_launch<8>(st, set, x, n); break;
+        }
     }
     return launch_status();
+}
+
+extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y,
+                             int64_t ldy) {
+    return osp_cu_matmul_multi(st, &w, 1, x, n, &y, &ldy);
 }
 
 // ---- the read-bandwidth probe: every byte of the buffer read once ----
@@ -601,80 +641,227 @@ extern "C" int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const 
     return launch_status();
 }
 
-// ---- attention: a block per (query, head), online softmax over positions in blocks of ATT_T ----
+// ---- attention: split over positions ("flash decoding") ----
+//
+// A block per (query row, KV head, split of ATT_S positions): the G query
+// heads sharing the KV head are computed together (each K and V row is read
+// once for all of them). Positions of a query [lo, p] are cut into splits
+// at fixed offsets from lo, so a query's splits, and the order every sum is
+// taken in, depend on its own positions only (not on the batch, nor on the
+// grid's size: splits past a query's range are empty and add exact zeros).
+// One split: the result is written directly; several: partials (max, sum,
+// unnormalized output) are combined by attn_combine_kernel in split order.
 
-#define ATT_T 128
+#define ATT_S 128
+#define ATT_MAXG 16
 #define ATT_MAXD 512
 
-__global__ void attention_kernel(osp_cu_attn a) {
-    __shared__ float qs[ATT_MAXD];
-    __shared__ float ps[ATT_T];
-    __shared__ float sh[32];
-    const int64_t row = blockIdx.x; // b * T + t
-    const int32_t h = blockIdx.y, b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
+__device__ __forceinline__ void kv_span(const osp_cu_attn &a, int32_t pos0, int32_t t, int32_t &lo, int32_t &p) {
+    p = pos0 + t;
+    lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+}
+
+// value d of K/V row j of a query's row: cached (j < pos0) or from this chunk
+__device__ __forceinline__ float kv_at(const osp_cu_attn &a, const osp_cu_kvrow &R, int which, int32_t b, int32_t hk,
+                                       int32_t j, int32_t d) {
     const osp_cu_kvlayer &L = a.L;
-    const int32_t D = L.head_dim, Hq = a.n_heads, Hkv = L.n_kv_heads, hk = h / (Hq / Hkv);
+    if (j < R.pos) return kv_value(L, R, which, hk, kv_slot(L, j), d);
+    const float *src = which ? a.v : a.k;
+    return src[(((int64_t)b * a.T + (j - R.pos)) * L.n_kv_heads + hk) * L.head_dim + d];
+}
+
+// a K row (f32 in the cache or the chunk): 16-byte loads
+__device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const osp_cu_kvrow &R, int32_t b, int32_t hk,
+                                                  int32_t j) {
+    const osp_cu_kvlayer &L = a.L;
+    const int64_t D = L.head_dim;
+    if (j >= R.pos) return a.k + (((int64_t)b * a.T + (j - R.pos)) * L.n_kv_heads + hk) * D;
+    if (L.bits != 0) return NULL;
+    return (const float *)R.mem + ((int64_t)hk * R.cap + kv_slot(L, j)) * D;
+}
+
+__global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
+    extern __shared__ float sm[];
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
+    float *qs = sm;                        // [G][D]
+    float *ps = qs + G * D * (ATT_S / (D / 4)); // [G][ATT_S] (qs: q [G][D], later [nsub][G][D])
+    float *stat = ps + G * ATT_S;          // [G]: tile max, then correction
+    const int64_t row = blockIdx.x;        // b * T + t
+    const int32_t hk = blockIdx.y, z = blockIdx.z;
+    const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
     const osp_cu_kvrow R = a.rows[b];
-    const int32_t pos0 = R.pos, p = pos0 + t;
-    const int32_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
-    const float *q = a.q + (row * Hq + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) qs[d] = q[d];
-    __syncthreads();
-    const int NDT = ATT_MAXD / ATT_T; // output dims per thread
-    float acc[NDT];
-#pragma unroll
-    for (int k = 0; k < NDT; k++) acc[k] = 0.0f;
-    float m = -INFINITY, sum = 0.0f;
-    for (int32_t j0 = lo; j0 <= p; j0 += ATT_T) {
-        const int32_t j = j0 + threadIdx.x;
-        float s = -INFINITY;
-        if (j <= p) {
-            float dot = 0.0f;
-            if (j < pos0) {
-                const int32_t slot = kv_slot(L, j);
-                for (int d = 0; d < D; d++) dot += qs[d] * kv_value(L, R, 0, hk, slot, d);
-            } else {
-                const float *kr = a.k + (((int64_t)b * a.T + (j - pos0)) * Hkv + hk) * D;
-                for (int d = 0; d < D; d++) dot += qs[d] * kr[d];
-            }
-            s = a.softcap > 0 ? a.softcap * tanhf(dot * a.scale / a.softcap) : dot * a.scale;
-        }
-        const float mb = block_max(s, sh), mn = fmaxf(m, mb);
-        const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
-        const float e = j <= p ? expf(s - mn) : 0.0f;
-        ps[threadIdx.x] = e;
-        const float bsum = block_sum(e, sh);
-        sum = sum * corr + bsum;
-        m = mn;
-        const int32_t nj = p - j0 + 1 < ATT_T ? p - j0 + 1 : ATT_T;
-#pragma unroll
-        for (int k = 0; k < NDT; k++) {
-            const int d = threadIdx.x + k * ATT_T;
-            if (d >= D) continue;
-            float o = acc[k] * corr;
-            for (int32_t jj = 0; jj < nj; jj++) {
-                const int32_t jp = j0 + jj;
-                float vv;
-                if (jp < pos0) vv = kv_value(L, R, 1, hk, kv_slot(L, jp), d);
-                else vv = a.v[(((int64_t)b * a.T + (jp - pos0)) * Hkv + hk) * D + d];
-                o += ps[jj] * vv;
-            }
-            acc[k] = o;
-        }
-        __syncthreads();
+    int32_t lo, p;
+    kv_span(a, R.pos, t, lo, p);
+    const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1);
+    const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z; // + g * nsplit
+    if (j0 > p) return; // an empty split: the combine reads a query's own splits only
+    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
+        const int g = i / D, d = i % D;
+        qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G + g) * D + d];
     }
-    float *out = a.out + (row * Hq + h) * D;
+    __syncthreads();
+    // scores: a thread per position, all G heads
+    const int32_t j = j0 + threadIdx.x;
+    float sc[ATT_MAXG];
 #pragma unroll
-    for (int k = 0; k < NDT; k++) {
-        const int d = threadIdx.x + k * ATT_T;
-        if (d < D) out[d] = acc[k] / sum;
+    for (int g = 0; g < ATT_MAXG; g++) sc[g] = 0.0f;
+    if (j < j1) {
+        const float *kr = k_row_f32(a, R, b, hk, j);
+        if (kr && (D & 3) == 0) {
+            for (int d = 0; d < D; d += 4) {
+                const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
+#pragma unroll
+                for (int g = 0; g < ATT_MAXG; g++)
+                    if (g < G) {
+                        const float *q = qs + g * D + d;
+                        sc[g] = __fmaf_rn(q[3], kv.w, __fmaf_rn(q[2], kv.z, __fmaf_rn(q[1], kv.y, __fmaf_rn(q[0], kv.x, sc[g]))));
+                    }
+            }
+        } else {
+            for (int d = 0; d < D; d++) {
+                const float kv = kv_at(a, R, 0, b, hk, j, d);
+#pragma unroll
+                for (int g = 0; g < ATT_MAXG; g++)
+                    if (g < G) sc[g] = __fmaf_rn(qs[g * D + d], kv, sc[g]);
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < ATT_MAXG; g++) {
+        if (g >= G) break;
+        float s = -INFINITY;
+        if (j < j1) s = a.softcap > 0 ? a.softcap * tanhf(sc[g] * a.scale / a.softcap) : sc[g] * a.scale;
+        ps[g * ATT_S + threadIdx.x] = s;
+    }
+    __syncthreads();
+    // per head: the split's max, then p = exp(s - max); a warp per head
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = ATT_S / WARP;
+    for (int g = warp; g < G; g += nw) {
+        float m = -INFINITY;
+        for (int i = lane; i < ATT_S; i += WARP) m = fmaxf(m, ps[g * ATT_S + i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < ATT_S; i += WARP) {
+            const float e = i < j1 - j0 ? expf(ps[g * ATT_S + i] - m) : 0.0f;
+            ps[g * ATT_S + i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
+    }
+    __syncthreads();
+    // outputs: a thread owns 4 consecutive dimensions and every nsub-th
+    // position (D/4 threads cover a row, ATT_S / (D/4) subsets of positions),
+    // all G heads; 4 V rows in flight per thread. The subsets' sums are then
+    // added in subset order.
+    const int tpr = D / 4, nsub = ATT_S / tpr, sub = threadIdx.x / tpr, d4 = (threadIdx.x % tpr) * 4;
+    float acc[ATT_MAXG][4];
+#pragma unroll
+    for (int g = 0; g < ATT_MAXG; g++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[g][e] = 0.0f;
+    const int32_t nj = j1 - j0;
+    const bool f32 = a.L.bits == 0;
+    if (sub < nsub) {
+        for (int32_t jb = sub; jb < nj; jb += 4 * nsub) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int32_t jj = jb + u * nsub, jp = j0 + jj;
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (jj >= nj) continue;
+                if (jp >= R.pos)
+                    v[u] = ld4(a.v + (((int64_t)b * a.T + (jp - R.pos)) * Hkv + hk) * D + d4);
+                else if (f32)
+                    v[u] = ld4((const float *)R.mem + ((int64_t)(Hkv + hk) * R.cap + kv_slot(a.L, jp)) * D + d4);
+                else
+                    v[u] = make_float4(kv_value(a.L, R, 1, hk, kv_slot(a.L, jp), d4),
+                                       kv_value(a.L, R, 1, hk, kv_slot(a.L, jp), d4 + 1),
+                                       kv_value(a.L, R, 1, hk, kv_slot(a.L, jp), d4 + 2),
+                                       kv_value(a.L, R, 1, hk, kv_slot(a.L, jp), d4 + 3));
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int32_t jj = jb + u * nsub;
+                if (jj >= nj) break;
+#pragma unroll
+                for (int g = 0; g < ATT_MAXG; g++)
+                    if (g < G) {
+                        const float pg = ps[g * ATT_S + jj];
+                        acc[g][0] = __fmaf_rn(pg, v[u].x, acc[g][0]);
+                        acc[g][1] = __fmaf_rn(pg, v[u].y, acc[g][1]);
+                        acc[g][2] = __fmaf_rn(pg, v[u].z, acc[g][2]);
+                        acc[g][3] = __fmaf_rn(pg, v[u].w, acc[g][3]);
+                    }
+            }
+        }
+    }
+    __syncthreads(); // qs is free: it takes the subsets' sums [nsub][G][D]
+    float *red = qs;
+    if (sub < nsub)
+#pragma unroll
+        for (int g = 0; g < ATT_MAXG; g++)
+            if (g < G)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[((int64_t)sub * G + g) * D + d4 + e] = acc[g][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
+        const int g = i / D, d = i % D;
+        float o = red[i];
+        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, red[(int64_t)k * G * D + i]);
+        const float m = stat[2 * g], l = stat[2 * g + 1];
+        if (nsplit == 1) {
+            a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
+        } else {
+            float *po = part + (pbase + (int64_t)g * nsplit) * (D + 2);
+            if (d == 0) po[0] = m, po[1] = l;
+            po[2 + d] = o;
+        }
     }
 }
 
-extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a) {
-    if (a->L.head_dim > ATT_MAXD) return (int)cudaErrorInvalidValue;
-    dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
-    attention_kernel<<<grid, ATT_T, 0, st>>>(*a);
+// out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), over the
+// query's own splits in order
+__global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t nsplit) {
+    const int64_t row = blockIdx.x;
+    const int32_t h = blockIdx.y, D = a.L.head_dim;
+    const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
+    int32_t lo, p;
+    kv_span(a, a.rows[b].pos, t, lo, p);
+    const int32_t nz = min((p - lo) / ATT_S + 1, nsplit);
+    const float *pp = part + ((row * a.n_heads) + h) * (int64_t)nsplit * (D + 2);
+    float m = -INFINITY;
+    for (int32_t z = 0; z < nz; z++) m = fmaxf(m, pp[(int64_t)z * (D + 2)]);
+    float l = 0.0f;
+    for (int32_t z = 0; z < nz; z++) l = __fmaf_rn(expf(pp[(int64_t)z * (D + 2)] - m), pp[(int64_t)z * (D + 2) + 1], l);
+    float *out = a.out + (row * a.n_heads + h) * D;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float o = 0.0f;
+        for (int32_t z = 0; z < nz; z++)
+            o = __fmaf_rn(expf(pp[(int64_t)z * (D + 2)] - m), pp[(int64_t)z * (D + 2) + 2 + d], o);
+        out[d] = __fdiv_rn(o, l);
+    }
+}
+
+extern "C" int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit) {
+    return nsplit > 1 ? (int64_t)a->nb * a->T * a->n_heads * nsplit * (a->L.head_dim + 2) : 0;
+}
+
+extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit) {
+    const int32_t G = a->n_heads / a->L.n_kv_heads, D = a->L.head_dim;
+    if (D > ATT_MAXD || G > ATT_MAXG || G * a->L.n_kv_heads != a->n_heads) return (int)cudaErrorInvalidValue;
+    if (nsplit < 1) nsplit = 1;
+    if (D % 4 || D / 4 > ATT_S) return (int)cudaErrorInvalidValue;
+    const int nsub = ATT_S / (D / 4);
+    size_t qs = (size_t)G * D * (nsub > 1 ? nsub : 1); // q, then the subsets' sums
+    size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
+    if (shm > 48 * 1024) return (int)cudaErrorInvalidValue;
+    dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
+    attn_split_kernel<<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    if (nsplit > 1) {
+        dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
+        attn_combine_kernel<<<g2, D < 128 ? 64 : 128, 0, st>>>(*a, part, nsplit);
+    }
     return launch_status();
 }
 

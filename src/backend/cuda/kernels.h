@@ -28,6 +28,9 @@ typedef struct osp_cu_weight {
 
 /* y[t * ldy + r] = sum_c x[t * w->cols + c] * W[r, c], t < n, r < rows */
 int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int64_t n, float *y, int64_t ldy);
+/* the same for nw weights sharing x (fused launches where the weights' kinds and widths agree) */
+int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
+                        float *const *ys, const int64_t *ldys);
 
 /* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */
 int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n);
@@ -76,7 +79,12 @@ typedef struct osp_cu_attn {
     float *out;
 } osp_cu_attn;
 
-int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a);
+/* Attention of a chunk's queries, positions cut into nsplit splits of 128
+ * (at least enough for the longest row's range); part: device scratch of
+ * osp_cu_attention_scratch floats (NULL when that is 0). */
+int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit);
+int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit);
+#define OSP_CU_ATT_SPLIT 128
 /* Store k/v [nb*T, Hkv*D] of a chunk at positions rows[i].pos + t. */
 int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,
                     const float *k, const float *v);

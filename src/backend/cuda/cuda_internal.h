@@ -1,0 +1,95 @@
+/* backend/cuda: what cuda.c (the backend and its operations) and step.c
+ * (how a chunk's operations reach the GPU) share. */
+#ifndef OSP_CUDA_INTERNAL_H
+#define OSP_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/backend.h"
+
+enum { STEP_EAGER, STEP_CAPTURE, STEP_REPLAY };
+
+#define MAX_GRAPHS 64
+#define MAX_GRAPH_ROWS 256
+#define OP_ARGS 192 /* bytes of one operation's arguments */
+
+/* An operation: a function launching kernels, and its arguments (a plain
+ * struct, zero-padded: its bytes are the operation's fingerprint). */
+typedef void (*osp_cu_exec)(osp_be_session *s, const void *args);
+
+typedef struct cu_op {
+    osp_cu_exec fn;
+    unsigned char args[OP_ARGS];
+} cu_op;
+
+typedef struct graph_slot {
+    int32_t B;
+    cudaGraphExec_t exec;
+    int n_ops;
+    size_t staged;
+    uint64_t fp;
+    uint64_t used;           /* the step it last ran (the least recent is replaced when all are taken) */
+} graph_slot;
+
+struct osp_be_session {
+    cudaStream_t st;
+    int fast;
+    int err;                 /* the first CUDA error, until status() reports it */
+    char err_where[96];
+    int32_t B, T;            /* the chunk in progress */
+    /* staging: pinned host and device areas of the same size */
+    unsigned char *stage_h, *stage_d;
+    size_t stage_cap, stage_off;
+    int pending;             /* work enqueued since the last synchronization */
+    /* the step's operations (kept while capturing or replaying) */
+    int mode, use_graphs;
+    int n_ops;
+    uint64_t fp;
+    cu_op *log;
+    int log_cap;
+    int cap_err;             /* a failure while capturing: the step falls back to eager */
+    size_t seen_staged[MAX_GRAPH_ROWS + 1]; /* decode steps of B rows run eagerly (0: none yet) */
+    unsigned char want[MAX_GRAPH_ROWS + 1];  /* a step of B rows matched no graph: capture the next */
+    graph_slot graphs[MAX_GRAPHS];
+    int n_graphs;
+    uint64_t steps;
+    /* device scratch */
+    float *logits;           /* the head's output */
+    size_t logits_cap;       /* floats */
+    float *part;             /* attention's split partials */
+    size_t part_cap;         /* floats */
+    void *blas;              /* cuBLAS handle, or NULL */
+    int blas_tried;
+    uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */
+    size_t xb_cap, wb_cap;   /* elements */
+};
+
+/* Record the first failure (a cudaError_t) of the step. */
+void osp_cu_note(osp_be_session *s, int e, const char *where);
+/* Grow a device buffer to n elements of elem bytes (contents not kept);
+ * graphs that captured the old one are dropped. 0 on failure (and never
+ * while capturing or replaying). */
+int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem);
+
+/* ---- step.c ---- */
+osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes);
+void osp_cu_step_free(osp_be_session *s);
+void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T);
+/* n bytes of this step's staging: fill *host now; the device address is
+ * what the step's kernels read once osp_cu_stage_put has been submitted. */
+void *osp_cu_stage_alloc(osp_be_session *s, size_t n, void **host);
+void osp_cu_stage_put(osp_be_session *s, void *dev, size_t n);
+void *osp_cu_stage(osp_be_session *s, const void *src, size_t n);
+/* Run (or, in a replayed step, record) an operation. */
+void osp_cu_submit(osp_be_session *s, osp_cu_exec fn, const void *args, size_t n);
+/* Leave graph mode for the rest of the step (an operation that needs the
+ * host mid-step): what was recorded runs now. */
+void osp_cu_step_eager(osp_be_session *s);
+/* The step's last operation was submitted: launch its graph, or run what
+ * is left. */
+void osp_cu_step_end(osp_be_session *s);
+/* After a chunk: its status (a step cut short runs what it recorded first). */
+osp_status osp_cu_step_status(osp_be_session *s);
+
+#endif

@@ -1,0 +1,279 @@
+/* backend/cuda/step: how a chunk's operations reach the GPU.
+ *
+ * Host data a step needs (embedding rows, positions, per-row KV
+ * descriptors) is written into a pinned staging area at offsets that
+ * follow the order of the operations, and copied up ahead of the kernels
+ * that read it.
+ *
+ * A decode step (one token per row) issues the same operations with the
+ * same arguments every time for a given number of rows and head mode, so
+ * it can run as a CUDA graph: the first decode step of B rows runs eagerly
+ * (and measures its staging), the next one of B rows is captured (its
+ * staging copied up by one node at the graph's start), and later ones only
+ * stage their data, record their operations and, at the head, replay the
+ * graph whose fingerprint (every operation's function and argument bytes)
+ * matches. When none matches, or the step needs the host mid-way (MoE
+ * routing), or a capture fails, the recorded operations run eagerly: a
+ * graph never runs a different computation, and no step is lost. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cuda/cuda_internal.h"
+
+static void drop_graphs(osp_be_session *s) {
+    for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
+    s->n_graphs = 0;
+    memset(s->seen_staged, 0, sizeof s->seen_staged);
+    memset(s->want, 0, sizeof s->want);
+}
+
+void osp_cu_note(osp_be_session *s, int e, const char *where) {
+    if (!e) return;
+    if (s->mode == STEP_CAPTURE) { /* the step falls back to running eagerly */
+        if (!s->cap_err) s->cap_err = e;
+        return;
+    }
+    if (!s->err) {
+        s->err = e;
+        snprintf(s->err_where, sizeof s->err_where, "%s", where);
+    }
+}
+
+int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem) {
+    if (n <= *cap) return 1;
+    if (s->mode != STEP_EAGER) return 0;
+    cudaStreamSynchronize(s->st);
+    drop_graphs(s);
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    if (cudaMalloc(p, n * elem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    *cap = n;
+    return 1;
+}
+
+osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
+    const char *g = getenv("OSP_CUDA_GRAPHS");
+    s->use_graphs = !(g && !strcmp(g, "0"));
+    if (cudaMallocHost((void **)&s->stage_h, stage_bytes) != cudaSuccess ||
+        cudaMalloc((void **)&s->stage_d, stage_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return osp_err(OSP_ERR_NOMEM, "out of GPU or pinned host memory for a session's staging area");
+    }
+    s->stage_cap = stage_bytes;
+    return OSP_OK;
+}
+
+void osp_cu_step_free(osp_be_session *s) {
+    drop_graphs(s);
+    cudaFreeHost(s->stage_h);
+    cudaFree(s->stage_d);
+    free(s->log);
+}
+
+static graph_slot *match(osp_be_session *s) {
+    for (int i = 0; i < s->n_graphs; i++) {
+        graph_slot *g = &s->graphs[i];
+        if (g->B == s->B && g->n_ops == s->n_ops && g->staged == s->stage_off && g->fp == s->fp) return g;
+    }
+    return NULL;
+}
+
+static int has_graph(osp_be_session *s, int32_t B) {
+    for (int i = 0; i < s->n_graphs; i++)
+        if (s->graphs[i].B == B) return 1;
+    return 0;
+}
+
+void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
+    if (s->pending) { /* the staging area is rewritten: the last chunk's copies must have run */
+        osp_cu_note(s, cudaStreamSynchronize(s->st), "a previous chunk");
+        s->pending = 0;
+    }
+    s->B = B, s->T = T;
+    s->stage_off = 0;
+    s->n_ops = 0;
+    s->fp = 0xcbf29ce484222325ULL;
+    s->mode = STEP_EAGER;
+    s->cap_err = 0;
+    if (!s->use_graphs || T != 1 || B > MAX_GRAPH_ROWS || s->err) return;
+    s->steps++;
+    int capture = s->seen_staged[B] && (s->want[B] || !has_graph(s, B));
+    if (!capture) {
+        if (has_graph(s, B)) s->mode = STEP_REPLAY;
+        return;
+    }
+    if (cudaStreamBeginCapture(s->st, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        cudaGetLastError();
+        s->use_graphs = 0;
+        return;
+    }
+    s->mode = STEP_CAPTURE;
+    /* the graph's first node: the whole step's staging, as large as the eager step's was */
+    osp_cu_note(s, cudaMemcpyAsync(s->stage_d, s->stage_h, s->seen_staged[B], cudaMemcpyHostToDevice, s->st),
+                "staging");
+}
+
+/* Run what the step recorded, eagerly, from its first operation. */
+static void run_log(osp_be_session *s) {
+    int n = s->n_ops;
+    s->mode = STEP_EAGER;
+    for (int i = 0; i < n && !s->err; i++) s->log[i].fn(s, s->log[i].args);
+}
+
+void osp_cu_step_eager(osp_be_session *s) {
+    if (s->mode == STEP_CAPTURE) {
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(s->st, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        s->cap_err = 0;
+    }
+    if (s->mode != STEP_EAGER) run_log(s);
+}
+
+void osp_cu_submit(osp_be_session *s, osp_cu_exec fn, const void *args, size_t n) {
+    uint64_t a[OP_ARGS / 8] = {0};
+    if (n > OP_ARGS) n = OP_ARGS; /* (every operation's arguments fit: see cuda.c) */
+    memcpy(a, args, n);
+    /* the fingerprint: the function and the argument words, multiplied in */
+    uint64_t h = s->fp ^ (uint64_t)(uintptr_t)fn;
+    h *= 0x9e3779b97f4a7c15ULL;
+    for (size_t i = 0; i < (n + 7) / 8; i++) {
+        h = (h ^ a[i]) * 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    s->fp = h;
+    if (s->mode != STEP_EAGER) {
+        if (s->n_ops >= s->log_cap) {
+            int cap = s->log_cap ? 2 * s->log_cap : 1024;
+            cu_op *l = realloc(s->log, sizeof *l * (size_t)cap);
+            if (!l) { /* no room to record: run eagerly from here */
+                osp_cu_step_eager(s);
+                s->n_ops++;
+                fn(s, a);
+                return;
+            }
+            s->log = l, s->log_cap = cap;
+        }
+        s->log[s->n_ops].fn = fn;
+        memcpy(s->log[s->n_ops].args, a, OP_ARGS);
+    }
+    s->n_ops++;
+    if (s->mode != STEP_REPLAY && !s->err) fn(s, a);
+}
+
+void *osp_cu_stage_alloc(osp_be_session *s, size_t n, void **host) {
+    size_t off = (s->stage_off + 255) & ~(size_t)255;
+    if (off + n > s->stage_cap) {
+        osp_cu_step_eager(s); /* a captured or replayed step is never moved */
+        size_t cap = 2 * (off + n);
+        cudaStreamSynchronize(s->st); /* earlier copies have read the old area */
+        drop_graphs(s);
+        unsigned char *h = NULL, *d = NULL;
+        if (cudaMallocHost((void **)&h, cap) != cudaSuccess || cudaMalloc((void **)&d, cap) != cudaSuccess) {
+            cudaFreeHost(h);
+            cudaGetLastError();
+            osp_cu_note(s, cudaErrorMemoryAllocation, "staging");
+            return NULL;
+        }
+        cudaFreeHost(s->stage_h);
+        cudaFree(s->stage_d);
+        s->stage_h = h, s->stage_d = d, s->stage_cap = cap;
+    }
+    s->stage_off = off + n;
+    *host = s->stage_h + off;
+    return s->stage_d + off;
+}
+
+typedef struct put_args {
+    unsigned char *dev;
+    size_t off, n;
+} put_args;
+
+static void put_exec(osp_be_session *s, const void *p) {
+    const put_args *a = p;
+    if (s->mode == STEP_CAPTURE) return; /* the graph's first node copies the whole staging */
+    osp_cu_note(s, cudaMemcpyAsync(a->dev, s->stage_h + a->off, a->n, cudaMemcpyHostToDevice, s->st), "staging copy");
+    s->pending = 1;
+}
+
+void osp_cu_stage_put(osp_be_session *s, void *dev, size_t n) {
+    if (!dev) return;
+    put_args a;
+    memset(&a, 0, sizeof a);
+    a.dev = dev, a.off = (size_t)((unsigned char *)dev - s->stage_d), a.n = n;
+    osp_cu_submit(s, put_exec, &a, sizeof a);
+}
+
+void *osp_cu_stage(osp_be_session *s, const void *src, size_t n) {
+    void *h, *d = osp_cu_stage_alloc(s, n, &h);
+    if (!d) return NULL;
+    memcpy(h, src, n);
+    osp_cu_stage_put(s, d, n);
+    return d;
+}
+
+void osp_cu_step_end(osp_be_session *s) {
+    int32_t B = s->B;
+    if (s->mode == STEP_CAPTURE) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ex = NULL;
+        int e = cudaStreamEndCapture(s->st, &g);
+        int fits = s->stage_off <= s->seen_staged[B];
+        if (e == cudaSuccess && !s->cap_err && fits) e = cudaGraphInstantiate(&ex, g, 0);
+        if (g) cudaGraphDestroy(g);
+        if (e != cudaSuccess || s->cap_err || !fits) {
+            cudaGetLastError();
+            if (fits) s->use_graphs = 0; /* capturing fails here: this session runs eagerly */
+            else s->seen_staged[B] = s->stage_off, s->want[B] = 1;
+            s->cap_err = 0;
+            run_log(s);
+            return;
+        }
+        int slot = s->n_graphs;
+        if (slot == MAX_GRAPHS) { /* all taken: the least recently run one goes */
+            slot = 0;
+            for (int i = 1; i < MAX_GRAPHS; i++)
+                if (s->graphs[i].used < s->graphs[slot].used) slot = i;
+            cudaGraphExecDestroy(s->graphs[slot].exec);
+        } else {
+            s->n_graphs++;
+        }
+        s->graphs[slot] = (graph_slot){B, ex, s->n_ops, s->stage_off, s->fp, s->steps};
+        s->want[B] = 0;
+        s->mode = STEP_EAGER;
+        osp_cu_note(s, cudaGraphLaunch(ex, s->st), "launching a decode step's graph");
+        s->pending = 1;
+        return;
+    }
+    if (s->mode == STEP_REPLAY) {
+        graph_slot *g = match(s);
+        if (!g) { /* another variant of a step of B rows: run it, capture it next time */
+            s->want[B] = 1;
+            if (s->stage_off > s->seen_staged[B]) s->seen_staged[B] = s->stage_off;
+            run_log(s);
+            return;
+        }
+        s->mode = STEP_EAGER;
+        g->used = s->steps;
+        osp_cu_note(s, cudaGraphLaunch(g->exec, s->st), "launching a decode step's graph");
+        s->pending = 1;
+        return;
+    }
+    if (s->use_graphs && s->T == 1 && B <= MAX_GRAPH_ROWS && s->stage_off > s->seen_staged[B])
+        s->seen_staged[B] = s->stage_off;
+}
+
+osp_status osp_cu_step_status(osp_be_session *s) {
+    osp_cu_step_eager(s); /* a step that ended before its head: what it recorded runs now */
+    if (!s->err) osp_cu_note(s, cudaGetLastError(), "a kernel launch");
+    if (!s->err) return OSP_OK;
+    int e = s->err;
+    s->err = 0; /* reported once; the session stays usable */
+    cudaGetLastError();
+    return osp_err(OSP_ERR_IO, "CUDA: %s (%s)", cudaGetErrorString((cudaError_t)e), s->err_where);
+}

@@ -178,7 +178,11 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
 
 static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
-static osp_status status(osp_be_session *s) { return osp_cu_step_status(s); }
+static void flush(osp_be_session *s);
+static osp_status status(osp_be_session *s) {
+    flush(s);
+    return osp_cu_step_status(s);
+}
 
 /* ---- operations ---- */
 
@@ -240,6 +244,7 @@ static void mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_
 /* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
+    flush(s);
     for (int i0 = 0; i0 < nw; i0 += 4) {
         ARGS(mm_args, a);
         a.x = CD(x), a.n = n;
@@ -257,8 +262,8 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
 }
 
 typedef struct norm_args {
-    float *y;
-    const float *x, *w;
+    float *y, *x;
+    const float *t, *w; /* t: added to x first (a residual add fused with the norm), or NULL */
     int64_t n, d;
     float eps;
     int32_t add_one;
@@ -266,13 +271,25 @@ typedef struct norm_args {
 
 static void norm_exec(osp_be_session *s, const void *p) {
     const norm_args *a = p;
-    note(s, osp_cu_rmsnorm(s->st, a->y, a->x, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
+    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
 }
+
+static void flush(osp_be_session *s);
 
 static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                  int add_one) {
     ARGS(norm_args, a);
-    a.y = y, a.x = x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
+    a.y = y, a.x = (float *)x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
+    if (s->pend == 1) { /* x += t held back: fused when this norm reads that sum */
+        const float *const *held = (const float *const *)s->pend_args; /* ew_args: y, x, n */
+        int64_t hn;
+        memcpy(&hn, s->pend_args + 2 * sizeof(void *), sizeof hn);
+        if (held[0] == x && hn == n * d) {
+            a.t = held[1];
+            s->pend = 0;
+        }
+    }
+    flush(s);
     SUBMIT(s, norm_exec, a);
 }
 
@@ -302,12 +319,20 @@ static void ew_exec(osp_be_session *s, const void *p) {
 }
 
 static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n, int64_t d, float f) {
+    flush(s);
     ARGS(ew_args, a);
     a.y = y, a.x = x, a.n = n, a.d = d, a.a = f, a.kind = kind;
     SUBMIT(s, ew_exec, a);
 }
 
-static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 0, D(y), CD(x), n, 0, 0); }
+/* y += x is held back: the norm that usually follows reads y and fuses it */
+static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
+    flush(s);
+    ARGS(ew_args, a);
+    a.y = D(y), a.x = CD(x), a.n = n, a.kind = 0;
+    memcpy(s->pend_args, &a, sizeof a);
+    s->pend = 1;
+}
 
 static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d) {
     if (b) ew(s, 1, D(y), CD(b), n, d, 0);
@@ -330,35 +355,58 @@ static void act_exec(osp_be_session *s, const void *p) {
 
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
+    flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
     SUBMIT(s, act_exec, a);
 }
 
 typedef struct rope_args {
-    float *x;
+    float *x, *x2; /* x2: a second tensor at the same positions (k after q), or NULL */
     const float *inv;
     const int32_t *pos;
-    int64_t heads;
+    int64_t heads, heads2;
     int32_t B, T, Dh;
 } rope_args;
 
 static void rope_exec(osp_be_session *s, const void *p) {
     const rope_args *a = p;
-    note(s, osp_cu_rope(s->st, a->x, a->B, a->T, a->heads, a->Dh, a->inv, a->pos), "rope");
+    note(s, osp_cu_rope2(s->st, a->x, a->heads, a->x2, a->heads2, a->B, a->T, a->Dh, a->inv, a->pos), "rope");
 }
 
+/* held back: a rope of the same positions next (k after q) joins it */
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t Dh,
                  const osp_dbuf *inv, const int32_t *pos) {
+    if (s->pend == 2) {
+        rope_args *h = (rope_args *)s->pend_args;
+        if (h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos) {
+            h->x2 = D(x), h->heads2 = heads;
+            s->pend = 0;
+            SUBMIT(s, rope_exec, *h);
+            return;
+        }
+    }
+    flush(s);
     const int32_t *dpos = osp_cu_stage(s, pos, sizeof(int32_t) * (size_t)B);
     if (!dpos) return;
     ARGS(rope_args, a);
     a.x = D(x), a.inv = CD(inv), a.pos = dpos, a.heads = heads, a.B = B, a.T = T, a.Dh = Dh;
-    SUBMIT(s, rope_exec, a);
+    memcpy(s->pend_args, &a, sizeof a);
+    s->pend_host = pos;
+    s->pend = 2;
+}
+
+/* submit the held-back operation */
+static void flush(osp_be_session *s) {
+    int k = s->pend;
+    s->pend = 0;
+    if (k == 1) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
+    else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
 }
 
 /* The rows are gathered on the host from the mapped table into the staging area. */
 static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_t *ids, int64_t n, osp_dbuf *x) {
+    flush(s);
     int64_t H = e->cols;
     size_t bytes = (size_t)(n * H) * sizeof(float);
     void *hv;
@@ -412,6 +460,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {
+    flush(s);
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
     c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
@@ -454,6 +503,7 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
+    flush(s);
     ARGS(kvw_args, a);
     a.rows = kv_rows(s, kv, layer, rows, nb, &a.L);
     if (!a.rows) return;
@@ -473,6 +523,7 @@ static void softcap_exec(osp_be_session *s, const void *p) {
 }
 
 static void head(osp_be_session *s, const osp_head_args *a) {
+    flush(s);
     const osp_cu_weight *w = a->w->packed;
     int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab, rows = a->all_logits ? N : a->B;
     if (rows * V > (int64_t)s->logits_cap) {
@@ -549,6 +600,7 @@ static void moe_io_exec(osp_be_session *s, const void *p) {
  * on the GPU. The round trip makes such a step uncapturable: a session
  * that routes runs its steps eagerly. */
 static void moe(osp_be_session *s, const osp_moe_args *a) {
+    flush(s);
     osp_cu_step_eager(s);
     s->use_graphs = 0;
     int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter;

@@ -54,6 +54,10 @@ struct osp_be_session {
     graph_slot graphs[MAX_GRAPHS];
     int n_graphs;
     uint64_t steps;
+    /* an operation held back to be fused with the next (cuda.c) */
+    int pend;
+    unsigned char pend_args[OP_ARGS];
+    const void *pend_host;   /* a held rope's host positions */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */

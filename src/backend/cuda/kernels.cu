@@ -131,7 +131,8 @@ template <int KIND> __device__ __forceinline__ void load_x(const float *x, float
 __device__ __forceinline__ float small_uint(uint32_t c) { return __uint_as_float(0x4b000000u | c) - 8388608.0f; }
 
 template <int KIND>
-__device__ __forceinline__ float chunk_dot(uint4 w, const float (&x)[kind_traits<KIND>::E], float s, float b) {
+__device__ __forceinline__ float chunk_dot(uint4 w, const float (&x)[kind_traits<KIND>::E], float s, float b,
+                                           float sxs) {
     const uint32_t u[4] = {w.x, w.y, w.z, w.w};
     if (KIND == 0) {
         float d = MUL(__uint_as_float(u[0]), x[0]);
@@ -155,16 +156,31 @@ __device__ __forceinline__ float chunk_dot(uint4 w, const float (&x)[kind_traits
         }
         return d;
     }
-    constexpr int bits = KIND >= 4 ? KIND : 4, per = 32 / bits;
-    float cx = 0.0f, sx = 0.0f;
+    // codes: bytes become floats 2^23 + c by a byte permute, then exactly c
+    float cx = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
+        if (KIND == 4) {
+            const uint32_t lo = u[i] & 0x0f0f0f0fu, hi = (u[i] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
-        for (int k = 0; k < per; k++) {
-            cx = FMA(small_uint((u[i] >> (bits * k)) & ((1u << bits) - 1u)), x[i * per + k], cx);
-            sx = ADD(sx, x[i * per + k]);
+            for (int j = 0; j < 4; j++) {
+                cx = FMA(__uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7540 + j)) - 8388608.0f, x[i * 8 + 2 * j], cx);
+                cx = FMA(__uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7540 + j)) - 8388608.0f, x[i * 8 + 2 * j + 1], cx);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                cx = FMA(__uint_as_float(__byte_perm(u[i], 0x4b000000u, 0x7540 + j)) - 8388608.0f, x[i * 4 + j], cx);
         }
-    return FMA(b, sx, MUL(s, cx));
+    }
+    return FMA(b, sxs, MUL(s, cx)); // sxs: the chunk's sum of x (the caller's, shared by its rows)
+}
+
+template <int KIND> __device__ __forceinline__ float chunk_sum(const float (&x)[kind_traits<KIND>::E]) {
+    float sx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kind_traits<KIND>::E; i++) sx = ADD(sx, x[i]);
+    return sx;
 }
 
 // Several weights of one kind and width sharing the input (q/k/v, gate/up)
@@ -174,32 +190,43 @@ struct mv_set {
     osp_cu_weight w[MV_MAXW];
     float *y[MV_MAXW];
     int64_t ldy[MV_MAXW], end[MV_MAXW]; // end: the last row group + 1 of weight i in the concatenation
+    int gsh[MV_MAXW];                     // log2(chunks per quantization group)
     int nw;
 };
 
+// S warps share a row (S in 1, 2, 4, 8: a block's 8 warps hold whole rows):
+// warp s sums the chunks of the s-th of S equal column ranges, and the
+// ranges' sums are added in order. S depends on the weight's shape only,
+// never on the number of tokens, so the order of every sum does not either.
 template <int KIND, int NT, int R>
 __global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(const __grid_constant__ mv_set set,
-                                                             const float *__restrict__ x, int64_t n) {
+                                                             const float *__restrict__ x, int64_t n, int S) {
     constexpr int E = kind_traits<KIND>::E;
-    const int lane = threadIdx.x % WARP;
-    int64_t r0 = (int64_t)blockIdx.x * MV_WARPS + threadIdx.x / WARP;
+    __shared__ float red[MV_WARPS][R][NT];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const int64_t unit = (int64_t)blockIdx.x * MV_WARPS + warp;
+    const int seg = (int)(unit % S);
+    int64_t r0 = unit / S;
     int wi = 0;
     while (wi < set.nw && r0 >= set.end[wi]) wi++;
-    if (wi == set.nw) return;
+    const bool live = wi < set.nw; // a warp past the last row still joins the block's barriers
+    if (!live) wi = 0;
     if (wi) r0 -= set.end[wi - 1];
     r0 *= R;
     const osp_cu_weight &w = set.w[wi];
     float *__restrict__ y = set.y[wi];
     const int64_t ldy = set.ldy[wi];
     const int64_t cols = w.cols, nch = cols / E;
+    const int64_t c_lo = nch * seg / S, c_hi = nch * (seg + 1) / S;
     const int64_t row_bytes = KIND == 4 ? cols / 2 : KIND == 8 ? cols : cols * (KIND == 0 ? 4 : 2);
     const int64_t ng = KIND >= 4 ? cols / w.group : 0;
+    const int gsh = set.gsh[wi];
     const uint4 *rowp[R];
     bool ok[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        ok[r] = r0 + r < w.rows;
-        rowp[r] = (const uint4 *)((const unsigned char *)w.data + (ok[r] ? r0 + r : r0) * row_bytes);
+        ok[r] = live && r0 + r < w.rows;
+        rowp[r] = (const uint4 *)((const unsigned char *)w.data + (ok[r] ? r0 + r : 0) * row_bytes);
     }
     for (int64_t t0 = 0; t0 < n; t0 += NT) {
         const int nt = n - t0 < NT ? (int)(n - t0) : NT;
@@ -208,9 +235,8 @@ __global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(const __grid_consta
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        constexpr int U = R >= 4 ? 1 : 4 / R; // chunks of a row in flight per lane: R * U loads
-        int64_t c = lane;
-        for (; c < nch; c += U * WARP) {
+        constexpr int U = NT > 1 ? 4 : 8 / R; // chunks of a row in flight per lane: R * U loads
+        for (int64_t c = c_lo + lane; c < c_hi; c += U * WARP) {
             uint4 wv[U][R];
             float sc[U][R], bi[U][R];
 #pragma unroll
@@ -218,10 +244,10 @@ __global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(const __grid_consta
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     const int64_t ck = c + k * WARP;
-                    wv[k][r] = ok[r] && ck < nch ? ld_stream(rowp[r] + ck) : make_uint4(0, 0, 0, 0);
+                    wv[k][r] = ok[r] && ck < c_hi ? ld_stream(rowp[r] + ck) : make_uint4(0, 0, 0, 0);
                     sc[k][r] = bi[k][r] = 0.0f;
-                    if (KIND >= 4 && ok[r] && ck < nch) {
-                        const int64_t g = (r0 + r) * ng + ck * E / w.group;
+                    if (KIND >= 4 && ok[r] && ck < c_hi) {
+                        const int64_t g = (r0 + r) * ng + (ck >> gsh);
                         sc[k][r] = load_float(w.scales, w.sdtype, g);
                         bi[k][r] = load_float(w.biases, w.sdtype, g);
                     }
@@ -229,47 +255,90 @@ __global__ void __launch_bounds__(MV_WARPS * WARP) mv_kernel(const __grid_consta
 #pragma unroll
             for (int k = 0; k < U; k++) {
                 const int64_t ck = c + k * WARP;
-                if (ck >= nch) break;
+                if (ck >= c_hi) break;
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     if (t >= nt) break;
                     float xv[E];
                     load_x<KIND>(x + (t0 + t) * cols + ck * E, xv);
+                    const float sxs = KIND >= 4 ? chunk_sum<KIND>(xv) : 0.0f;
 #pragma unroll
-                    for (int r = 0; r < R; r++) acc[r][t] = ADD(acc[r][t], chunk_dot<KIND>(wv[k][r], xv, sc[k][r], bi[k][r]));
+                    for (int r = 0; r < R; r++)
+                        acc[r][t] = ADD(acc[r][t], chunk_dot<KIND>(wv[k][r], xv, sc[k][r], bi[k][r], sxs));
                 }
             }
         }
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float sum = warp_sum(acc[r][t]);
-                if (lane == 0 && t < nt && ok[r]) y[(t0 + t) * ldy + r0 + r] = sum;
-            }
+            for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
+        if (S == 1) {
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        if (t < nt && ok[r]) y[(t0 + t) * ldy + r0 + r] = acc[r][t];
+            continue;
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) red[warp][r][t] = acc[r][t];
+        __syncthreads();
+        if (seg == 0 && lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float v = red[warp][r][t];
+                    for (int k = 1; k < S; k++) v = ADD(v, red[warp + k][r][t]);
+                    if (t < nt && ok[r]) y[(t0 + t) * ldy + r0 + r] = v;
+                }
+        __syncthreads();
     }
 }
 
-// rows per warp: one input chunk serves R rows (4 for codes, whose input is
-// 32 floats a chunk; 2 for 16-bit weights) in single-token calls
-template <int KIND> struct rows_per_warp {
-    static const int R = KIND >= 4 ? 4 : KIND == 0 ? 1 : 2;
-};
+// The split of a row's columns among warps, from the weights' shape alone:
+// enough warps to fill the GPU (8192 row ranges), each range at least a
+// chunk per lane.
+static int mv_split(const mv_set &set, int E) {
+    int64_t rows = 0;
+    for (int i = 0; i < set.nw; i++) rows += set.w[i].rows;
+    const int64_t nch = set.w[0].cols / E;
+    int S = 1;
+    while (S < MV_WARPS && rows * S < 8192 && nch / (2 * S) >= WARP) S *= 2;
+    return S;
+}
 
-template <int KIND, int NT, int R> static void mv_go(osp_cu_stream st, mv_set set, const float *x, int64_t n) {
+template <int KIND, int NT, int R>
+static void mv_go(osp_cu_stream st, mv_set set, const float *x, int64_t n, int S) {
     for (int i = 0; i < set.nw; i++) { // row groups of R
         int64_t groups = (set.w[i].rows + R - 1) / R;
         set.end[i] = (i ? set.end[i - 1] : 0) + groups;
     }
-    unsigned g = blocks_for(set.end[set.nw - 1], MV_WARPS);
-    mv_kernel<KIND, NT, R><<<g, MV_WARPS * WARP, 0, st>>>(set, x, n);
+    unsigned g = blocks_for(set.end[set.nw - 1] * S, MV_WARPS);
+    mv_kernel<KIND, NT, R><<<g, MV_WARPS * WARP, 0, st>>>(set, x, n, S);
 }
 
+// Rows per warp (single-token calls): one input chunk serves R rows (4 for
+// codes, whose input is 32 floats a chunk; 2 for 16-bit weights). Any R
+// sums in the same order.
 template <int KIND> static void mv_launch(osp_cu_stream st, const mv_set &set, const float *x, int64_t n) {
-    if (n == 1) mv_go<KIND, 1, rows_per_warp<KIND>::R>(st, set, x, n);
-    else if (n == 2) mv_go<KIND, 2, 1>(st, set, x, n);
-    else if (n <= 4) mv_go<KIND, 4, 1>(st, set, x, n);
-    else mv_go<KIND, MV_TT, 1>(st, set, x, n);
+    const int S = mv_split(set, kind_traits<KIND>::E);
+    int64_t rows = 0;
+    for (int i = 0; i < set.nw; i++) rows += set.w[i].rows;
+    const int rmax = KIND >= 4 ? 4 : KIND == 0 ? 1 : 2;
+    const int R = rmax; /* x traffic: each input chunk serves R rows (L1 bandwidth bounds the 4-bit kernel) */
+    (void)rows;
+    if (n == 1) {
+        if (R == 4) mv_go<KIND, 1, (KIND >= 4 ? 4 : 1)>(st, set, x, n, S);
+        else if (R == 2) mv_go<KIND, 1, (KIND == 0 ? 1 : 2)>(st, set, x, n, S);
+        else mv_go<KIND, 1, 1>(st, set, x, n, S);
+    } else if (n == 2) mv_go<KIND, 2, 1>(st, set, x, n, S);
+    else if (n <= 4) mv_go<KIND, 4, 1>(st, set, x, n, S);
+    else mv_go<KIND, MV_TT, 1>(st, set, x, n, S);
 }
 
 // the chunked kernels' layout: 16-byte aligned rows of whole chunks, groups of whole chunks
@@ -280,7 +349,7 @@ static int mv_kind(const osp_cu_weight *w) {
         return w->cols % e == 0 ? w->dtype : -1;
     }
     int e = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 0;
-    if (!e || w->cols % e || w->group % e) return -1;
+    if (!e || w->cols % e || w->group % e || ((w->group / e) & (w->group / e - 1))) return -1;
     return w->qbits;
 }
 
@@ -307,6 +376,9 @@ extern "C" int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const 
         int i = i0;
         for (; i < nw && set.nw < MV_MAXW && mv_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]); i++) {
             set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
+            int cpg = ws[i]->qbits ? ws[i]->group / (ws[i]->qbits == 4 ? 32 : 16) : 1, sh = 0;
+            while ((1 << sh) < cpg) sh++;
+            set.gsh[set.nw] = sh;
             rows += ws[i]->rows;
             set.end[set.nw++] = rows;
         }
@@ -388,12 +460,32 @@ __device__ float block_max(float v, float *sh) {
     return r;
 }
 
-__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int64_t d, float eps, int add_one) {
+// One block per row. x += t first when t is given (the residual add fused
+// with the next norm); float4 accesses when d allows, several in flight.
+__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
     __shared__ float sh[32];
-    const float *xr = x + blockIdx.x * d;
+    float *xr = x + blockIdx.x * d;
+    const float *tr = t ? t + blockIdx.x * d : NULL;
     float *yr = y + blockIdx.x * d;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    if ((d & 3) == 0) {
+        const int64_t d4 = d / 4;
+        for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
+            float4 v = reinterpret_cast<const float4 *>(xr)[i];
+            if (tr) {
+                const float4 u = reinterpret_cast<const float4 *>(tr)[i];
+                v.x = __fadd_rn(v.x, u.x), v.y = __fadd_rn(v.y, u.y), v.z = __fadd_rn(v.z, u.z), v.w = __fadd_rn(v.w, u.w);
+                reinterpret_cast<float4 *>(xr)[i] = v;
+            }
+            ss = __fmaf_rn(v.x, v.x, ss), ss = __fmaf_rn(v.y, v.y, ss), ss = __fmaf_rn(v.z, v.z, ss), ss = __fmaf_rn(v.w, v.w, ss);
+        }
+    } else {
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            float v = xr[i];
+            if (tr) v = __fadd_rn(v, tr[i]), xr[i] = v;
+            ss = __fmaf_rn(v, v, ss);
+        }
+    }
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
@@ -402,15 +494,20 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int64_t
     }
 }
 
-extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d,
-                              float eps, int add_one) {
+extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
+                                  int64_t d, float eps, int add_one) {
     if (n <= 0) return 0;
-    int th = d >= 256 ? 256 : d >= 128 ? 128 : 64;
+    int th = d >= 1024 ? 256 : d >= 256 ? 128 : 64;
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        rmsnorm_kernel<<<(unsigned)k, th, 0, st>>>(y + r0 * d, x + r0 * d, w, d, eps, add_one);
+        rmsnorm_kernel<<<(unsigned)k, th, 0, st>>>(y + r0 * d, x + r0 * d, t ? t + r0 * d : NULL, w, d, eps, add_one);
     }
     return launch_status();
+}
+
+extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d,
+                              float eps, int add_one) {
+    return osp_cu_add_rmsnorm(st, y, (float *)x, NULL, w, n, d, eps, add_one);
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
@@ -485,28 +582,36 @@ extern "C" int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap) 
     return launch_status();
 }
 
-// one thread per (row, head, pair)
-__global__ void rope_kernel(float *x, int32_t T, int64_t heads, int32_t D, const float *inv, const int32_t *pos,
-                            int64_t total) {
+// one thread per (row, head, pair) of x1 then of x2 (q and k in one launch)
+__global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_t T, int32_t D, const float *inv,
+                            const int32_t *pos, int64_t n1, int64_t total) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int32_t h2 = D / 2;
-    int64_t pair = i % h2, vec = i / h2; // vec = row * heads + head
+    float *x = x1;
+    int64_t heads = h1;
+    if (i >= n1) i -= n1, x = x2, heads = h2;
+    const int32_t half = D / 2;
+    int64_t pair = i % half, vec = i / half; // vec = row * heads + head
     int64_t row = vec / heads;
     int32_t b = (int32_t)(row / T), t = (int32_t)(row % T);
     float a = (float)(pos[b] + t) * inv[pair];
     float c = cosf(a), s = sinf(a);
     float *v = x + vec * D;
-    float x1 = v[pair], x2 = v[pair + h2];
-    v[pair] = x1 * c - x2 * s;
-    v[pair + h2] = x2 * c + x1 * s;
+    float a1 = v[pair], a2 = v[pair + half];
+    v[pair] = a1 * c - a2 * s;
+    v[pair + half] = a2 * c + a1 * s;
+}
+
+extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,
+                            int32_t D, const float *inv, const int32_t *pos) {
+    int64_t n1 = (int64_t)B * T * h1 * (D / 2), total = n1 + (x2 ? (int64_t)B * T * h2 * (D / 2) : 0);
+    if (total > 0) rope_kernel<<<blocks_for(total, EW), EW, 0, st>>>(x1, h1, x2, h2, T, D, inv, pos, n1, total);
+    return launch_status();
 }
 
 extern "C" int osp_cu_rope(osp_cu_stream st, float *x, int32_t B, int32_t T, int64_t heads, int32_t D,
                            const float *inv, const int32_t *pos) {
-    int64_t total = (int64_t)B * T * heads * (D / 2);
-    if (total > 0) rope_kernel<<<blocks_for(total, EW), EW, 0, st>>>(x, T, heads, D, inv, pos, total);
-    return launch_status();
+    return osp_cu_rope2(st, x, heads, NULL, 0, B, T, D, inv, pos);
 }
 
 __global__ void gather_kernel(float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H) {
@@ -680,6 +785,8 @@ __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const os
     return (const float *)R.mem + ((int64_t)hk * R.cap + kv_slot(L, j)) * D;
 }
 
+// GM: the query heads per KV head rounded up to a power of two (loops unroll to it)
+template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
     extern __shared__ float sm[];
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
@@ -702,16 +809,16 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     __syncthreads();
     // scores: a thread per position, all G heads
     const int32_t j = j0 + threadIdx.x;
-    float sc[ATT_MAXG];
+    float sc[GM];
 #pragma unroll
-    for (int g = 0; g < ATT_MAXG; g++) sc[g] = 0.0f;
+    for (int g = 0; g < GM; g++) sc[g] = 0.0f;
     if (j < j1) {
         const float *kr = k_row_f32(a, R, b, hk, j);
         if (kr && (D & 3) == 0) {
             for (int d = 0; d < D; d += 4) {
                 const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
 #pragma unroll
-                for (int g = 0; g < ATT_MAXG; g++)
+                for (int g = 0; g < GM; g++)
                     if (g < G) {
                         const float *q = qs + g * D + d;
                         sc[g] = __fmaf_rn(q[3], kv.w, __fmaf_rn(q[2], kv.z, __fmaf_rn(q[1], kv.y, __fmaf_rn(q[0], kv.x, sc[g]))));
@@ -721,13 +828,13 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
             for (int d = 0; d < D; d++) {
                 const float kv = kv_at(a, R, 0, b, hk, j, d);
 #pragma unroll
-                for (int g = 0; g < ATT_MAXG; g++)
+                for (int g = 0; g < GM; g++)
                     if (g < G) sc[g] = __fmaf_rn(qs[g * D + d], kv, sc[g]);
             }
         }
     }
 #pragma unroll
-    for (int g = 0; g < ATT_MAXG; g++) {
+    for (int g = 0; g < GM; g++) {
         if (g >= G) break;
         float s = -INFINITY;
         if (j < j1) s = a.softcap > 0 ? a.softcap * tanhf(sc[g] * a.scale / a.softcap) : sc[g] * a.scale;
@@ -752,21 +859,21 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     __syncthreads();
     // outputs: a thread owns 4 consecutive dimensions and every nsub-th
     // position (D/4 threads cover a row, ATT_S / (D/4) subsets of positions),
-    // all G heads; 4 V rows in flight per thread. The subsets' sums are then
+    // all G heads; 8 V rows in flight per thread. The subsets' sums are then
     // added in subset order.
     const int tpr = D / 4, nsub = ATT_S / tpr, sub = threadIdx.x / tpr, d4 = (threadIdx.x % tpr) * 4;
-    float acc[ATT_MAXG][4];
+    float acc[GM][4];
 #pragma unroll
-    for (int g = 0; g < ATT_MAXG; g++)
+    for (int g = 0; g < GM; g++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[g][e] = 0.0f;
     const int32_t nj = j1 - j0;
     const bool f32 = a.L.bits == 0;
     if (sub < nsub) {
-        for (int32_t jb = sub; jb < nj; jb += 4 * nsub) {
-            float4 v[4];
+        for (int32_t jb = sub; jb < nj; jb += 8 * nsub) {
+            float4 v[8];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 8; u++) {
                 const int32_t jj = jb + u * nsub, jp = j0 + jj;
                 v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (jj >= nj) continue;
@@ -781,11 +888,11 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
                                        kv_value(a.L, R, 1, hk, kv_slot(a.L, jp), d4 + 3));
             }
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
+            for (int u = 0; u < 8; u++) {
                 const int32_t jj = jb + u * nsub;
                 if (jj >= nj) break;
 #pragma unroll
-                for (int g = 0; g < ATT_MAXG; g++)
+                for (int g = 0; g < GM; g++)
                     if (g < G) {
                         const float pg = ps[g * ATT_S + jj];
                         acc[g][0] = __fmaf_rn(pg, v[u].x, acc[g][0]);
@@ -800,7 +907,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     float *red = qs;
     if (sub < nsub)
 #pragma unroll
-        for (int g = 0; g < ATT_MAXG; g++)
+        for (int g = 0; g < GM; g++)
             if (g < G)
 #pragma unroll
                 for (int e = 0; e < 4; e++) red[((int64_t)sub * G + g) * D + d4 + e] = acc[g][e];
@@ -857,7 +964,11 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
     if (shm > 48 * 1024) return (int)cudaErrorInvalidValue;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    attn_split_kernel<<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    if (G <= 1) attn_split_kernel<1><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    else if (G <= 2) attn_split_kernel<2><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    else if (G <= 4) attn_split_kernel<4><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    else if (G <= 8) attn_split_kernel<8><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    else attn_split_kernel<16><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
     if (nsplit > 1) {
         dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
         attn_combine_kernel<<<g2, D < 128 ? 64 : 128, 0, st>>>(*a, part, nsplit);

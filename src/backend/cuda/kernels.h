@@ -40,6 +40,9 @@ int osp_cu_read_probe(osp_cu_stream st, const void *buf, int64_t bytes, unsigned
 
 int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                    int add_one);
+/* x += t, then y = rmsnorm(x) (the residual add fused with the next norm) */
+int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
+                       float eps, int add_one);
 int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);
 int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d);
 int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n);
@@ -52,6 +55,9 @@ int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap);
 /* x [B*T, heads, D]; pos: device [B] */
 int osp_cu_rope(osp_cu_stream st, float *x, int32_t B, int32_t T, int64_t heads, int32_t D, const float *inv,
                 const int32_t *pos);
+/* the same on two tensors with the same positions (q and k) */
+int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T, int32_t D,
+                 const float *inv, const int32_t *pos);
 /* dst[i] = src[rows[i]] (rows of H floats); out[rows[i]] += w[i] * acc[i] */
 int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H);
 int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,

@@ -73,14 +73,18 @@ void srv_job_end(srv_job *j, int status, const char *error, const osp_gen_stats 
     job_push(j, e);
 }
 
+/* The wake counter is drained before the events are taken: an event pushed
+ * after the take writes it again, so the next poll wakes. (Drained after,
+ * it could swallow the wake of an END pushed in between, and the
+ * connection would wait forever.) */
 srv_event *srv_job_take(srv_job *j, int *ended) {
+    uint64_t v;
+    (void)!read(j->wake_fd, &v, sizeof v);
     pthread_mutex_lock(&j->mu);
     srv_event *e = j->ev_head;
     j->ev_head = j->ev_tail = NULL;
     *ended = j->ended;
     pthread_mutex_unlock(&j->mu);
-    uint64_t v;
-    (void)!read(j->wake_fd, &v, sizeof v);
     return e;
 }
 

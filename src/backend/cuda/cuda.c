@@ -742,6 +742,8 @@ const osp_backend *osp_backend_cuda(void) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n < 1) {
         if (e == cudaSuccess || e == cudaErrorNoDevice) osp_err(OSP_ERR_UNSUPPORTED, "no CUDA device is present");
+        else if (e == cudaErrorInsufficientDriver)
+            osp_err(OSP_ERR_UNSUPPORTED, "no NVIDIA driver new enough for this build's CUDA runtime is present");
         else osp_err(OSP_ERR_UNSUPPORTED, "no usable CUDA device (%s)", cudaGetErrorString(e));
         cudaGetLastError();
         return NULL;

@@ -104,6 +104,8 @@ typedef struct osp_kv_mem {
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *host, const void *src, size_t bytes);   /* block -> host memory (synchronous) */
+    void (*from_host)(void *dst, const void *host, size_t bytes); /* host memory -> block (synchronous) */
 } osp_kv_mem;
 
 typedef struct osp_backend {
@@ -169,6 +171,13 @@ typedef struct osp_backend {
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T);
     void (*head)(osp_be_session *s, const osp_head_args *a);
     void (*moe)(osp_be_session *s, const osp_moe_args *a);
+
+    /* Are the rows of a chunk computed independently of the chunk's size
+     * (one token alone, in a batch of 5 or of 500: the same bits) for these
+     * placed matmul weights, in production (fast) or reference precision?
+     * Then a prefix computed in any chunks can continue anywhere, bitwise
+     * (the prefix cache, model/session.c). NULL = never. */
+    int (*chunk_invariant)(const osp_weight *const *ws, int n, int fast);
 
     /* ---- measuring ---- */
     /* One trial of the device's read bandwidth in GB/s (a kernel that reads

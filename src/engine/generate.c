@@ -138,6 +138,13 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
 
 const osp_gen_stats *osp_stream_stats(const osp_stream *g) { return &g->st; }
 
+void osp_stream_set_cached(osp_stream *g, int32_t n) { g->st.n_cached = n < 0 ? 0 : n > g->st.n_prompt ? g->st.n_prompt : n; }
+
+const int32_t *osp_stream_tokens(const osp_stream *g, int32_t *n) {
+    *n = g->nh;
+    return g->hist;
+}
+
 /* Hand out what the detokenizer and the stop matcher still hold (the end
  * of a stream that was not cut by a stop string or cancelled). */
 static void stream_flush(osp_stream *g) {
@@ -171,7 +178,7 @@ int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next
     double tl = osp_now_s();
     osp_gen_stats *st = &g->st;
     if (st->n_generated == 0) {
-        st->prefill_tok_s = st->n_prompt / (tl - g->t0 > 1e-9 ? tl - g->t0 : 1e-9);
+        st->prefill_tok_s = (st->n_prompt - st->n_cached) / (tl - g->t0 > 1e-9 ? tl - g->t0 : 1e-9);
         g->t_first = tl;
     }
     int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);

@@ -67,6 +67,7 @@ struct osp_model {
     char dtype_name[16];
     int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
+    int chunk_invariant[2];    /* [fast]: the backend computes rows independently of chunk sizes (backend.h) */
 };
 
 /* Activations for forward calls of at most max_tok tokens in all rows, in

@@ -184,19 +184,19 @@ static json_t *usage_json(const osp_gen_stats *st) {
     json_object_set_new(u, "completion_tokens", json_integer(st->n_generated));
     json_object_set_new(u, "total_tokens", json_integer(st->n_prompt + st->n_generated));
     json_t *d = json_object();
-    json_object_set_new(d, "cached_tokens", json_integer(0));
+    json_object_set_new(d, "cached_tokens", json_integer(st->n_cached));
     json_object_set_new(u, "prompt_tokens_details", d);
     return u;
 }
 
 static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
     json_t *t = json_object();
-    json_object_set_new(t, "prompt_n", json_integer(st->n_prompt));
+    json_object_set_new(t, "prompt_n", json_integer(st->n_prompt - st->n_cached)); /* computed, as llama-server */
     json_object_set_new(t, "prompt_per_second", json_real(st->prefill_tok_s));
     json_object_set_new(t, "predicted_n", json_integer(st->n_generated));
     json_object_set_new(t, "predicted_per_second", json_real(st->decode_tok_s));
     json_object_set_new(t, "ttft_ms", json_real(st->ttft_s * 1e3));
-    json_object_set_new(t, "cache_n", json_integer(0));
+    json_object_set_new(t, "cache_n", json_integer(st->n_cached));
     json_object_set_new(t, "batch_max", json_integer(batch_max));
     return t;
 }

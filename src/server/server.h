@@ -49,6 +49,9 @@ typedef struct osp_serve_config {
     int max_per_client;         /* connections from one address (default 0 = no cap) */
     double drain_timeout;       /* s to finish after SIGTERM/SIGINT (default 0 = until all is delivered) */
     int strict_model;           /* a request naming another model gets a 404 (default: it is served) */
+    double prompt_cache_gib;    /* the prefix cache's memory bound in GiB (default 2; 0 = no prefix cache) */
+    const char *prompt_cache_dir; /* its folder (default $XDG_CACHE_HOME/osprey, else ~/.cache/osprey) */
+    double prompt_cache_disk_gib; /* the folder's bound in GiB (default 10; 0 = memory only) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

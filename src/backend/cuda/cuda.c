@@ -67,7 +67,9 @@ static void *kv_alloc(size_t n) {
 
 static void kv_free(void *p) { cudaFree(p); }
 static void kv_copy(void *d, const void *s, size_t n) { cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0); }
-static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy};
+static void kv_to_host(void *h, const void *s, size_t n) { cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost); }
+static void kv_from_host(void *d, const void *h, size_t n) { cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }
+static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy, kv_to_host, kv_from_host};
 
 /* ---- weights ---- */
 

@@ -9,7 +9,9 @@
  * path, size, mtime (ns), inode and device: an unchanged file is not read
  * again, and a changed one (any of those) is. The memo is rewritten
  * atomically (a temporary file renamed over it); a memo that cannot be
- * read or written costs time, never correctness. */
+ * read or written costs time, never correctness. A file modified in the
+ * last 2 s is hashed but not memoised (a change within the timestamps'
+ * granularity would not change its key). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "core/hash.h"
 #include "model/model.h"
@@ -76,7 +79,8 @@ osp_status osp_identity_dir(const char *dir, const char *memo_dir, char out[65])
         memo = json_load_file(mp, 0, NULL);
         if (!json_is_object(memo) || !json_is_object(json_object_get(memo, "files"))) {
             json_decref(memo);
-            memo = json_pack("{s:i, s:{}}", "version", 1);
+            memo = json_object();
+            if (memo) json_object_set_new(memo, "version", json_integer(1)), json_object_set_new(memo, "files", json_object());
         }
         files = memo ? json_object_get(memo, "files") : NULL;
     }
@@ -101,8 +105,13 @@ osp_status osp_identity_dir(const char *dir, const char *memo_dir, char out[65])
             if ((rc = osp_sha256_file(real, hex, NULL)) != OSP_OK) break;
             if (st.st_size > (1 << 28))
                 OSP_LOG(1, "osprey: hashed %s (%.1f GB) in %.1f s", names[i], st.st_size / 1e9, osp_now_s() - t0);
-            if (files) {
-                json_object_set_new(files, real, json_pack("{s:s, s:s}", "key", key, "sha256", hex));
+            /* a file changed in the last seconds may change again within the file system's timestamp
+             * granularity, unseen by the key: such a hash is not memoised (git's "racily clean") */
+            if (files && time(NULL) - st.st_mtim.tv_sec > 2) {
+                json_t *rec = json_object();
+                json_object_set_new(rec, "key", json_string(key));
+                json_object_set_new(rec, "sha256", json_string(hex));
+                json_object_set_new(files, real, rec);
                 memo_dirty = 1;
             }
         }

@@ -41,6 +41,7 @@ typedef struct srv_resp {
     size_t out_off;
     json_t *lp_pending;    /* chat: logprobs entries not yet sent (stream) or all (body) */
     json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
+    json_t *ids;           /* return_tokens: the generated token ids (body responses) */
     size_t text_off;
     int failed;            /* out of memory while building output */
 } srv_resp;
@@ -101,6 +102,10 @@ static void completion_chunk(srv_resp *r, const char *text, size_t len, const ch
     json_object_set_new(c, "text", srv_json_string_lossy(text, len));
     json_object_set_new(c, "logprobs", r->j->logprobs ? take_legacy_logprobs(r) : json_null());
     json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    if (r->j->return_tokens) { /* the ids sampled since the last chunk */
+        json_object_set_new(c, "tokens", r->ids);
+        r->ids = json_array();
+    }
     json_t *arr = json_array();
     json_array_append_new(arr, c);
     json_object_set_new(o, "choices", arr);
@@ -275,6 +280,7 @@ static void end_ok(srv_resp *r, const srv_event *e) {
             json_object_set_new(c, "logprobs", j->logprobs ? take_legacy_logprobs(r) : json_null());
         }
         json_object_set_new(c, "finish_reason", json_string(finish));
+        if (j->return_tokens) json_object_set(c, "tokens", r->ids);
         json_t *arr = json_array();
         json_array_append_new(arr, c);
         json_object_set_new(o, "choices", arr);
@@ -312,6 +318,8 @@ static void pump(srv_resp *r) {
     while (e) {
         srv_event *next = e->next;
         if (!r->ended && !r->failed) {
+            if (e->kind == SRV_EV_TEXT && e->token >= 0 && r->j->return_tokens && json_array_append_new(r->ids, json_integer(e->token)))
+                r->failed = 1;
             if (e->kind == SRV_EV_TEXT) on_text(r, e->text, e->len);
             else if (e->kind == SRV_EV_LOGPROB) on_logprob(r, e);
         }
@@ -358,10 +366,12 @@ static srv_resp *resp_new(srv *s, srv_job *j, int fd) {
     r->mode = j->stream ? MODE_SSE : MODE_BODY;
     r->lp_pending = json_array();
     r->lp_tokens = json_array(), r->lp_values = json_array(), r->lp_top = json_array(), r->lp_offset = json_array();
+    r->ids = json_array();
     if (j->kind == SRV_CHAT) {
         if (osp_reply_new(j->fmt, j->parse_reasoning, j->parse_tools, j->start_in_reasoning, &r->reply) != OSP_OK) {
             json_decref(r->lp_pending);
             json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+            json_decref(r->ids);
             free(r);
             return NULL;
         }
@@ -383,6 +393,7 @@ static void resp_free(srv_resp *r) {
     srv_job_release(r->j);
     json_decref(r->lp_pending);
     json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+    json_decref(r->ids);
     srv_buf_free(&r->content);
     srv_buf_free(&r->reasoning);
     srv_buf_free(&r->out);

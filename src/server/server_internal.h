@@ -70,6 +70,7 @@ typedef struct srv_job {
     srv_kind kind;
     int stream, include_usage;
     int cache_prompt;         /* use and feed the prefix cache (llama-server's field; default 1) */
+    int return_tokens;        /* completions: the reply's token ids in choices[0].tokens (llama-server's field) */
     int32_t *prompt;
     int32_t n_prompt;
     osp_gen_params gp;

@@ -151,7 +151,7 @@ test('/metrics in Prometheus text; cache_prompt checked; the cache can be off', 
     assert.equal(m.status, 200);
     assert.match(m.headers.get('content-type'), /^text\/plain/);
     const text = await m.text();
-    for (const name of ['requests_total{outcome="ok"} 1', 'prompt_cache_lookups_total 1', 'generated_tokens_total', 'queue_length 0', 'rows_in_use 0'])
+    for (const name of ['requests_total{outcome="ok"} 1', 'prompt_cache_lookups_total 1', 'generated_tokens_total', 'queue_length ', 'rows_in_use ', 'prompt_cache_bytes '])
       assert.ok(text.includes(`osprey_${name}`), `${name} in\n${text}`);
     for (const line of text.split('\n').filter((l) => l && !l.startsWith('#')))
       assert.match(line, /^osprey_[a-z_]+(\{outcome="[a-z]+"\})? -?\d+$/);
@@ -160,6 +160,16 @@ test('/metrics in Prometheus text; cache_prompt checked; the cache can be off', 
     });
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'cache_prompt');
+    // return_tokens (llama-server's): the reply's ids, in the body or chunk by chunk
+    const req = { model: 'fortune', prompt: 'Tell me a fortune.', max_tokens: 12, temperature: 0, return_tokens: true };
+    const body = (await raw(srv.base, '/v1/completions', { body: JSON.stringify(req) })).json;
+    const ids = body.choices[0].tokens;
+    assert.equal(ids.length, body.usage.completion_tokens);
+    const sse = await raw(srv.base, '/v1/completions', { body: JSON.stringify({ ...req, stream: true }) });
+    const streamed = sse.text.split('\n\n').filter((e) => e.startsWith('data: {')).flatMap((e) => JSON.parse(e.slice(6)).choices[0].tokens);
+    assert.deepEqual(streamed, ids);
+    const det = (await raw(srv.base, '/detokenize', { body: JSON.stringify({ tokens: ids }) })).json;
+    assert.equal(det.content, body.choices[0].text);
   } finally {
     await stopped(srv);
   }

@@ -161,7 +161,7 @@ test('/metrics in Prometheus text; cache_prompt checked; the cache can be off', 
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'cache_prompt');
     // return_tokens (llama-server's): the reply's ids, in the body or chunk by chunk
-    const req = { model: 'fortune', prompt: 'Tell me a fortune.', max_tokens: 12, temperature: 0, return_tokens: true };
+    const req = { model: 'fortune', prompt: 'Tell me a fortune.', max_tokens: 12, temperature: 0, return_tokens: true, logit_bias: { 1: -100, 4: -100 } };
     const body = (await raw(srv.base, '/v1/completions', { body: JSON.stringify(req) })).json;
     const ids = body.choices[0].tokens;
     assert.equal(ids.length, body.usage.completion_tokens);

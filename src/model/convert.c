@@ -71,7 +71,7 @@ static osp_status cv_grow(void **p, int *cap, int n, size_t elt) {
     if (n < *cap) return OSP_OK;
     int c = *cap ? 2 * *cap : 64;
     void *q = osp_malloc(OSP_POOL_MISC, (size_t)c * elt);
-    if (!q) return osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+    if (!q) return osp_err(OSP_ERR_NOMEM, "out of memory");
     if (n) memcpy(q, *p, (size_t)n * elt);
     osp_free(*p);
     *p = q;
@@ -112,7 +112,7 @@ static osp_status plan_modules(cv_plan *p, const osp_config *c) {
         osp_tnames names = {prefixes[i], heads[i]};
         return c->arch->layout(c, NULL, &names, mod_visit, p);
     }
-    return osp_err(OSP_ERR_FORMAT, "convert: no tensor 'model.embed_tokens.weight' in the input: not a checkpoint of a "
+    return osp_err(OSP_ERR_FORMAT, "no tensor 'model.embed_tokens.weight' in the input: not a checkpoint of a "
                                    "language model osprey runs");
 }
 
@@ -144,7 +144,7 @@ static osp_status push(cv_plan *p, const char *name, cv_kind kind, const osp_st_
     OSP_TRY(cv_grow((void **)&p->e, &p->cap, p->n, sizeof *p->e));
     cv_entry *e = &p->e[p->n];
     memset(e, 0, sizeof *e);
-    if (strlen(name) >= sizeof e->name) return osp_err(OSP_ERR_FORMAT, "convert: tensor name too long: %.80s...", name);
+    if (strlen(name) >= sizeof e->name) return osp_err(OSP_ERR_FORMAT, "tensor name too long: %.80s...", name);
     snprintf(e->name, sizeof e->name, "%s", name);
     e->kind = kind;
     e->src = src;
@@ -292,7 +292,7 @@ static osp_status cv_fill_fn(void *ctx, int64_t index, int64_t row0, int64_t nro
     int64_t r0 = row0 * fps, r1 = (row0 + nrows) * fps;
     unsigned char *out = buf;
     if (row0 == 0 && f->o->progress && f->o->progress(f->o->progress_ud, f->n_done, f->p->n, e->name, f->done, f->total))
-        return osp_err(OSP_ERR_INVALID, "convert: cancelled");
+        return osp_err(OSP_ERR_INVALID, "convert cancelled");
     if (row0 == 0) f->n_done++;
     f->done += nbytes;
     if (e->kind == CV_COPY) { /* the same bytes, through the fill so progress is in order */
@@ -331,7 +331,7 @@ static osp_status cv_fill_fn(void *ctx, int64_t index, int64_t row0, int64_t nro
             f->stash[1] = osp_malloc(OSP_POOL_SCRATCH, need);
             f->stash_bytes = f->stash[0] && f->stash[1] ? need : 0;
             if (!f->stash_bytes)
-                return osp_err(OSP_ERR_NOMEM, "convert: %s: cannot allocate 2 x %zu bytes for scales and biases",
+                return osp_err(OSP_ERR_NOMEM, "%s: cannot allocate 2 x %zu bytes for scales and biases",
                                e->name, need);
         }
     }
@@ -353,20 +353,20 @@ static osp_status cv_fill_fn(void *ctx, int64_t index, int64_t row0, int64_t nro
 
 static osp_status copy_file(const char *from, const char *to) {
     FILE *a = fopen(from, "rb");
-    if (!a) return osp_err(OSP_ERR_IO, "convert: cannot read %s: %s", from, strerror(errno));
+    if (!a) return osp_err(OSP_ERR_IO, "cannot read %s: %s", from, strerror(errno));
     FILE *b = fopen(to, "wb");
     if (!b) {
         fclose(a);
-        return osp_err(OSP_ERR_IO, "convert: cannot create %s: %s", to, strerror(errno));
+        return osp_err(OSP_ERR_IO, "cannot create %s: %s", to, strerror(errno));
     }
     osp_status st = OSP_OK;
     char *buf = osp_malloc(OSP_POOL_SCRATCH, 1 << 20);
-    if (!buf) st = osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+    if (!buf) st = osp_err(OSP_ERR_NOMEM, "out of memory");
     size_t n;
     while (st == OSP_OK && (n = fread(buf, 1, 1 << 20, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n) st = osp_err(OSP_ERR_IO, "convert: %s: write failed: %s", to, strerror(errno));
-    if (st == OSP_OK && ferror(a)) st = osp_err(OSP_ERR_IO, "convert: %s: read failed", from);
-    if (fclose(b) != 0 && st == OSP_OK) st = osp_err(OSP_ERR_IO, "convert: %s: write failed: %s", to, strerror(errno));
+        if (fwrite(buf, 1, n, b) != n) st = osp_err(OSP_ERR_IO, "%s: write failed: %s", to, strerror(errno));
+    if (st == OSP_OK && ferror(a)) st = osp_err(OSP_ERR_IO, "%s: read failed", from);
+    if (fclose(b) != 0 && st == OSP_OK) st = osp_err(OSP_ERR_IO, "%s: write failed: %s", to, strerror(errno));
     fclose(a);
     osp_free(buf);
     return st;
@@ -380,7 +380,7 @@ static int ends_with(const char *s, const char *suf) {
 /* dir/file into out[n]; an error when it does not fit. */
 static osp_status join(char *out, size_t n, const char *dir, const char *file) {
     int k = snprintf(out, n, "%s/%s", dir, file);
-    if (k < 0 || (size_t)k >= n) return osp_err(OSP_ERR_INVALID, "convert: path too long: %.80s...", dir);
+    if (k < 0 || (size_t)k >= n) return osp_err(OSP_ERR_INVALID, "path too long: %.80s...", dir);
     return OSP_OK;
 }
 
@@ -398,7 +398,7 @@ static int is_side_file(const char *f) {
 
 static osp_status copy_side_files(const char *in, const char *tmp) {
     DIR *d = opendir(in);
-    if (!d) return osp_err(OSP_ERR_IO, "convert: cannot list %s: %s", in, strerror(errno));
+    if (!d) return osp_err(OSP_ERR_IO, "cannot list %s: %s", in, strerror(errno));
     osp_status st = OSP_OK;
     struct dirent *de;
     while (st == OSP_OK && (de = readdir(d))) {
@@ -467,13 +467,13 @@ static osp_status write_json(json_t *j, const char *path) {
     int digits = 15;
     while (digits < 17 && !reals_round_trip(j, digits)) digits++;
     if (json_dump_file(j, path, JSON_INDENT(4) | JSON_SORT_KEYS | JSON_REAL_PRECISION(digits)) != 0)
-        return osp_err(OSP_ERR_IO, "convert: cannot write %s", path);
+        return osp_err(OSP_ERR_IO, "cannot write %s", path);
     return OSP_OK;
 }
 
 static osp_status write_config(const json_t *root, const cv_plan *p, int dtype, const char *tmp) {
     json_t *c = json_deep_copy(root);
-    if (!c) return osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+    if (!c) return osp_err(OSP_ERR_NOMEM, "out of memory");
     json_object_del(c, "_name_or_path");
     if (dtype >= 0) { /* the dtype keys follow the cast */
         json_t *objs[2] = {c, json_object_get(c, "text_config")};
@@ -527,12 +527,12 @@ static osp_status write_shards(cv_plan *p, int n_shards, const char *tmp, const 
         if (p->e[i].cols > maxcols) maxcols = p->e[i].cols;
     }
     f.row = osp_malloc(OSP_POOL_SCRATCH, (size_t)maxcols * sizeof(float));
-    osp_status st = index && f.row ? OSP_OK : osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+    osp_status st = index && f.row ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
     json_t *map = json_object();
     int64_t params = 0;
     for (int s = 0; s < n_shards && st == OSP_OK; s++) {
         osp_st_writer *w = osp_st_writer_new();
-        if (!w) st = osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+        if (!w) st = osp_err(OSP_ERR_NOMEM, "out of memory");
         char file[64], path[4300];
         shard_name(s, n_shards, file, sizeof file);
         snprintf(path, sizeof path, "%s/%s", tmp, file);
@@ -555,7 +555,7 @@ static osp_status write_shards(cv_plan *p, int n_shards, const char *tmp, const 
                                 "total_parameters", (json_int_t)params, "weight_map", map);
         char path[4300];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
-        st = idx ? write_json(idx, path) : osp_err(OSP_ERR_NOMEM, "convert: out of memory");
+        st = idx ? write_json(idx, path) : osp_err(OSP_ERR_NOMEM, "out of memory");
         json_decref(idx);
     }
     if (res) {
@@ -579,22 +579,22 @@ osp_status osp_convert_parse_dtype(const char *s, int *dtype) {
     if (s && (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))) return *dtype = OSP_DT_BF16, OSP_OK;
     if (s && (!strcmp(s, "f16") || !strcmp(s, "float16"))) return *dtype = OSP_DT_F16, OSP_OK;
     if (s && (!strcmp(s, "f32") || !strcmp(s, "float32"))) return *dtype = OSP_DT_F32, OSP_OK;
-    return osp_err(OSP_ERR_INVALID, "convert: unknown dtype '%s' (bf16, f16 or f32)", s ? s : "");
+    return osp_err(OSP_ERR_INVALID, "unknown dtype '%s' (bf16, f16 or f32)", s ? s : "");
 }
 
 static osp_status check_out(const char *out) {
     struct stat sb;
     if (stat(out, &sb) != 0) return OSP_OK;
-    if (!S_ISDIR(sb.st_mode)) return osp_err(OSP_ERR_INVALID, "convert: %s already exists (not a folder)", out);
+    if (!S_ISDIR(sb.st_mode)) return osp_err(OSP_ERR_INVALID, "%s already exists (not a folder)", out);
     DIR *d = opendir(out);
-    if (!d) return osp_err(OSP_ERR_IO, "convert: %s: %s", out, strerror(errno));
+    if (!d) return osp_err(OSP_ERR_IO, "%s: %s", out, strerror(errno));
     struct dirent *de;
     int empty = 1;
     while ((de = readdir(d)))
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) empty = 0;
     closedir(d);
     if (!empty)
-        return osp_err(OSP_ERR_INVALID, "convert: %s already exists and is not empty; remove it or choose another "
+        return osp_err(OSP_ERR_INVALID, "%s already exists and is not empty; remove it or choose another "
                                         "output folder",
                        out);
     return OSP_OK;
@@ -604,8 +604,8 @@ static osp_status resolve_in(const char *in, char *dir, size_t n) {
     char p[4200];
     if (join(p, sizeof p, in, "config.json") == OSP_OK && osp_is_file(p)) return snprintf(dir, n, "%s", in), OSP_OK;
     if (osp_hf_snapshot(in, dir, n)) return OSP_OK;
-    if (!osp_is_dir(in)) return osp_err(OSP_ERR_IO, "convert: %s: no such model folder", in);
-    return osp_err(OSP_ERR_IO, "convert: %s: no config.json (not a model folder or Hugging Face cache repo)", in);
+    if (!osp_is_dir(in)) return osp_err(OSP_ERR_IO, "%s: no such model folder", in);
+    return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder or Hugging Face cache repo)", in);
 }
 
 static int input_quantized(const json_t *root, const osp_st *st) {
@@ -617,14 +617,14 @@ static int input_quantized(const json_t *root, const osp_st *st) {
 
 osp_status osp_convert(const char *in, const char *out, const osp_convert_opts *opts, osp_convert_result *res) {
     osp_convert_opts o = opts ? *opts : (osp_convert_opts){.dtype = -1};
-    if (!in || !out || !*out) return osp_err(OSP_ERR_INVALID, "convert: missing input or output folder");
+    if (!in || !out || !*out) return osp_err(OSP_ERR_INVALID, "missing input or output folder");
     if (o.quantize) {
         if (!o.bits) o.bits = 4;
         if (!o.group) o.group = 64;
         OSP_TRY(osp_quant_check(o.group, o.bits, o.group));
     }
     if (o.dtype >= 0 && !is_float((osp_dtype)o.dtype))
-        return osp_err(OSP_ERR_INVALID, "convert: dtype must be bf16, f16 or f32");
+        return osp_err(OSP_ERR_INVALID, "dtype must be bf16, f16 or f32");
     if (!o.shard_bytes) o.shard_bytes = CV_SHARD_DEFAULT;
 
     char dir[4096], outp[4096], tmp[4200], path[4300];
@@ -638,7 +638,7 @@ osp_status osp_convert(const char *in, const char *out, const osp_convert_opts *
     json_t *root = json_load_file(path, 0, &je);
     if (!json_is_object(root)) {
         json_decref(root);
-        return osp_err(OSP_ERR_FORMAT, "convert: %s: %s (line %d)", path, je.text, je.line);
+        return osp_err(OSP_ERR_FORMAT, "%s: %s (line %d)", path, je.text, je.line);
     }
     osp_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -648,7 +648,7 @@ osp_status osp_convert(const char *in, const char *out, const osp_convert_opts *
     osp_status rc = osp_config_parse(root, path, &cfg);
     if (rc == OSP_OK) rc = osp_st_open_dir(dir, &st);
     if (rc == OSP_OK && o.quantize && input_quantized(root, st))
-        rc = osp_err(OSP_ERR_UNSUPPORTED, "convert: %s is already quantized; -q needs an unquantized (float) "
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s is already quantized; -q needs an unquantized (float) "
                                           "checkpoint",
                      in);
     p.st = st;
@@ -657,15 +657,15 @@ osp_status osp_convert(const char *in, const char *out, const osp_convert_opts *
     if (rc == OSP_OK) rc = plan_build(&p, dtype);
     if (rc == OSP_OK) {
         snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", outp);
-        if (!mkdtemp(tmp)) rc = osp_err(OSP_ERR_IO, "convert: cannot create %s: %s", tmp, strerror(errno));
+        if (!mkdtemp(tmp)) rc = osp_err(OSP_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         else made = 1;
     }
     if (rc == OSP_OK) rc = write_shards(&p, assign_shards(&p, o.shard_bytes), tmp, &o, res);
     if (rc == OSP_OK) rc = write_config(root, &p, o.dtype >= 0 ? o.dtype : -1, tmp);
     if (rc == OSP_OK) rc = copy_side_files(dir, tmp);
-    if (rc == OSP_OK && chmod(tmp, 0755) != 0) rc = osp_err(OSP_ERR_IO, "convert: %s: %s", tmp, strerror(errno));
+    if (rc == OSP_OK && chmod(tmp, 0755) != 0) rc = osp_err(OSP_ERR_IO, "%s: %s", tmp, strerror(errno));
     if (rc == OSP_OK && rename(tmp, outp) != 0)
-        rc = osp_err(OSP_ERR_IO, "convert: cannot rename %s to %s: %s", tmp, outp, strerror(errno));
+        rc = osp_err(OSP_ERR_IO, "cannot rename %s to %s: %s", tmp, outp, strerror(errno));
     if (rc != OSP_OK && made) remove_tree(tmp);
     osp_free(p.mods);
     osp_free(p.e);

@@ -387,6 +387,49 @@ static void test_dtype_and_shards(void **state) {
     osp_model_free(m);
     golden_free(&g);
 
+    /* --dtype f16 -q: the weights cast to f16 first (mlx_lm casts, then quantizes), so the codes, scales and
+       biases are the rule's on the f16 values, scales and biases stored in f16 */
+    snprintf(out, sizeof out, "%s/llama3-f16-q4", tmp);
+    osp_convert_opts h = {.quantize = 1, .bits = 4, .group = 32, .dtype = OSP_DT_F16};
+    assert_int_equal(osp_convert("data/goldens/llama3", out, &h, NULL), OSP_OK);
+    assert_int_equal(osp_st_open_dir(out, &a), OSP_OK);
+    assert_int_equal(osp_st_open_dir("data/goldens/llama3", &s), OSP_OK);
+    const osp_st_tensor *w = osp_st_find(s, "model.layers.1.mlp.down_proj.weight"),
+                        *qc = osp_st_find(a, "model.layers.1.mlp.down_proj.weight"),
+                        *qs = osp_st_find(a, "model.layers.1.mlp.down_proj.scales"),
+                        *qb = osp_st_find(a, "model.layers.1.mlp.down_proj.biases"),
+                        *nw = osp_st_find(a, "model.norm.weight");
+    assert_int_equal(qs->dtype, OSP_DT_F16);
+    assert_int_equal(qb->dtype, OSP_DT_F16);
+    assert_int_equal(nw->dtype, OSP_DT_F16);
+    int64_t cols = w->shape[1];
+    for (int64_t r = 0; r < w->shape[0]; r++)
+        for (int64_t gi = 0; gi < cols / 32; gi++) {
+            float x[32], sc, bi;
+            uint8_t codes[32], packed[16];
+            for (int c = 0; c < 32; c++)
+                x[c] = osp_f16_to_f32(osp_f32_to_f16(osp_load_float(w->data, w->dtype, r * cols + gi * 32 + c)));
+            osp_quantize_group(x, 32, 4, codes, &sc, &bi);
+            osp_pack_codes(codes, 32, 4, packed);
+            assert_memory_equal((const char *)qc->data + r * cols / 2 + gi * 16, packed, 16);
+            uint16_t hs = osp_f32_to_f16(sc), hb = osp_f32_to_f16(bi);
+            assert_memory_equal((const char *)qs->data + (r * cols / 32 + gi) * 2, &hs, 2);
+            assert_memory_equal((const char *)qb->data + (r * cols / 32 + gi) * 2, &hb, 2);
+        }
+    osp_st_close(a);
+    osp_st_close(s);
+    char cp[600];
+    snprintf(cp, sizeof cp, "%s/config.json", out);
+    json_t *cj = json_load_file(cp, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(cj, "dtype")), "float16");
+    json_decref(cj);
+    assert_int_equal(golden_load("data/goldens/llama3-q4", &g), 0);
+    double mean, worst;
+    model_kl(out, &g, g.logits, &mean, &worst, NULL);
+    printf("  llama3 f16 q4: KL(the bf16-scale twin's ref || f16 copy) mean %.2e max %.2e\n", mean, worst);
+    assert_true(isfinite(mean));
+    golden_free(&g);
+
     /* q4 in shards of at most 16 KiB, against the same convert in one file */
     snprintf(out, sizeof out, "%s/llama3-one", tmp);
     snprintf(sh, sizeof sh, "%s/llama3-shards", tmp);

@@ -15,7 +15,8 @@ static const char *CONVERT_USAGE =
     "  -q, --quantize     MLX affine quantization of the Linear and Embedding layers\n"
     "  --q-bits N         bits per weight: 2, 3, 4, 5, 6 or 8 (default 4)\n"
     "  --q-group-size G   weights per scale and bias: 32, 64 or 128 (default 64)\n"
-    "  --dtype D          the unquantized tensors' (and the scales') type (default: config.json's torch_dtype)\n";
+    "  --dtype D          the unquantized tensors' (and the scales') type (default: config.json's torch_dtype)\n"
+    "mlx_lm's --hf-path/--model IN and --mlx-path OUT are accepted too.\n";
 
 typedef struct cli_progress {
     int tty;
@@ -49,8 +50,7 @@ static int parse_int(const char *flag, const char *v, int *out) {
 
 int osp_cmd_convert(int argc, char **argv) {
     osp_convert_opts o = {.dtype = -1};
-    const char *pos[2] = {NULL, NULL};
-    int npos = 0;
+    const char *pos[2] = {NULL, NULL}; /* IN, OUT */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -64,20 +64,27 @@ int osp_cmd_convert(int argc, char **argv) {
         } else if (!strcmp(a, "--q-group-size")) {
             if (parse_int(a, v, &o.group)) return 1;
             i++;
+        } else if (!strcmp(a, "--hf-path") || !strcmp(a, "--model") || !strcmp(a, "--mlx-path")) {
+            if (!v) {
+                fprintf(stderr, "osprey convert: %s needs a folder\n", a);
+                return 1;
+            }
+            pos[strcmp(a, "--mlx-path") ? 0 : 1] = v;
+            i++;
         } else if (!strcmp(a, "--dtype")) {
             if (osp_convert_parse_dtype(v, &o.dtype) != OSP_OK) return osp_cli_fail("convert");
             i++;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "osprey convert: unknown option '%s' (osprey convert --help)\n", a);
             return 1;
-        } else if (npos < 2) {
-            pos[npos++] = a;
+        } else if (!pos[0] || !pos[1]) {
+            pos[pos[0] ? 1 : 0] = a;
         } else {
             fprintf(stderr, "osprey convert: unexpected argument '%s' (osprey convert --help)\n", a);
             return 1;
         }
     }
-    if (npos < 2) {
+    if (!pos[0] || !pos[1]) {
         fputs(CONVERT_USAGE, stderr);
         return 2;
     }

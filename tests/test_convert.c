@@ -450,6 +450,28 @@ static void test_dtype_and_shards(void **state) {
     assert_true(d == 0.0);
 }
 
+/* Every width the loader reads, end to end: qwen3 at 2, 3, 4, 5, 6 and 8
+ * bits (group 32) loads, runs, and gets closer to the bf16 reference with
+ * every added bit (the straddling 3/5/6-bit packings included). */
+static void test_widths(void **state) {
+    (void)state;
+    static const int widths[] = {2, 3, 4, 5, 6, 8};
+    golden g;
+    assert_int_equal(golden_load("data/goldens/qwen3", &g), 0);
+    double prev = INFINITY;
+    for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) {
+        char out[512];
+        snprintf(out, sizeof out, "%s/qwen3-w%d", tmp, widths[i]);
+        convert_q("qwen3", widths[i], out);
+        double mean, worst;
+        model_kl(out, &g, g.logits, &mean, &worst, NULL);
+        printf("  qwen3 %d-bit g32: KL mean %.3e max %.3e\n", widths[i], mean, worst);
+        assert_true(mean < prev);
+        prev = mean;
+    }
+    golden_free(&g);
+}
+
 static int count_entries(const char *dir) {
     DIR *d = opendir(dir);
     int n = 0;
@@ -569,7 +591,8 @@ static void test_fortune(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_twins),    cmocka_unit_test(test_moe),     cmocka_unit_test(test_dtype_and_shards),
+        cmocka_unit_test(test_twins),    cmocka_unit_test(test_moe),     cmocka_unit_test(test_widths),
+        cmocka_unit_test(test_dtype_and_shards),
         cmocka_unit_test(test_refusals), cmocka_unit_test(test_fortune),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -16,7 +16,9 @@ for f in config.json model.safetensors model.safetensors.index.json; do test -f 
 "$OSPREY" inspect "$T/q8" | grep -q "MLX affine 8-bit, group 64"
 # the bundled model: a draft that keeps the tokenizer and chat template
 "$OSPREY" convert ../models/fortune "$T/draft" -q --q-bits 4 >/dev/null
-for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do cmp "$T/draft/$f" "../models/fortune/$f"; done
+for f in tokenizer.json tokenizer_config.json chat_template.jinja generation_config.json; do
+    cmp "$T/draft/$f" "../models/fortune/$f"
+done
 "$OSPREY" generate --model "$T/draft" --prompt "Tell me a fortune." --chat -n 8 --temp 0 >"$T/gen" 2>/dev/null
 test -s "$T/gen"
 # a dtype conversion of the copy back: codes kept, scales in f32

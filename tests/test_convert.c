@@ -194,8 +194,9 @@ static double check_codes(const char *golden, int bits, const char *out) {
             if (known_difference(golden, q->name)) continue; /* dense in the twin */
             for (int64_t c = 0; c < cols; c++) {
                 const unsigned char *qt = (const unsigned char *)tq->data + r * rb;
-                double d = x[c] - (osp_load_float(ts->data, OSP_DT_BF16, r * ng + c / 32) * (float)osp_q_code(qt, bits, c) +
-                                   osp_load_float(tb->data, OSP_DT_BF16, r * ng + c / 32));
+                float s2 = osp_load_float(ts->data, OSP_DT_BF16, r * ng + c / 32),
+                      b2 = osp_load_float(tb->data, OSP_DT_BF16, r * ng + c / 32);
+                double d = x[c] - (s2 * (float)osp_q_code(qt, bits, c) + b2);
                 err_twin += d * d;
             }
             const unsigned char *qt = (const unsigned char *)tq->data + r * rb;

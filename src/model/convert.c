@@ -291,7 +291,8 @@ static osp_status cv_fill_fn(void *ctx, int64_t index, int64_t row0, int64_t nro
     int64_t fps = e->ndim >= 2 ? e->flat / e->shape[0] : 1; /* flat rows per dim-0 slice */
     int64_t r0 = row0 * fps, r1 = (row0 + nrows) * fps;
     unsigned char *out = buf;
-    if (row0 == 0 && f->o->progress && f->o->progress(f->o->progress_ud, f->n_done, f->p->n, e->name, f->done, f->total))
+    const osp_convert_opts *o = f->o;
+    if (row0 == 0 && o->progress && o->progress(o->progress_ud, f->n_done, f->p->n, e->name, f->done, f->total))
         return osp_err(OSP_ERR_INVALID, "convert cancelled");
     if (row0 == 0) f->n_done++;
     f->done += nbytes;

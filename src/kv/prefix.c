@@ -303,6 +303,7 @@ static int32_t common(const int32_t *a, int32_t na, const int32_t *b, int32_t nb
 }
 
 int32_t osp_prefix_restore(osp_prefix *pc, const int32_t *tokens, int32_t n, osp_kv *kv, int32_t row) {
+    double t0 = osp_now_s();
     osp_kv_reset_row(kv, row);
     pthread_mutex_lock(&pc->mu);
     pc->st.lookups++;
@@ -353,6 +354,7 @@ int32_t osp_prefix_restore(osp_prefix *pc, const int32_t *tokens, int32_t n, osp
     }
     if (got) pc->st.hits++, pc->st.tokens_reused += got;
     else pc->st.misses++;
+    pc->st.lookup_s += osp_now_s() - t0;
     pthread_mutex_unlock(&pc->mu);
     return got;
 }
@@ -406,6 +408,7 @@ int64_t osp_prefix_bytes(osp_prefix *pc) {
 
 osp_status osp_prefix_insert(osp_prefix *pc, const int32_t *tokens, int32_t n, const osp_kv *kv, int32_t row) {
     if (n < pc->o.min_reuse) return OSP_OK;
+    double t0 = osp_now_s();
     if (kv->pos[row] != n) return osp_err(OSP_ERR_INVALID, "prefix cache: row %d holds %d positions, not %d", row,
                                           kv->pos[row], n);
     pthread_mutex_lock(&pc->mu);
@@ -413,6 +416,7 @@ osp_status osp_prefix_insert(osp_prefix *pc, const int32_t *tokens, int32_t n, c
         pc_entry *e = pc->e[i];
         if (e->n >= n && common(tokens, n, e->tokens, e->n) == n && osp_kv_resumable(pc->like, e->n, n)) {
             e->tick = ++pc->tick + ((uint64_t)1 << 40);
+            pc->st.insert_s += osp_now_s() - t0;
             pthread_mutex_unlock(&pc->mu);
             return OSP_OK;
         }
@@ -450,6 +454,7 @@ osp_status osp_prefix_insert(osp_prefix *pc, const int32_t *tokens, int32_t n, c
     pc->bytes += ne->bytes;
     pc->st.entries++, pc->st.inserts++;
     shrink_locked(pc, pc->o.mem_bytes);
+    pc->st.insert_s += osp_now_s() - t0;
     pthread_mutex_unlock(&pc->mu);
     return OSP_OK;
 }

@@ -59,6 +59,7 @@ typedef struct osp_prefix_stats {
     int64_t entries, bytes;             /* resident (including those being written) */
     int64_t disk_entries, disk_bytes;   /* this namespace's files known here */
     int64_t inserts, evictions, disk_writes, disk_loads, disk_rejects, disk_deletes;
+    double lookup_s, insert_s;          /* time in restore (lookups, disk loads, copies) and insert (snapshots) */
 } osp_prefix_stats;
 
 /* The namespace of a cache: sha256(identity, the layout of `like`, numerics). */

@@ -47,6 +47,8 @@ json_t *srv_stats_json(srv *s) {
                                (json_int_t)p->disk_writes, "disk_loads", (json_int_t)p->disk_loads, "disk_rejects",
                                (json_int_t)p->disk_rejects, "disk_deletes", (json_int_t)p->disk_deletes, "dir",
                                s->pc_dir);
+        json_object_set_new(pc, "lookup_seconds", json_real(p->lookup_s));
+        json_object_set_new(pc, "insert_seconds", json_real(p->insert_s));
         json_object_set_new(o, "prompt_cache", pc);
     } else {
         json_object_set_new(o, "prompt_cache", json_null());

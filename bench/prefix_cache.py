@@ -88,10 +88,13 @@ class Server:
         c.request('POST', '/v1/completions', json.dumps(body), {'Content-Type': 'application/json'})
         r = c.getresponse()
         if r.status != 200:
-            sys.exit('request failed: %d %s' % (r.status, r.read()[:300]))
+            self.fail('request failed: %d %s' % (r.status, r.read()[:300]))
         ttft, toks, final, buf = None, [], None, b''
         while True:
-            chunk = r.read1(65536)
+            try:
+                chunk = r.read1(65536)
+            except (OSError, http.client.HTTPException) as e:
+                self.fail('the response broke off: %r' % e)
             if not chunk:
                 break
             buf += chunk
@@ -108,6 +111,15 @@ class Server:
                     final = d
         return {'ttft_s': ttft, 'tokens': toks, 'server_ttft_s': final['timings']['ttft_ms'] / 1e3,
                 'cached': final['usage']['prompt_tokens_details']['cached_tokens'], 'n_prompt': final['usage']['prompt_tokens']}
+
+    def fail(self, why):
+        try:
+            self.p.send_signal(signal.SIGTERM)
+            _, err = self.p.communicate(timeout=60)
+            self.log.append(err)
+        except Exception:
+            pass
+        sys.exit('%s (server exit %s)\n%s' % (why, self.p.returncode, ''.join(self.log)[-4000:]))
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)

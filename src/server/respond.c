@@ -332,14 +332,26 @@ static void pump(srv_resp *r) {
     free(end);
 }
 
-/* Wait until the job has news or the client's socket changes. Returns -1
- * when the client is gone (the job is cancelled). */
-static int wait_news(srv_resp *r) {
+/* Silence on a connection longer than libmicrohttpd's idle timeout closes
+ * it, and a long prefill, or a wait in the queue behind other requests, can
+ * be that long: a response with nothing to say for half that time says
+ * something that changes nothing (an SSE comment; a newline before a JSON
+ * body, which then starts as 200 chunked, as after a half-close). */
+static int keepalive_ms(const srv_resp *r) {
+    int t = r->s->limits.idle_timeout * 500;
+    return t < 500 ? 500 : t;
+}
+
+/* Wait until the job has news or the client's socket changes (0), or
+ * timeout_ms pass (1; -1 = no timeout). Returns -1 when the client is gone
+ * (the job is cancelled). */
+static int wait_news(srv_resp *r, int timeout_ms) {
     struct pollfd p[2] = {{.fd = r->j->wake_fd, .events = POLLIN},
                           {.fd = r->fd, .events = r->eof ? 0 : POLLRDHUP}};
     for (;;) {
-        int n = poll(p, r->fd >= 0 ? 2 : 1, -1);
+        int n = poll(p, r->fd >= 0 ? 2 : 1, timeout_ms);
         if (n < 0) continue; /* EINTR */
+        if (n == 0) return 1;
         break;
     }
     if (r->fd >= 0 && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
@@ -423,7 +435,13 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             else srv_buf_add(&r->out, "\n", 1);
             continue;
         }
-        if (wait_news(r) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        int w = wait_news(r, keepalive_ms(r));
+        if (w < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w > 0) {
+            if (r->mode == MODE_SSE) srv_buf_add(&r->out, ": keep-alive\n\n", 14);
+            else srv_buf_add(&r->out, "\n", 1);
+            continue;
+        }
         pump(r);
     }
 }
@@ -457,13 +475,15 @@ enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
     if (r->mode == MODE_SSE) return queue_stream(s, c, r, "text/event-stream");
     /* wait for the whole answer on this thread */
     while (!r->ended) {
-        if (wait_news(r) < 0) {
+        int w = wait_news(r, keepalive_ms(r));
+        if (w < 0) {
             resp_free(r);
             return MHD_NO; /* the client is gone: close */
         }
-        pump(r);
-        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on in the reader */
+        if (w == 0) pump(r);
+        if (!r->ended && (r->eof || w > 0)) { /* answer now (200, chunked), probe or keep alive, go on in the reader */
             r->mode = MODE_BODY_CHUNKED;
+            if (w > 0) srv_buf_add(&r->out, "\n", 1);
             return queue_stream(s, c, r, "application/json");
         }
     }

@@ -183,3 +183,48 @@ test('/metrics in Prometheus text; cache_prompt checked; the cache can be off', 
     await stopped(srv);
   }
 });
+
+test('the cache lives inside the KV budget: entries leave memory when requests need the room', async () => {
+  const cdir = path.join(tmp, 'budget');
+  // a budget of about three rows at full context: reservations + cached bytes never exceed it
+  const srv = await startServer(['--prefill-step-size', String(STEP), '-c', '512', '--parallel', '2', '--kv-budget', '3M',
+    '--prompt-cache-dir', cdir]);
+  try {
+    const c = clientOf(srv);
+    for (let i = 0; i < 8; i++) {
+      const r = await ask(c, [{ role: 'system', content: SYSTEM }, { role: 'user', content: `Question number ${i}: what now?` }], { max_tokens: 8 });
+      assert.ok(r.text.length >= 0);
+      const st = (await raw(srv.base, '/stats', { method: 'GET' })).json;
+      assert.ok(st.prompt_cache.bytes + st.kv.reserved_bytes <= st.kv.budget_bytes, JSON.stringify(st));
+    }
+    const st = (await raw(srv.base, '/stats', { method: 'GET' })).json;
+    assert.ok(st.prompt_cache.evictions > 0, JSON.stringify(st.prompt_cache));
+    assert.ok(st.prompt_cache.hits > 0, JSON.stringify(st.prompt_cache));
+  } finally {
+    await stopped(srv);
+  }
+});
+
+test('two servers on one cache folder: both write, a third reads every entry, none broken', async () => {
+  const cdir = path.join(tmp, 'shared');
+  const args = ['--prefill-step-size', String(STEP), '--prompt-cache-dir', cdir];
+  const [s1, s2] = await Promise.all([startServer(args), startServer(args)]);
+  const qs = (k) => [0, 1, 2].map((i) => [{ role: 'system', content: SYSTEM }, { role: 'user', content: `Server ${k}, question ${i}.` }]);
+  try {
+    await Promise.all([...qs(1).map((m) => ask(clientOf(s1), m)), ...qs(2).map((m) => ask(clientOf(s2), m))]);
+    await Promise.all([ask(clientOf(s1), qs(0)[0]), ask(clientOf(s2), qs(0)[0])]); // the same entry from both
+  } finally {
+    await Promise.all([stopped(s1), stopped(s2)]);
+  }
+  const s3 = await startServer(args);
+  try {
+    const st = (await raw(s3.base, '/stats', { method: 'GET' })).json.prompt_cache;
+    assert.ok(st.disk_entries >= 7, JSON.stringify(st));
+    assert.equal(st.disk_rejects, 0);
+    for (const m of [...qs(1), ...qs(2), qs(0)[0]]) assert.ok((await ask(clientOf(s3), m)).cached >= 48);
+    const after = (await raw(s3.base, '/stats', { method: 'GET' })).json.prompt_cache;
+    assert.equal(after.disk_rejects, 0);
+  } finally {
+    await stopped(s3);
+  }
+});

@@ -89,6 +89,7 @@ struct osp_session {
     const osp_backend *be;
     osp_be_session *bs;  /* the backend's state (precision mode, its own scratch) */
     int fast;            /* production precision (osp_session_set_fast) */
+    int exact;           /* every token as a one-token decode step (osp_session_set_exact_tokens) */
     osp_kv *kv;
     osp_scratch sc;
     int32_t *all_rows;   /* [rows] 0, 1, ... */

@@ -190,6 +190,15 @@ osp_status osp_session_filter(osp_session *s, const int32_t *keep, int32_t n) {
 }
 
 
+const osp_model *osp_session_model(const osp_session *s) { return s->m; }
+
+int osp_session_set_exact_tokens(osp_session *s, int on) {
+    if (!s->be->set_exact_tokens) return on ? -1 : 0;
+    s->be->set_exact_tokens(s->bs, on);
+    s->exact = on != 0;
+    return 0;
+}
+
 void osp_session_set_fast(osp_session *s, int fast) {
     s->fast = fast != 0;
     s->be->set_fast(s->bs, s->fast);

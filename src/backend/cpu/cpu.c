@@ -61,7 +61,11 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
 
 static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 
-static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { s->per_token = s->fast && T == 1 && B > 1; }
+static void set_exact_tokens(osp_be_session *s, int on) { s->exact_tokens = on != 0; }
+
+static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) {
+    s->per_token = (s->fast && T == 1 && B > 1) || (s->exact_tokens && (int64_t)B * T > 1);
+}
 
 static osp_status status(osp_be_session *s) {
     (void)s;
@@ -247,6 +251,7 @@ static osp_backend CPU = {
     .kv_mem = &KV_MEM,
     .place = place,
     .chunk_invariant = chunk_invariant,
+    .set_exact_tokens = set_exact_tokens,
     .unplace = osp_cpu_unplace,
     .session_new = session_new,
     .session_free = session_free,

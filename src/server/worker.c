@@ -349,15 +349,16 @@ static void *worker_main(void *arg) {
             osp_status rc = osp_forward_rows(s->session, &pf->row, 1, pf->j->prompt + pf->done_prompt, n, 0,
                                              last ? s->logits : NULL);
             pf->done_prompt += n;
-            if (rc == OSP_OK && last && s->pc && pf->j->cache_prompt) { /* the prompt alone, for requests sharing it */
-                if (osp_prefix_insert(s->pc, pf->j->prompt, pf->j->n_prompt, osp_session_kv(s->session), pf->row) != OSP_OK)
-                    OSP_LOG(1, "osprey serve: prefix cache: %s", osp_last_error());
-                prefix_fit(s);
-            }
             if (rc != OSP_OK) {
                 slot_end(s, pf, rc);
             } else if (last) {
                 int more = osp_stream_next(pf->st, s->logits, osp_session_row_pos(s->session, pf->row), &pf->next, &rc);
+                if (s->pc && pf->j->cache_prompt) { /* the prompt alone, for requests sharing it (after the first
+                                                      token: its time to first token does not wait for the copy) */
+                    if (osp_prefix_insert(s->pc, pf->j->prompt, pf->j->n_prompt, osp_session_kv(s->session), pf->row) != OSP_OK)
+                        OSP_LOG(1, "osprey serve: prefix cache: %s", osp_last_error());
+                    prefix_fit(s);
+                }
                 if (more) pf->decoding = 1;
                 else slot_end(s, pf, rc);
             }

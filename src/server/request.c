@@ -160,6 +160,8 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
     j->cache_prompt = 1;
     if (bool_field(b, "cache_prompt", &j->cache_prompt, e)) return -1;
     if (bool_field(b, "return_tokens", &j->return_tokens, e)) return -1;
+    j->speculative = 1;
+    if (bool_field(b, "speculative", &j->speculative, e)) return -1;
     if ((v = get(b, "stream_options"))) {
         if (!json_is_object(v)) FAIL(e, "stream_options", "'stream_options' must be an object");
         if (bool_field(v, "include_usage", &j->include_usage, e)) return -1;

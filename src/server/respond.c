@@ -202,6 +202,8 @@ static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
     json_object_set_new(t, "predicted_per_second", json_real(st->decode_tok_s));
     json_object_set_new(t, "ttft_ms", json_real(st->ttft_s * 1e3));
     json_object_set_new(t, "cache_n", json_integer(st->n_cached));
+    json_object_set_new(t, "draft_n", json_integer(st->n_draft));
+    json_object_set_new(t, "draft_n_accepted", json_integer(st->n_draft_accepted));
     json_object_set_new(t, "batch_max", json_integer(batch_max));
     return t;
 }

@@ -52,6 +52,9 @@ typedef struct osp_serve_config {
     double prompt_cache_gib;    /* the prefix cache's memory bound in GiB (default 2; 0 = no prefix cache) */
     const char *prompt_cache_dir; /* its folder (default $XDG_CACHE_HOME/osprey, else ~/.cache/osprey) */
     double prompt_cache_disk_gib; /* the folder's bound in GiB (default 10; 0 = memory only) */
+    const char *draft_model;    /* speculative decoding with this draft model (NULL = none) */
+    int spec_ngram;             /* speculative decoding with n-gram lookup (when no draft model) */
+    int draft_max, draft_min;   /* tokens drafted per round (0 = defaults 4 and 1) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

@@ -71,6 +71,7 @@ typedef struct srv_job {
     int stream, include_usage;
     int cache_prompt;         /* use and feed the prefix cache (llama-server's field; default 1) */
     int return_tokens;        /* completions: the reply's token ids in choices[0].tokens (llama-server's field) */
+    int speculative;          /* speculative decoding for this request (default 1, when the server has it) */
     int32_t *prompt;
     int32_t n_prompt;
     osp_gen_params gp;
@@ -157,11 +158,14 @@ typedef struct srv {
     long long n_requests;
     atomic_int active;        /* generation requests whose response is not yet sent */
     struct osp_prefix *pc;    /* the prefix cache (kv/prefix.h), or NULL */
+    struct osp_spec *spec;    /* speculative decoding (engine/spec.h), or NULL */
+    osp_model *draft;         /* its draft model, or NULL */
     int pc_grid;              /* rows depend on their chunking: reuse only prompts, at multiples of prefill_step */
     char identity[65];        /* the model's artifact identity ("" when not computed) */
     char pc_dir[4096];        /* the prefix cache's folder ("" = memory only) */
     /* counters for /stats and /metrics (the worker adds; readers load) */
-    atomic_llong c_requests, c_ok, c_failed, c_cancelled, c_prompt_tokens, c_cached_tokens, c_gen_tokens;        /* generation requests whose response is not yet sent */
+    atomic_llong c_requests, c_ok, c_failed, c_cancelled, c_prompt_tokens, c_cached_tokens, c_gen_tokens;
+    atomic_llong c_draft, c_draft_accepted;        /* generation requests whose response is not yet sent */
 
     /* connections libmicrohttpd holds, by client address (http.c) */
     pthread_mutex_t conn_mu;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fs.h"
+#include "engine/spec.h"
 #include "kv/prefix.h"
 #include "server/server_internal.h"
 
@@ -89,6 +90,32 @@ static int prefix_setup(srv *s, int64_t mem_bytes) {
     return 0;
 }
 
+/* Speculative decoding: the draft model on the model's device, its
+ * tokenizer checked against the model's; or n-gram lookup. */
+static int spec_setup(srv *s) {
+    const osp_serve_config *c = &s->cfg;
+    osp_spec_params p = osp_spec_defaults();
+    if (c->draft_max > 0) p.draft_max = c->draft_max;
+    if (c->draft_min > 0) p.draft_min = c->draft_min;
+    if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
+    p.ngram = !c->draft_model;
+    if (c->draft_model) {
+        osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
+        if (osp_model_load_params(c->draft_model, &mp, &s->draft) != OSP_OK) return -1;
+        osp_tokenizer *dt = NULL;
+        if (osp_tokenizer_load(osp_model_get_info(s->draft)->dir, &dt) != OSP_OK)
+            return osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's",
+                           c->draft_model), -1;
+        osp_status rc = osp_spec_check_tokenizers(s->tok, dt);
+        osp_tokenizer_free(dt);
+        if (rc != OSP_OK) return -1;
+    }
+    if (osp_spec_new(&p, s->draft, s->session, &s->spec) != OSP_OK) return -1;
+    OSP_LOG(1, "osprey serve: speculative decoding with %s, up to %d drafted tokens per round (at least %d)",
+            c->draft_model ? c->draft_model : "n-gram lookup", p.draft_max, p.draft_min);
+    return 0;
+}
+
 int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
@@ -112,7 +139,8 @@ int srv_setup(srv *s) {
     int have_cfg = 0;
     osp_session_opts so = {.n_rows = c->parallel, .max_ctx = ctx, .kv_bits = c->kv_bits > 0 ? c->kv_bits : 0,
                            .kv_group = c->kv_group,
-                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step};
+                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step,
+                           .spare = c->draft_model || c->spec_ngram ? (c->draft_max > 0 ? c->draft_max : 4) + 1 : 0};
     if (c->kv_bits < 0) { /* no flag: the model's kv_config.json, if any */
         if (osp_model_kv_config(s->model, lbits, lgroup, &have_cfg) != OSP_OK) return -1;
         if (have_cfg) so.layer_kv_bits = lbits, so.layer_kv_group = lgroup;
@@ -125,6 +153,7 @@ int srv_setup(srv *s) {
     int64_t full = osp_session_kv_row_bytes(s->session, ctx) * c->parallel, avail = mem_available() / 4 * 3;
     s->kv_budget = c->kv_budget > 0 ? c->kv_budget : (avail > 0 && avail < full + pc_bytes ? avail : full + pc_bytes);
     if (pc_bytes > 0 && prefix_setup(s, pc_bytes)) return -1;
+    if ((c->draft_model || c->spec_ngram) && spec_setup(s)) return -1;
     s->parallel = c->parallel;
     s->prefill_step = c->prefill_step;
     s->vocab = in->vocab;
@@ -148,6 +177,9 @@ int srv_setup(srv *s) {
 void srv_teardown(srv *s) {
     osp_prefix_free(s->pc); /* writes what is only in memory (a clean shutdown) */
     s->pc = NULL;
+    osp_spec_free(s->spec);
+    osp_model_free(s->draft);
+    s->spec = NULL, s->draft = NULL;
     osp_session_free(s->session);
     free(s->slots);
     free(s->logits);

@@ -7,7 +7,7 @@
 #include "server/server_internal.h"
 
 typedef struct srv_counts {
-    long long requests, ok, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens;
+    long long requests, ok, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
     int queued, running, parallel;
     long long kv_budget, kv_reserved;
     int have_pc;
@@ -18,6 +18,7 @@ static void gather(srv *s, srv_counts *c) {
     c->requests = atomic_load(&s->c_requests), c->ok = atomic_load(&s->c_ok), c->failed = atomic_load(&s->c_failed);
     c->cancelled = atomic_load(&s->c_cancelled), c->prompt_tokens = atomic_load(&s->c_prompt_tokens);
     c->cached_tokens = atomic_load(&s->c_cached_tokens), c->gen_tokens = atomic_load(&s->c_gen_tokens);
+    c->draft = atomic_load(&s->c_draft), c->draft_accepted = atomic_load(&s->c_draft_accepted);
     pthread_mutex_lock(&s->qmu);
     c->queued = s->n_queued, c->running = s->busy, c->kv_reserved = s->kv_reserved;
     pthread_mutex_unlock(&s->qmu);
@@ -53,6 +54,10 @@ json_t *srv_stats_json(srv *s) {
     } else {
         json_object_set_new(o, "prompt_cache", json_null());
     }
+    json_object_set_new(o, "speculative", s->spec ? json_pack("{s:I, s:I, s:f}", "drafted", c.draft, "accepted",
+                                                              c.draft_accepted, "acceptance",
+                                                              c.draft ? (double)c.draft_accepted / c.draft : 0.0)
+                                                  : json_null());
     json_object_set_new(o, "model_identity", s->identity[0] ? json_string(s->identity) : json_null());
     return o;
 }
@@ -72,6 +77,8 @@ int srv_metrics_text(srv *s, srv_buf *b) {
     e |= metric(b, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", c.prompt_tokens);
     e |= metric(b, "prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", c.cached_tokens);
     e |= metric(b, "generated_tokens_total", "counter", "Tokens generated.", c.gen_tokens);
+    e |= metric(b, "draft_tokens_total", "counter", "Tokens drafted by speculative decoding.", c.draft);
+    e |= metric(b, "draft_tokens_accepted_total", "counter", "Drafted tokens accepted.", c.draft_accepted);
     e |= metric(b, "queue_length", "gauge", "Requests waiting for a row.", c.queued);
     e |= metric(b, "rows_in_use", "gauge", "Rows of the batch generating.", c.running);
     e |= metric(b, "rows", "gauge", "Rows of the batch (--parallel).", c.parallel);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "engine/spec.h"
 #include "kv/prefix.h"
 #include "server/server_internal.h"
 
@@ -173,6 +174,7 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     }
     sl->done_prompt = 0;
     sl->looked_up = 0;
+    if (s->spec) osp_spec_reset_row(s->spec, sl->row);
     sl->decoding = 0; /* its row is empty: slot_end resets it */
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
 }
@@ -212,6 +214,8 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
     atomic_fetch_add(&s->c_prompt_tokens, st.n_prompt);
     atomic_fetch_add(&s->c_cached_tokens, st.n_cached);
     atomic_fetch_add(&s->c_gen_tokens, st.n_generated);
+    atomic_fetch_add(&s->c_draft, st.n_draft);
+    atomic_fetch_add(&s->c_draft_accepted, st.n_draft_accepted);
     if (cancelled) {
         OSP_LOG(2, "osprey serve: %s cancelled (client gone) after %d tokens", j->id, st.n_generated);
         srv_job_end(j, 499, "cancelled", &st);
@@ -284,9 +288,12 @@ static void *worker_main(void *arg) {
     srv_slot **batch = malloc(sizeof(srv_slot *) * P);
     srv_job **fresh = malloc(sizeof(srv_job *) * P);
     int64_t *need = malloc(sizeof(int64_t) * P);
-    if (!rows || !ids || !batch || !fresh || !need) {
+    osp_stream **streams = malloc(sizeof(osp_stream *) * P);
+    int *use = malloc(sizeof(int) * P), *more = malloc(sizeof(int) * P);
+    osp_status *rcs = malloc(sizeof(osp_status) * P);
+    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs) {
         OSP_LOG(0, "osprey serve: out of memory starting the scheduler");
-        free(rows), free(ids), free(batch), free(fresh), free(need);
+        free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
         return NULL;
     }
     for (;;) {
@@ -375,6 +382,20 @@ static void *worker_main(void *arg) {
             }
         }
         if (!nb) continue;
+        if (s->spec) { /* a speculative round: each row's drafts verified in one exact chunk (engine/spec.h) */
+            for (int b = 0; b < nb; b++) streams[b] = batch[b]->st, use[b] = batch[b]->j->speculative;
+            osp_status rc = osp_spec_step(s->spec, s->session, rows, nb, streams, use, ids, more, rcs);
+            for (int b = 0; b < nb; b++) {
+                srv_slot *sl = batch[b];
+                if (nb > sl->j->batch_max) sl->j->batch_max = nb;
+                if (rc == OSP_OK && rcs[b] == OSP_OK && more[b]) {
+                    sl->next = ids[b];
+                    continue;
+                }
+                slot_end(s, sl, rc != OSP_OK ? rc : rcs[b]);
+            }
+            continue;
+        }
         osp_status rc = osp_forward_rows(s->session, rows, nb, ids, 1, 0, s->logits);
         for (int b = 0; b < nb; b++) {
             srv_slot *sl = batch[b];
@@ -387,7 +408,7 @@ static void *worker_main(void *arg) {
             slot_end(s, sl, src);
         }
     }
-    free(rows), free(ids), free(batch), free(fresh), free(need);
+    free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
     return NULL;
 }
 

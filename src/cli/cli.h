@@ -69,6 +69,10 @@ int osp_cli_spec_open(const osp_cli_spec *c, const struct osp_model *target, int
  * every stream ends: batched plain steps, or speculative rounds. 0 ok. */
 int osp_cli_decode(struct osp_session *s, struct osp_spec *sp, struct osp_stream **st, int B, int *next);
 
+/* bench with speculation (cli/bench_spec.c) */
+int osp_bench_spec(const char *model, int device, int fast, int p, int n, int conc, const char *prompt, int chat,
+                   const osp_cli_spec *spc, int json);
+
 /* Default model folder (bundled) when none is given, or NULL. */
 const char *osp_cli_default_model(void);
 

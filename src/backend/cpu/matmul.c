@@ -40,8 +40,8 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
     if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
                          * weights stream from memory once for all tokens (a row's numbers do not depend on
                          * the range it is computed in) */
-        int64_t blk = (64 << 10) / (osp_weight_row_bytes(w) > 0 ? osp_weight_row_bytes(w) : 1);
-        blk = blk < 16 ? 16 : blk & ~(int64_t)15;
+        int64_t blk = (32 << 10) / (osp_weight_row_bytes(w) > 0 ? osp_weight_row_bytes(w) : 1);
+        blk = blk < 8 ? 8 : blk & ~(int64_t)7; /* whole groups of the one-token kernel's rows */
         for (int64_t b0 = r0; b0 < r1; b0 += blk) {
             int64_t b1 = b0 + blk < r1 ? b0 + blk : r1;
             for (int64_t k = 0; k < c->n; k++)

@@ -106,11 +106,18 @@ static int spec_setup(srv *s) {
         if (osp_tokenizer_load(osp_model_get_info(s->draft)->dir, &dt) != OSP_OK)
             return osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's",
                            c->draft_model), -1;
-        osp_status rc = osp_spec_check_tokenizers(s->tok, dt);
+        osp_status trc = osp_spec_check_tokenizers(s->tok, dt);
         osp_tokenizer_free(dt);
-        if (rc != OSP_OK) return -1;
+        if (trc != OSP_OK) return -1;
     }
-    if (osp_spec_new(&p, s->draft, s->session, &s->spec) != OSP_OK) return -1;
+    osp_status rc = osp_spec_new(&p, s->draft, s->session, &s->spec);
+    if (rc == OSP_ERR_UNSUPPORTED) { /* the device cannot verify exactly: serve without it, and say so */
+        OSP_LOG(0, "osprey serve: %s; serving without it", osp_last_error());
+        osp_model_free(s->draft);
+        s->draft = NULL;
+        return 0;
+    }
+    if (rc != OSP_OK) return -1;
     OSP_LOG(1, "osprey serve: speculative decoding with %s, up to %d drafted tokens per round (at least %d)",
             c->draft_model ? c->draft_model : "n-gram lookup", p.draft_max, p.draft_min);
     return 0;

@@ -400,6 +400,242 @@ extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const flo
     return osp_cu_matmul_multi(st, &w, 1, x, n, &y, &ldy);
 }
 
+// ---- the production path's matmul: a skinny GEMM on the tensor cores ----
+//
+// mma.sync m16n8k16 (bf16 operands, f32 accumulation): 16 weight rows by 8
+// tokens per instruction. Activations are rounded to bf16 (round to nearest
+// even) as they are loaded; 4-bit and 8-bit codes become bf16 weights
+// s * c + b (an f32 fma, then rounded), as the production prefill's
+// dequantization does. A block takes 16 * MT rows of one weight and TC_KS
+// warps split the columns into TC_KS equal ranges of steps; each warp's sum
+// runs over its steps in order and the block adds the warps' sums in warp
+// order. The column ranges depend on the weight's shape alone, and an mma's
+// output for one token depends on that token's column of the input alone
+// (a padded token is a column of zeros), so a token's numbers are the same
+// whatever the number of tokens in the call, MT or NT (batch invariance):
+// one token alone runs the same reduction as among 64.
+//
+// The k dimension of an mma need not follow the weight's column order, only
+// agree between the operands: in a step, thread t of a quad (lane = 4g + t)
+// loads one 16-byte chunk of rows g and g + 8 (chunk 4 * step + t), and each
+// 8 columns of it (a sub-chunk: 4 words of bf16 pairs) feed two mmas, words
+// 0-1 and 2-3 taking the k slots 2t..2t+1 and 2t+8..2t+9; the thread loads
+// token g's inputs at the same 8 columns.
+
+#define TC_KS 8 // warps per block, each a range of the columns
+
+struct tc_set {
+    osp_cu_weight w[MV_MAXW];
+    float *y[MV_MAXW];
+    int64_t ldy[MV_MAXW], end[MV_MAXW]; // end: the last block + 1 of weight i in the concatenation
+    int nw;
+};
+
+// two floats as a bf16 pair (round to nearest even), lo in the low half
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float code_f(uint32_t word, int j) {
+    return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7540 + j)) - 8388608.0f;
+}
+
+// sub-chunk v (8 columns) of a 16-byte chunk as 4 bf16 pairs
+template <int KIND>
+__device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_t (&o)[4]) {
+    const uint32_t u[4] = {c.x, c.y, c.z, c.w};
+    if (KIND == 2) {
+        o[0] = u[0], o[1] = u[1], o[2] = u[2], o[3] = u[3];
+    } else if (KIND == 4) { // word v: byte j holds columns 2j (low nibble) and 2j + 1
+        const uint32_t lo = u[v] & 0x0f0f0f0fu, hi = (u[v] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = bf16x2(FMA(s, code_f(lo, j), b), FMA(s, code_f(hi, j), b));
+    } else { // words 2v, 2v + 1: a column a byte
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t word = u[2 * v + j / 2];
+            o[j] = bf16x2(FMA(s, code_f(word, (j & 1) * 2), b), FMA(s, code_f(word, (j & 1) * 2 + 1), b));
+        }
+    }
+}
+
+template <int KIND, int MT, int NT>
+__global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__ tc_set set, const float *__restrict__ x,
+                                                        int64_t n) {
+    constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
+    constexpr int V = CH / 8;                               // sub-chunks per chunk
+    constexpr int U = KIND == 2 ? 8 / MT : KIND == 8 ? 4 / MT : 2 / MT > 0 ? 2 / MT : 1; // steps in flight
+    __shared__ float red[TC_KS][MT][NT][4][WARP];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    int64_t tile = blockIdx.x;
+    int wi = 0;
+    while (wi < set.nw - 1 && tile >= set.end[wi]) wi++;
+    if (wi) tile -= set.end[wi - 1];
+    const osp_cu_weight &w = set.w[wi];
+    float *__restrict__ y = set.y[wi];
+    const int64_t ldy = set.ldy[wi], rows = w.rows, cols = w.cols, nch = cols / CH, nsteps = (nch + 3) / 4;
+    const int64_t s_lo = nsteps * warp / TC_KS, s_hi = nsteps * (warp + 1) / TC_KS;
+    const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
+    const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
+    const int64_t row0 = tile * 16 * MT;
+    const uint4 *rp[MT][2];
+    bool rok[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = row0 + 16 * m + g + 8 * h;
+            rok[m][h] = r < rows;
+            rp[m][h] = (const uint4 *)((const unsigned char *)w.data + (rok[m][h] ? r : 0) * row_bytes);
+        }
+    for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
+        for (int64_t s = s_lo; s < s_hi; s += U) {
+            uint4 a[U][MT][2];
+            float sc[U][MT][2], bi[U][MT][2];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t ch = (s + u) * 4 + t;
+                const bool live = s + u < s_hi && ch < nch;
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const bool ok = live && rok[m][h];
+                        a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
+                        sc[u][m][h] = bi[u][m][h] = 0.0f;
+                        if (KIND != 2 && ok) {
+                            const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                            sc[u][m][h] = load_float(w.scales, w.sdtype, gi);
+                            bi[u][m][h] = load_float(w.biases, w.sdtype, gi);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (s + u >= s_hi) break;
+                const int64_t ch = (s + u) * 4 + t;
+                const bool cok = ch < nch;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    uint32_t A[MT][2][4];
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        if (t0 + 8 * j >= n) break; // no token in this tile
+                        const int64_t tok = t0 + 8 * j + g;
+                        uint32_t b[4] = {0, 0, 0, 0};
+                        if (cok && tok < n) {
+                            const float *xp = x + tok * cols + ch * CH + 8 * v;
+                            const float4 p = ld4(xp), q = ld4(xp + 4);
+                            b[0] = bf16x2(p.x, p.y), b[1] = bf16x2(p.z, p.w), b[2] = bf16x2(q.x, q.y),
+                            b[3] = bf16x2(q.z, q.w);
+                        }
+#pragma unroll
+                        for (int m = 0; m < MT; m++) {
+                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], b[0], b[1]);
+                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], b[2], b[3]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) red[warp][m][j][c][lane] = acc[m][j][c];
+        __syncthreads();
+        const float *rf = &red[0][0][0][0][0];
+        constexpr int PER = MT * NT * 4 * WARP;
+        for (int e = threadIdx.x; e < PER; e += TC_KS * WARP) {
+            float v = rf[e];
+#pragma unroll
+            for (int k = 1; k < TC_KS; k++) v = ADD(v, rf[k * PER + e]);
+            const int l = e % WARP, c = (e / WARP) % 4, j = (e / (4 * WARP)) % NT, m = e / (4 * WARP * NT);
+            const int64_t row = row0 + 16 * m + (l >> 2) + 8 * (c >> 1), tok = t0 + 8 * j + 2 * (l & 3) + (c & 1);
+            if (row < rows && tok < n) y[tok * ldy + row] = v;
+        }
+        __syncthreads();
+    }
+}
+
+template <int KIND, int MT, int NT> static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
+    for (int i = 0; i < set.nw; i++) {
+        const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
+        set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
+    }
+    tc_kernel<KIND, MT, NT><<<(unsigned)set.end[set.nw - 1], TC_KS * WARP, 0, st>>>(set, x, n);
+}
+
+// tiles by the number of tokens (the numbers do not depend on them): one
+// token tile of 8 for a few tokens, else 32 rows by 32 tokens a pass
+template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
+    if (n <= 8) tc_go<KIND, 1, 1>(st, set, x, n);
+    else tc_go<KIND, 2, 4>(st, set, x, n);
+}
+
+// the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
+static int tc_kind(const osp_cu_weight *w) {
+    if (((uintptr_t)w->data & 15) != 0) return -1;
+    if (!w->qbits) return w->dtype == 2 && w->cols % 8 == 0 ? 2 : -1;
+    const int ch = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 0;
+    if (!ch || w->cols % ch || w->group <= 0 || w->group % ch || w->cols % w->group) return -1;
+    return w->qbits;
+}
+
+extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                      int64_t n, float *const *ys, const int64_t *ldys) {
+    if (n <= 0) return 0;
+    // the kernel is chosen by the weight alone; others take the f32 kernels
+    for (int i0 = 0; i0 < nw;) {
+        const int kind = tc_kind(ws[i0]);
+        if (kind < 0) {
+            int e = osp_cu_matmul_multi(st, ws + i0, 1, x, n, ys + i0, ldys + i0);
+            if (e) return e;
+            i0++;
+            continue;
+        }
+        tc_set set;
+        set.nw = 0;
+        int64_t rows = 0;
+        int i = i0;
+        for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]); i++) {
+            set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
+            rows += ws[i]->rows;
+            set.nw++;
+        }
+        i0 = i;
+        if (rows <= 0) continue;
+        switch (kind) {
+        case 2: tc_launch<2>(st, set, x, n); break;
+        case 4: tc_launch<4>(st, set, x, n); break;
+        default: tc_launch<8>(st, set, x, n); break;
+        }
+    }
+    return launch_status();
+}
+
 // ---- the read-bandwidth probe: every byte of the buffer read once ----
 
 __global__ void read_kernel(const uint4 *__restrict__ p, int64_t n, unsigned *out) {

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <utility>
 #include "kernels.h"
 
 #define WARP 32
@@ -422,7 +424,6 @@ extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const flo
 // 0-1 and 2-3 taking the k slots 2t..2t+1 and 2t+8..2t+9; the thread loads
 // token g's inputs at the same 8 columns.
 
-#define TC_KS 8 // warps per block, each a range of the columns
 
 struct tc_set {
     osp_cu_weight w[MV_MAXW];
@@ -469,13 +470,25 @@ __device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_
     }
 }
 
-template <int KIND, int MT, int NT>
-__global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__ tc_set set, const float *__restrict__ x,
-                                                        int64_t n) {
+// Programmatic dependent launch: a matmul may start while the kernel before
+// it runs, issue its weights' first loads (never written by a kernel), and
+// wait for that kernel's results (griddepcontrol.wait) before it reads its
+// input or writes anything; the kernels before a matmul let it start early
+// (pdl_trigger). In a kernel launched without it both are no-ops.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight
+#define TC_KS 8 // warps per block, each a range of the columns
+
+template <int KIND, int KS, int MT, int NT, int U, int MINB>
+__global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
+                                                           const float *__restrict__ x, int64_t n) {
     constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
     constexpr int V = CH / 8;                               // sub-chunks per chunk
-    constexpr int U = KIND == 2 ? 8 / MT : KIND == 8 ? 4 / MT : 2 / MT > 0 ? 2 / MT : 1; // steps in flight
-    __shared__ float red[TC_KS][MT][NT][4][WARP];
+    __shared__ float red[KS][NT][4][WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
     int64_t tile = blockIdx.x;
     int wi = 0;
@@ -484,7 +497,7 @@ __global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__
     const osp_cu_weight &w = set.w[wi];
     float *__restrict__ y = set.y[wi];
     const int64_t ldy = set.ldy[wi], rows = w.rows, cols = w.cols, nch = cols / CH, nsteps = (nch + 3) / 4;
-    const int64_t s_lo = nsteps * warp / TC_KS, s_hi = nsteps * (warp + 1) / TC_KS;
+    const int64_t s_lo = nsteps * warp / KS, s_hi = nsteps * (warp + 1) / KS;
     const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
     const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
     const int64_t row0 = tile * 16 * MT;
@@ -498,6 +511,17 @@ __global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__
             rok[m][h] = r < rows;
             rp[m][h] = (const uint4 *)((const unsigned char *)w.data + (rok[m][h] ? r : 0) * row_bytes);
         }
+    // the first steps' weights on their way before the previous kernel ends
+    for (int u = 0; u < U && s_lo + u < s_hi; u++) {
+        const int64_t ch = (s_lo + u) * 4 + t;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (ch < nch && rok[m][h]) prefetch_l2(rp[m][h] + ch);
+    }
+    pdl_wait();
+    pdl_trigger();
     for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
         float acc[MT][NT][4];
 #pragma unroll
@@ -507,8 +531,10 @@ __global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
         for (int64_t s = s_lo; s < s_hi; s += U) {
+            // U steps of weights and inputs in flight together
             uint4 a[U][MT][2];
             float sc[U][MT][2], bi[U][MT][2];
+            uint32_t b[U][V][NT][4];
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int64_t ch = (s + u) * 4 + t;
@@ -526,12 +552,23 @@ __global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__
                             bi[u][m][h] = load_float(w.biases, w.sdtype, gi);
                         }
                     }
+#pragma unroll
+                for (int v = 0; v < V; v++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const int64_t tok = t0 + 8 * j + g;
+                        b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
+                        if (live && tok < n) {
+                            const float *xp = x + tok * cols + ch * CH + 8 * v;
+                            const float4 p = ld4(xp), q = ld4(xp + 4);
+                            b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
+                            b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                        }
+                    }
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (s + u >= s_hi) break;
-                const int64_t ch = (s + u) * 4 + t;
-                const bool cok = ch < nch;
 #pragma unroll
                 for (int v = 0; v < V; v++) {
                     uint32_t A[MT][2][4];
@@ -542,57 +579,89 @@ __global__ void __launch_bounds__(TC_KS *WARP) tc_kernel(const __grid_constant__
 #pragma unroll
                     for (int j = 0; j < NT; j++) {
                         if (t0 + 8 * j >= n) break; // no token in this tile
-                        const int64_t tok = t0 + 8 * j + g;
-                        uint32_t b[4] = {0, 0, 0, 0};
-                        if (cok && tok < n) {
-                            const float *xp = x + tok * cols + ch * CH + 8 * v;
-                            const float4 p = ld4(xp), q = ld4(xp + 4);
-                            b[0] = bf16x2(p.x, p.y), b[1] = bf16x2(p.z, p.w), b[2] = bf16x2(q.x, q.y),
-                            b[3] = bf16x2(q.z, q.w);
-                        }
 #pragma unroll
                         for (int m = 0; m < MT; m++) {
-                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], b[0], b[1]);
-                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], b[2], b[3]);
+                            const uint32_t *bb = b[u][v][j];
+                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
+                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
                         }
                     }
                 }
             }
         }
+        // the warps' sums added in warp order, a row tile at a time
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MT; m++) {
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) red[warp][m][j][c][lane] = acc[m][j][c];
-        __syncthreads();
-        const float *rf = &red[0][0][0][0][0];
-        constexpr int PER = MT * NT * 4 * WARP;
-        for (int e = threadIdx.x; e < PER; e += TC_KS * WARP) {
-            float v = rf[e];
+                for (int c = 0; c < 4; c++) red[warp][j][c][lane] = acc[m][j][c];
+            __syncthreads();
+            const float *rf = &red[0][0][0][0];
+            constexpr int PER = NT * 4 * WARP;
+            for (int e = threadIdx.x; e < PER; e += KS * WARP) {
+                float v = rf[e];
 #pragma unroll
-            for (int k = 1; k < TC_KS; k++) v = ADD(v, rf[k * PER + e]);
-            const int l = e % WARP, c = (e / WARP) % 4, j = (e / (4 * WARP)) % NT, m = e / (4 * WARP * NT);
-            const int64_t row = row0 + 16 * m + (l >> 2) + 8 * (c >> 1), tok = t0 + 8 * j + 2 * (l & 3) + (c & 1);
-            if (row < rows && tok < n) y[tok * ldy + row] = v;
+                for (int k = 1; k < KS; k++) v = ADD(v, rf[k * PER + e]);
+                const int l = e % WARP, c = (e / WARP) % 4, j = e / (4 * WARP);
+                const int64_t row = row0 + 16 * m + (l >> 2) + 8 * (c >> 1), tok = t0 + 8 * j + 2 * (l & 3) + (c & 1);
+                if (row < rows && tok < n) y[tok * ldy + row] = v;
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
-template <int KIND, int MT, int NT> static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
+static int pdl_on() {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("OSP_CUDA_PDL");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+// launch with programmatic dependent launch allowed (the kernel begins with pdl_wait)
+template <typename... K, typename... A>
+static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = (cudaStream_t)st;
+    cfg.attrs = at, cfg.numAttrs = pdl_on() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
+template <int KIND, int MT, int NT, int U, int MINB>
+static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
     for (int i = 0; i < set.nw; i++) {
         const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
     }
-    tc_kernel<KIND, MT, NT><<<(unsigned)set.end[set.nw - 1], TC_KS * WARP, 0, st>>>(set, x, n);
+    pdl_launch(tc_kernel<KIND, TC_KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1]), dim3(TC_KS * WARP), 0, st,
+               set, x, n);
 }
 
-// tiles by the number of tokens (the numbers do not depend on them): one
-// token tile of 8 for a few tokens, else 32 rows by 32 tokens a pass
+// Tiles by the number of tokens (the numbers do not depend on them): a
+// token tile of 8 for up to 8 tokens, with the most loads in flight that
+// leave two blocks a multiprocessor (bf16, 8-bit) or one; else 32 rows by
+// 32 tokens a pass.
 template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
-    if (n <= 8) tc_go<KIND, 1, 1>(st, set, x, n);
-    else tc_go<KIND, 2, 4>(st, set, x, n);
+    static int var = -1;
+    if (var < 0) {
+        const char *e = getenv("OSP_TC_VAR");
+        var = e ? atoi(e) : 0;
+    }
+    if (n <= 8) {
+        if constexpr (KIND == 2) tc_go<KIND, 1, 1, 4, 2>(st, set, x, n);
+        else if constexpr (KIND == 8) {
+            if (var == 1) tc_go<KIND, 1, 1, 4, 1>(st, set, x, n);
+            else tc_go<KIND, 1, 1, 2, 2>(st, set, x, n);
+        } else tc_go<KIND, 1, 1, 2, 1>(st, set, x, n);
+    } else {
+        tc_go<KIND, 2, 4, 1, 1>(st, set, x, n);
+    }
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
@@ -699,6 +768,8 @@ __device__ float block_max(float v, float *sh) {
 // One block per row. x += t first when t is given (the residual add fused
 // with the next norm); float4 accesses when d allows, several in flight.
 __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
+    pdl_wait();
+    pdl_trigger();
     __shared__ float sh[32];
     float *xr = x + blockIdx.x * d;
     const float *tr = t ? t + blockIdx.x * d : NULL;
@@ -736,7 +807,7 @@ extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const fl
     int th = d >= 1024 ? 256 : d >= 256 ? 128 : 64;
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        rmsnorm_kernel<<<(unsigned)k, th, 0, st>>>(y + r0 * d, x + r0 * d, t ? t + r0 * d : NULL, w, d, eps, add_one);
+        pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d, t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one);
     }
     return launch_status();
 }
@@ -747,6 +818,8 @@ extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const 
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
@@ -768,6 +841,8 @@ __global__ void mul_vec_kernel(float *y, const float *v, float a, int64_t n, int
 
 __global__ void act_mul_kernel(int act, float *y, const float *g, const float *u, int64_t n, int64_t d,
                                int64_t ld_u) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * d) return;
     int64_t r = i / d, j = i % d;
@@ -788,7 +863,7 @@ __global__ void softcap_kernel(float *x, int64_t n, float cap) {
 #define EW 256
 
 extern "C" int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n) {
-    if (n > 0) add_kernel<<<blocks_for(n, EW), EW, 0, st>>>(y, x, n);
+    if (n > 0) pdl_launch(add_kernel, dim3(blocks_for(n, EW)), dim3(EW), 0, st, y, x, n);
     return launch_status();
 }
 
@@ -809,7 +884,7 @@ extern "C" int osp_cu_mul_vec(osp_cu_stream st, float *y, const float *v, float 
 
 extern "C" int osp_cu_act_mul(osp_cu_stream st, int act, float *y, const float *g, const float *u, int64_t n,
                               int64_t d, int64_t ld_u) {
-    if (n * d > 0) act_mul_kernel<<<blocks_for(n * d, EW), EW, 0, st>>>(act, y, g, u, n, d, ld_u);
+    if (n * d > 0) pdl_launch(act_mul_kernel, dim3(blocks_for(n * d, EW)), dim3(EW), 0, st, act, y, g, u, n, d, ld_u);
     return launch_status();
 }
 
@@ -821,6 +896,8 @@ extern "C" int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap) 
 // one thread per (row, head, pair) of x1 then of x2 (q and k in one launch)
 __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_t T, int32_t D, const float *inv,
                             const int32_t *pos, int64_t n1, int64_t total) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     float *x = x1;
@@ -841,7 +918,7 @@ __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_
 extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,
                             int32_t D, const float *inv, const int32_t *pos) {
     int64_t n1 = (int64_t)B * T * h1 * (D / 2), total = n1 + (x2 ? (int64_t)B * T * h2 * (D / 2) : 0);
-    if (total > 0) rope_kernel<<<blocks_for(total, EW), EW, 0, st>>>(x1, h1, x2, h2, T, D, inv, pos, n1, total);
+    if (total > 0) pdl_launch(rope_kernel, dim3(blocks_for(total, EW)), dim3(EW), 0, st, x1, h1, x2, h2, T, D, inv, pos, n1, total);
     return launch_status();
 }
 
@@ -936,6 +1013,8 @@ __device__ void quantize_group(const float *x, int group, int bits, uint8_t *cod
 // a block per (batch row i, token t, head h); thread 0 quantizes (exactness over speed: a KV vector is small)
 __global__ void kv_write_kernel(osp_cu_kvlayer L, const osp_cu_kvrow *rows, int32_t T, int32_t t0, const float *k,
                                 const float *v) {
+    pdl_wait();
+    pdl_trigger();
     const int32_t i = blockIdx.x, t = t0 + blockIdx.y, h = blockIdx.z;
     const osp_cu_kvrow R = rows[i];
     const int64_t H = L.n_kv_heads, D = L.head_dim, cap = R.cap;
@@ -978,7 +1057,7 @@ extern "C" int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const 
     int32_t t0 = L->sliding && T > L->ring ? T - L->ring : 0; // older ones would be overwritten anyway
     if (nb <= 0 || T - t0 <= 0) return 0;
     dim3 grid((unsigned)nb, (unsigned)(T - t0), (unsigned)L->n_kv_heads);
-    kv_write_kernel<<<grid, 64, 0, st>>>(*L, rows, T, t0, k, v);
+    pdl_launch(kv_write_kernel, grid, dim3(64), 0, st, *L, rows, T, t0, k, v);
     return launch_status();
 }
 
@@ -1024,6 +1103,8 @@ __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const os
 // GM: the query heads per KV head rounded up to a power of two (loops unroll to it)
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
+    pdl_wait();
+    pdl_trigger();
     extern __shared__ float sm[];
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
     float *qs = sm;                        // [G][D]
@@ -1166,6 +1247,8 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 // out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), over the
 // query's own splits in order
 __global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t nsplit) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t row = blockIdx.x;
     const int32_t h = blockIdx.y, D = a.L.head_dim;
     const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
@@ -1200,14 +1283,14 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
     if (shm > 48 * 1024) return (int)cudaErrorInvalidValue;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    if (G <= 1) attn_split_kernel<1><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 2) attn_split_kernel<2><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 4) attn_split_kernel<4><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 8) attn_split_kernel<8><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else attn_split_kernel<16><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
     if (nsplit > 1) {
         dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
-        attn_combine_kernel<<<g2, D < 128 ? 64 : 128, 0, st>>>(*a, part, nsplit);
+        pdl_launch(attn_combine_kernel, g2, dim3(D < 128 ? 64 : 128), 0, st, *a, (const float *)part, nsplit);
     }
     return launch_status();
 }

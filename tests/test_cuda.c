@@ -213,7 +213,8 @@ static void check_matmul_bf16(host_weight *h, const float *x, int64_t n, const f
 }
 
 /* The production decode: bf16 and 4/8-bit weights on the tensor cores (osp_cu_matmul_tc_multi) for decode steps
- * of 1 to 70 rows (one and several token tiles, one and several passes, partial row tiles), against the
+ * of 1 to 70 rows (one and several token tiles, one and several passes, partial row tiles; blocks of 8 and of 16
+ * warps: the bf16 and q8 wide weights take 16), against the
  * bf16-rounded reference; a token's result bitwise the same alone and among n, and a weight's the same alone
  * and fused with another in one launch. Other kinds fall back to the f32 kernels (f16 here: 1e-5). */
 static void test_tc(void **state) {
@@ -225,7 +226,9 @@ static void test_tc(void **state) {
         {"bf16", OSP_DT_BF16, 0, 0, 0, 2056},         {"bf16 small", OSP_DT_BF16, 0, 0, 0, 40},
         {"q4 g64", 0, 4, 64, OSP_DT_BF16, 1024},      {"q4 g32 f16", 0, 4, 32, OSP_DT_F16, 544},
         {"q4 g128 f32", 0, 4, 128, OSP_DT_F32, 4096}, {"q8 g64", 0, 8, 64, OSP_DT_BF16, 960},
-        {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},        {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
+        {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},        {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
+        {"bf16 wide", OSP_DT_BF16, 0, 0, 0, 4096},    {"q8 g64 wide", 0, 8, 64, OSP_DT_BF16, 8192},
+        {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
     };
     const int64_t ns[] = {1, 2, 7, 8, 9, 33, 64, 70};
     const int64_t nmax = 70;

@@ -408,8 +408,9 @@ extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const flo
 // tokens per instruction. Activations are rounded to bf16 (round to nearest
 // even) as they are loaded; 4-bit and 8-bit codes become bf16 weights
 // s * c + b (an f32 fma, then rounded), as the production prefill's
-// dequantization does. A block takes 16 * MT rows of one weight and TC_KS
-// warps split the columns into TC_KS equal ranges of steps; each warp's sum
+// dequantization does. A block takes 16 * MT rows of one weight and KS
+// warps split the columns into KS equal ranges of steps (KS from the
+// weight's shape: tc_ks); each warp's sum
 // runs over its steps in order and the block adds the warps' sums in warp
 // order. The column ranges depend on the weight's shape alone, and an mma's
 // output for one token depends on that token's column of the input alone
@@ -481,8 +482,6 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight
-#define TC_KS 8 // warps per block, each a range of the columns
-
 template <int KIND, int KS, int MT, int NT, int U, int MINB>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const float *__restrict__ x, int64_t n) {
@@ -633,35 +632,44 @@ static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_c
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
-template <int KIND, int MT, int NT, int U, int MINB>
+template <int KIND, int KS, int MT, int NT, int U, int MINB>
 static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
     for (int i = 0; i < set.nw; i++) {
         const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
     }
-    pdl_launch(tc_kernel<KIND, TC_KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1]), dim3(TC_KS * WARP), 0, st,
-               set, x, n);
+    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1]), dim3(KS * WARP), 0, st, set,
+               x, n);
 }
 
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, with the most loads in flight that
-// leave two blocks a multiprocessor (bf16, 8-bit) or one; else 32 rows by
-// 32 tokens a pass.
-template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
-    static int var = -1;
-    if (var < 0) {
-        const char *e = getenv("OSP_TC_VAR");
-        var = e ? atoi(e) : 0;
-    }
+// leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
+// 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
+template <int KIND, int KS> static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
     if (n <= 8) {
-        if constexpr (KIND == 2) tc_go<KIND, 1, 1, 4, 2>(st, set, x, n);
-        else if constexpr (KIND == 8) {
-            if (var == 1) tc_go<KIND, 1, 1, 4, 1>(st, set, x, n);
-            else tc_go<KIND, 1, 1, 2, 2>(st, set, x, n);
-        } else tc_go<KIND, 1, 1, 2, 1>(st, set, x, n);
+        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n);
+        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n);
+        else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n);
+    } else if constexpr (KS == 16) { // 128 registers a thread at most
+        tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n);
     } else {
-        tc_go<KIND, 2, 4, 1, 1>(st, set, x, n);
+        tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n);
     }
+}
+
+// The warps splitting a weight's columns, from its shape alone: 16 for a
+// long row (at least 8 steps a warp) in few row tiles (under 256: too few
+// blocks of 8 warps to fill the GPU), else 8.
+static int tc_ks(const osp_cu_weight *w) {
+    const int ch = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 8;
+    const int64_t nsteps = (w->cols / ch + 3) / 4;
+    return w->rows < 16 * 256 && nsteps >= 16 * 8 ? 16 : 8;
+}
+
+template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
+    if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x, n);
+    else tc_tiles<KIND, 8>(st, set, x, n);
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
@@ -689,7 +697,9 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         set.nw = 0;
         int64_t rows = 0;
         int i = i0;
-        for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]); i++) {
+        for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
+               tc_ks(ws[i]) == tc_ks(ws[i0]);
+             i++) {
             set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
             rows += ws[i]->rows;
             set.nw++;
@@ -767,14 +777,62 @@ __device__ float block_max(float v, float *sh) {
 
 // One block per row. x += t first when t is given (the residual add fused
 // with the next norm); float4 accesses when d allows, several in flight.
+// Rows of up to NORM_VEC * 4 * blockDim floats keep their values (and the
+// norm's weight, loaded before the previous kernel ends) in registers.
+#define NORM_VEC 4
 __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
+    __shared__ float sh[32];
+    const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * blockDim.x;
+    float4 wv[NORM_VEC];
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            wv[k] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (w && i < d / 4) {
+                wv[k] = ld4(w + 4 * i);
+                if (add_one) wv[k].x += 1.0f, wv[k].y += 1.0f, wv[k].z += 1.0f, wv[k].w += 1.0f;
+            }
+        }
+    }
     pdl_wait();
     pdl_trigger();
-    __shared__ float sh[32];
     float *xr = x + blockIdx.x * d;
     const float *tr = t ? t + blockIdx.x * d : NULL;
     float *yr = y + blockIdx.x * d;
     float ss = 0.0f;
+    if (vec) {
+        float4 xv[NORM_VEC];
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            xv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < d / 4) {
+                xv[k] = ld4(xr + 4 * i);
+                if (tr) {
+                    const float4 u = ld4(tr + 4 * i);
+                    xv[k].x = __fadd_rn(xv[k].x, u.x), xv[k].y = __fadd_rn(xv[k].y, u.y);
+                    xv[k].z = __fadd_rn(xv[k].z, u.z), xv[k].w = __fadd_rn(xv[k].w, u.w);
+                    reinterpret_cast<float4 *>(xr)[i] = xv[k];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) { // the same order as the loop below: a thread's elements in index order
+            ss = __fmaf_rn(xv[k].x, xv[k].x, ss), ss = __fmaf_rn(xv[k].y, xv[k].y, ss);
+            ss = __fmaf_rn(xv[k].z, xv[k].z, ss), ss = __fmaf_rn(xv[k].w, xv[k].w, ss);
+        }
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            if (i < d / 4)
+                reinterpret_cast<float4 *>(yr)[i] = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
+                                                                xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
+        }
+        return;
+    }
     if ((d & 3) == 0) {
         const int64_t d4 = d / 4;
         for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {

@@ -204,7 +204,7 @@ int osp_cmd_bench(int argc, char **argv) {
     int rc = 0;
     double *step = NULL; /* each decode step's seconds */
     bw_probe bw_huge = {0}, bw_4k = {0};
-    osp_session_opts so = {.n_rows = conc, .max_ctx = p + n, .kv_bits = kv_bits, .kv_group = kv_group};
+    osp_session_opts so = {.n_rows = conc, .max_ctx = p + n + 8, .kv_bits = kv_bits, .kv_group = kv_group}; /* + the warm-up steps */
     if (osp_session_new_opts(m, &so, &s) != OSP_OK) {
         rc = osp_cli_fail("bench");
         goto done;

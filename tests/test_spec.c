@@ -152,6 +152,7 @@ static void test_greedy_exact(void **state) {
         assert_int_equal(osp_model_load(ddir, &d), OSP_OK);
         trace plain[8], spec[8];
         osp_spec_params p = osp_spec_defaults();
+        p.max_tokens = 0; /* drafts for all 8 rows too */
         osp_gen_stats st;
         for (int32_t B = 1; B <= 8; B += 7) {
             run(m, g.ids, 16, B, 24, NULL, NULL, 0, 1, 0, 128, plain, NULL);
@@ -160,6 +161,7 @@ static void test_greedy_exact(void **state) {
             assert_true(st.n_draft > 0);
             osp_spec_params pn = osp_spec_defaults();
             pn.ngram = 1;
+            pn.max_tokens = 0;
             run(m, g.ids, 16, B, 24, &pn, NULL, 0, 1, 0, 128, spec, NULL);
             same(plain, spec, B, GOLDEN_MODELS[gi]);
         }
@@ -183,12 +185,14 @@ static void test_rings_and_quantized_kv(void **state) {
         osp_spec_params p = osp_spec_defaults();
         p.ngram = 1;
         p.draft_max = 8;
+        p.max_tokens = 0;
         run(m, ids, np, 2, 60, NULL, NULL, 0, 1, bits, 512, plain, NULL);
         run(m, ids, np, 2, 60, &p, NULL, 0, 1, bits, 512, spec, &st);
         same(plain, spec, 2, bits ? "8-bit KV" : "f32 KV");
         assert_true(st.n_draft > st.n_draft_accepted); /* some drafts were rolled back past position 256 */
         /* itself as its draft: everything accepted */
         osp_spec_params pd = osp_spec_defaults();
+        pd.max_tokens = 0;
         run(m, ids, np, 2, 60, &pd, m, 0, 1, bits, 512, spec, &st);
         same(plain, spec, 2, "self-draft");
         assert_int_equal(st.n_draft, st.n_draft_accepted);

@@ -47,13 +47,14 @@ int osp_cli_device_flag(const char *cmd, const char *flag, const char *value, in
  * --draft-max K, --draft-min K (llama-server), --spec-ngram. */
 typedef struct osp_cli_spec {
     const char *draft;
-    int ngram, draft_max, draft_min;
+    int ngram, draft_max, draft_min, batch_tokens; /* batch_tokens: -1 = default */
 } osp_cli_spec;
-#define OSP_CLI_SPEC_UNSET {NULL, 0, 0, 0}
+#define OSP_CLI_SPEC_UNSET {NULL, 0, 0, 0, -1}
 #define OSP_CLI_SPEC_HELP                                                                                      \
     "  --draft-model M (-md)    speculative decoding with a draft model sharing the tokenizer\n"               \
     "  --spec-ngram             speculative decoding with n-gram lookup in prompt + output (no second model)\n" \
-    "  --num-draft-tokens K     tokens drafted per round, at most (default 4; --draft-max); --draft-min K\n"
+    "  --num-draft-tokens K     tokens drafted per round, at most (default 4; --draft-max); --draft-min K\n" \
+    "  --spec-batch-tokens N    most tokens a verification pass computes for all rows (default 8; 0 = no cap)\n"
 /* 1 (value consumed) / 2 (no value) if `flag` is one of them; -1 bad value; else 0. */
 int osp_cli_spec_flag(osp_cli_spec *c, const char *flag, const char *value);
 struct osp_model;

@@ -59,6 +59,9 @@ static int usage(FILE *f) {
             "  --spec-ngram             speculative decoding with n-gram lookup in prompt + output (no second model)\n"
             "  --num-draft-tokens K     tokens drafted per round, at most (default 4; alias --draft-max);\n"
             "                           --draft-min K the fewest (default 1); the count adapts to the acceptance\n"
+            "  --spec-batch-tokens N    most tokens one verification pass computes for all rows (default 8; 0 = no\n"
+            "                           cap): a fuller batch drafts fewer tokens a row, none from N rows on (past it\n"
+            "                           the pass is compute-bound and checking drafts costs more than it saves)\n"
             "  --strict-model-name      refuse (404) a request whose 'model' is not the served model's name\n"
             "                           (default: any name is answered by the served model, which the response names)\n"
             "\n"
@@ -170,6 +173,7 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--draft-model") || IS("-md") || IS("--model-draft")) c.draft_model = v;
         else if (IS("--num-draft-tokens") || IS("--draft-max") || IS("--draft")) { if (NUM(1, 64)) return 2; c.draft_max = (int)d; }
         else if (IS("--draft-min")) { if (NUM(1, 64)) return 2; c.draft_min = (int)d; }
+        else if (IS("--spec-batch-tokens")) { if (NUM(0, 1 << 16)) return 2; c.spec_batch_tokens = (int)d; }
         else if (IS("--drain-timeout")) { if (NUM(0, 1e7)) return 2; c.drain_timeout = d; }
         else if (IS("--kv-bits")) {
             if (NUM(0, 32) || (d != 4 && d != 8 && d != 16 && d != 32 && d != 0)) {

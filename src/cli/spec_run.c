@@ -14,6 +14,16 @@ int osp_cli_spec_flag(osp_cli_spec *c, const char *a, const char *v) {
     int *num = !strcmp(a, "--num-draft-tokens") || !strcmp(a, "--draft-max") || !strcmp(a, "--draft") ? &c->draft_max
                : !strcmp(a, "--draft-min")                                                           ? &c->draft_min
                                                                                                      : NULL;
+    if (!strcmp(a, "--spec-batch-tokens")) {
+        char *end;
+        long n = v ? strtol(v, &end, 10) : -1;
+        if (!v || *end || n < 0 || n > 65536) {
+            fprintf(stderr, "osprey: --spec-batch-tokens expects a number of tokens (0 = no cap)\n");
+            return -1;
+        }
+        c->batch_tokens = (int)n;
+        return 1;
+    }
     if (num) {
         char *end;
         long n = v ? strtol(v, &end, 10) : 0;
@@ -41,6 +51,7 @@ int osp_cli_spec_open(const osp_cli_spec *c, const osp_model *target, int device
     if (c->draft_max) p.draft_max = c->draft_max;
     if (c->draft_min) p.draft_min = c->draft_min;
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
+    if (c->batch_tokens >= 0) p.max_tokens = c->batch_tokens;
     p.ngram = c->ngram && !c->draft;
     if (c->draft) {
         osp_model_params mp = {.device = (osp_device)device, .place = 1};

@@ -14,6 +14,7 @@ struct osp_spec {
     osp_sampler **dsamp;   /* [rows] the draft's sampler (the row's parameters), made at first use */
     int32_t *drafts;       /* [rows, draft_max] */
     int32_t *nd;           /* [rows] drafted this round */
+    int32_t *kc;           /* [rows] the most this round may draft (batch index) */
     float *q;              /* [rows, draft_max, V] the draft's distributions (sampling rows) */
     float *logits;         /* [rows, draft_max + 1, V] the target's */
     float *dlogits;        /* [rows, V] the draft's */
@@ -24,7 +25,7 @@ struct osp_spec {
 };
 
 osp_spec_params osp_spec_defaults(void) {
-    osp_spec_params p = {.draft_max = 4, .draft_min = 1, .ngram = 0, .ngram_max = 4};
+    osp_spec_params p = {.draft_max = 4, .draft_min = 1, .ngram = 0, .ngram_max = 4, .max_tokens = 8};
     return p;
 }
 
@@ -33,7 +34,7 @@ void osp_spec_free(osp_spec *sp) {
     if (sp->dsamp)
         for (int32_t i = 0; i < sp->n_rows; i++) osp_sampler_free(sp->dsamp[i]);
     osp_session_free(sp->ds);
-    free(sp->K), free(sp->dpos), free(sp->dsamp), free(sp->drafts), free(sp->nd), free(sp->q);
+    free(sp->K), free(sp->kc), free(sp->dpos), free(sp->dsamp), free(sp->drafts), free(sp->nd), free(sp->q);
     free(sp->logits), free(sp->dlogits), free(sp->ids), free(sp->keep), free(sp->hbuf), free(sp->drows), free(sp->dfeed);
     free(sp);
 }
@@ -77,13 +78,14 @@ osp_status osp_spec_new(const osp_spec_params *p, const osp_model *draft, osp_se
     sp->ctx = osp_session_max_ctx(target);
     int32_t R = sp->n_rows, Km = p->draft_max;
     sp->K = malloc(sizeof(int32_t) * R), sp->dpos = calloc((size_t)R, sizeof(int32_t));
+    sp->kc = malloc(sizeof(int32_t) * R);
     sp->dsamp = calloc((size_t)R, sizeof *sp->dsamp);
     sp->drafts = malloc(sizeof(int32_t) * R * Km), sp->nd = calloc((size_t)R, sizeof(int32_t));
     sp->logits = malloc(sizeof(float) * (size_t)R * (Km + 1) * V);
     sp->ids = malloc(sizeof(int32_t) * R * (Km + 1)), sp->keep = calloc((size_t)R, sizeof(int32_t));
     sp->hbuf = malloc(sizeof(int32_t) * ((size_t)sp->ctx + Km + 2));
     sp->drows = malloc(sizeof(int32_t) * R), sp->dfeed = malloc(sizeof(int32_t) * R);
-    int ok = sp->K && sp->dpos && sp->dsamp && sp->drafts && sp->nd && sp->logits && sp->ids && sp->keep && sp->hbuf &&
+    int ok = sp->K && sp->kc && sp->dpos && sp->dsamp && sp->drafts && sp->nd && sp->logits && sp->ids && sp->keep && sp->hbuf &&
              sp->drows && sp->dfeed;
     if (ok && draft) {
         sp->q = malloc(sizeof(float) * (size_t)R * Km * V);
@@ -181,7 +183,7 @@ static osp_status draft_model(osp_spec *sp, const int32_t *rows, int32_t nb, osp
         int32_t n = 0;
         for (int32_t i = 0; i < nb; i++) {
             int32_t row = rows[i];
-            if (sp->nd[i] != step || step >= sp->K[row]) continue;
+            if (sp->nd[i] != step || step >= sp->kc[i]) continue;
             sp->drows[n] = row;
             sp->dfeed[n] = sp->drafts[i * Km + step - 1];
             n++;
@@ -190,7 +192,7 @@ static osp_status draft_model(osp_spec *sp, const int32_t *rows, int32_t nb, osp
         OSP_TRY(osp_forward_rows(sp->ds, sp->drows, n, sp->dfeed, 1, 0, sp->dlogits));
         for (int32_t i = 0, k = 0; i < nb && k < n; i++) {
             int32_t row = rows[i];
-            if (sp->nd[i] != step || step >= sp->K[row]) continue;
+            if (sp->nd[i] != step || step >= sp->kc[i]) continue;
             int32_t nh;
             const int32_t *h = osp_stream_tokens(st[i], &nh);
             memcpy(sp->hbuf, h, sizeof(int32_t) * (size_t)nh);
@@ -209,11 +211,14 @@ static osp_status draft_model(osp_spec *sp, const int32_t *rows, int32_t nb, osp
 osp_status osp_spec_step(osp_spec *sp, osp_session *target, const int32_t *rows, int32_t nb, osp_stream *const *st,
                          const int *use, int32_t *next, int *more, osp_status *rc) {
     int32_t V = sp->V, Km = sp->p.draft_max, T = 1;
+    int32_t budget = sp->p.max_tokens > 0 ? sp->p.max_tokens / (nb > 0 ? nb : 1) - 1 : Km; /* drafts a row */
     int need_model = 0;
     for (int32_t i = 0; i < nb; i++) {
         int32_t row = rows[i], nh, room = sp->ctx - osp_session_row_pos(target, row) - 1;
         const int32_t *h = osp_stream_tokens(st[i], &nh);
         int32_t k = sp->K[row] < room ? sp->K[row] : room;
+        if (k > budget) k = budget;
+        sp->kc[i] = k;
         sp->nd[i] = 0;
         rc[i] = OSP_OK;
         more[i] = 0;

@@ -30,6 +30,7 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->max_connections = 1024;
     c->prompt_cache_gib = 2;
     c->prompt_cache_disk_gib = 10;
+    c->spec_batch_tokens = -1;
 }
 
 /* The limits, with the connection cap fitted to the descriptors we may open:

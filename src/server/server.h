@@ -55,6 +55,7 @@ typedef struct osp_serve_config {
     const char *draft_model;    /* speculative decoding with this draft model (NULL = none) */
     int spec_ngram;             /* speculative decoding with n-gram lookup (when no draft model) */
     int draft_max, draft_min;   /* tokens drafted per round (0 = defaults 4 and 1) */
+    int spec_batch_tokens;      /* most tokens one verification pass computes for all rows (-1 = default 8; 0 = no cap) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

@@ -98,6 +98,7 @@ static int spec_setup(srv *s) {
     if (c->draft_max > 0) p.draft_max = c->draft_max;
     if (c->draft_min > 0) p.draft_min = c->draft_min;
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
+    if (c->spec_batch_tokens >= 0) p.max_tokens = c->spec_batch_tokens;
     p.ngram = !c->draft_model;
     if (c->draft_model) {
         osp_model_params mp = {.device = (osp_device)c->device, .place = 1};

@@ -62,8 +62,9 @@ test('8 concurrent greedy requests: the same tokens and logprobs with a draft mo
   } finally {
     await stopped(plainSrv);
   }
+  // every row drafts (no cap on a verification pass's tokens, so 8 rows speculate together)
   for (const args of [['--draft-model', draft], ['--spec-ngram', '--num-draft-tokens', '6']]) {
-    const srv = await startServer(['--parallel', '8', '--prompt-cache', '0', ...args]);
+    const srv = await startServer(['--parallel', '8', '--prompt-cache', '0', '--spec-batch-tokens', '0', ...args]);
     try {
       const spec = await all(srv);
       let drafted = 0, accepted = 0;

@@ -1,0 +1,69 @@
+/* tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME: checks an
+ * F32 tensor of OUT against one of REF with the goldens' reference-precision
+ * bound (data/goldens/README.md, "Tolerances"): max |ours - ref| <=
+ * 2e-5 * max(1, max |ref|) at every position, a position being a row (the
+ * last dimension: a frame of a mel spectrogram is a column, so a mel's rows
+ * are its bins; the bound is per row either way). Exit 0 = pass. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/safetensors.h"
+
+#define TOL 2e-5
+
+static const osp_st_tensor *get(const osp_st *st, const char *file, const char *name) {
+    const osp_st_tensor *t = osp_st_find(st, name);
+    if (!t || t->dtype != OSP_DT_F32 || t->ndim < 1) {
+        fprintf(stderr, "tensor_compare: %s: no F32 tensor '%s'\n", file, name);
+        return NULL;
+    }
+    return t;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME\n");
+        return 2;
+    }
+    osp_st *rs = NULL, *os = NULL;
+    if (osp_st_open_file(argv[1], &rs) != OSP_OK || osp_st_open_file(argv[3], &os) != OSP_OK) {
+        fprintf(stderr, "tensor_compare: %s\n", osp_last_error());
+        osp_st_close(rs);
+        return 2;
+    }
+    int rc = 1;
+    const osp_st_tensor *r = get(rs, argv[1], argv[2]), *o = get(os, argv[3], argv[4]);
+    if (!r || !o) goto done;
+    if (r->ndim != o->ndim || memcmp(r->shape, o->shape, sizeof(int64_t) * r->ndim)) {
+        fprintf(stderr, "tensor_compare: %s has another shape than %s\n", argv[4], argv[2]);
+        goto done;
+    }
+    int64_t cols = r->shape[r->ndim - 1], rows = r->numel / (cols ? cols : 1);
+    float *a = malloc(r->nbytes + 4), *b = malloc(o->nbytes + 4);
+    memcpy(a, r->data, r->nbytes);
+    memcpy(b, o->data, o->nbytes);
+    double worst = 0, worst_abs = 0;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        double mx = 1, d = 0;
+        for (int64_t j = 0; j < cols; j++) mx = fmax(mx, fabs(a[i * cols + j]));
+        for (int64_t j = 0; j < cols; j++) {
+            double e = fabs((double)a[i * cols + j] - b[i * cols + j]);
+            if (!(e <= d)) d = e; /* NaN counts as the worst */
+        }
+        double ratio = isnan(d) ? INFINITY : d / (TOL * mx);
+        if (ratio > worst) worst = ratio;
+        if (!(d <= worst_abs)) worst_abs = d;
+        if (!(ratio <= 1)) bad++;
+    }
+    printf("%s: max |diff| %.3g, worst row at %.4f of the tolerance, %lld of %lld rows over\n", argv[2], worst_abs,
+           worst, (long long)bad, (long long)rows);
+    rc = bad ? 1 : 0;
+    free(a);
+    free(b);
+done:
+    osp_st_close(rs);
+    osp_st_close(os);
+    return rc;
+}

@@ -1,0 +1,639 @@
+/* model/whisper.c: the Whisper encoder-decoder (see whisper.h for the math).
+ *
+ * Layout: every linear weight stays as stored in the mmapped safetensors
+ * (osp_weight: dense or MLX-quantized); vectors (biases, LayerNorm
+ * parameters) and the position tables are converted to f32 at load, in the
+ * weights pool. Activations are [tokens, features] row-major f32. Heads are
+ * column ranges of d_model (head h: columns [h·hd, (h+1)·hd)).
+ *
+ * A state's buffers are sized at creation for the largest case (the
+ * encoder's 3000 frames, the decoder's n_text_ctx tokens) and reused.
+ */
+#include "whisper.h"
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "backend/ops.h"
+#include "core/fs.h"
+#include "core/json_get.h"
+#include "core/threadpool.h"
+#include "model/safetensors.h"
+#include "tensor/tensor.h"
+
+#define N_FRAMES 3000 /* mel frames of a 30 s window */
+#define LN_EPS 1e-5f
+#define ATT_Q 16           /* queries per attention task */
+#define ATT_MAX_KEYS 4096  /* keys one query attends over, at most (scores on the stack) */
+
+typedef struct ln {
+    float *w, *b; /* [d] */
+} ln;
+
+typedef struct attn {
+    osp_weight q, k, v, o; /* [d, d] */
+    float *bq, *bv, *bo;   /* [d]; k has no bias */
+} attn;
+
+typedef struct layer {
+    ln ln_self, ln_cross, ln_mlp;
+    attn self, cross; /* cross: decoder only */
+    osp_weight fc1;   /* [ffn, d] */
+    osp_weight fc2;   /* [d, ffn] */
+    float *b1, *b2;   /* [ffn], [d] */
+} layer;
+
+struct osp_whisper {
+    char dir[4096];
+    osp_whisper_config cfg;
+    osp_st *st;
+    const osp_ops *ops;
+    osp_weight conv1; /* [d, n_mels·3] (PyTorch's [out, in, k] flattened) */
+    osp_weight conv2; /* [d, d·3] */
+    float *conv1_b, *conv2_b; /* [d] */
+    float *enc_pos;           /* [n_audio_ctx, d] */
+    layer *enc, *dec;
+    ln enc_ln, dec_ln;
+    osp_weight embed;   /* [vocab, d] tokens */
+    osp_weight head;    /* [vocab, d]: proj_out, or embed when tied */
+    float *dec_pos;     /* [n_text_ctx, d] */
+};
+
+struct osp_whisper_state {
+    const osp_whisper *m;
+    int32_t pos;        /* tokens in the self-attention cache */
+    int encoded;
+    float *enc_out;     /* [A, d] */
+    float **ck, **cv;   /* per decoder layer [A, d]: cross K/V of the window */
+    float **sk, **sv;   /* per decoder layer [n_text_ctx, d]: self K/V */
+    /* scratch, sized for max(3000 frames, A, n_text_ctx) rows */
+    float *col;         /* [3000, max(n_mels, d)·3]: im2col of a convolution */
+    float *x, *h, *q, *k, *v, *a; /* [rows, d] */
+    float *f;           /* [rows, max(ffn, d)] */
+};
+
+/* ---------------- loading ---------------- */
+
+static osp_status tensor_of(osp_whisper *m, const char *name, int ndim, const int64_t *shape, int floats,
+                            const osp_st_tensor **out) {
+    const osp_st_tensor *t = osp_st_find(m->st, name);
+    *out = t;
+    if (!t) return osp_err(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", m->dir, name);
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (floats && t->dtype != OSP_DT_F32 && t->dtype != OSP_DT_F16 && t->dtype != OSP_DT_BF16) ok = 0;
+    if (!ok) {
+        char want[96];
+        if (ndim == 1) snprintf(want, sizeof want, "[%lld]", (long long)shape[0]);
+        else if (ndim == 2) snprintf(want, sizeof want, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+        else snprintf(want, sizeof want, "[%lld, %lld, %lld]", (long long)shape[0], (long long)shape[1], (long long)shape[2]);
+        return osp_err(OSP_ERR_FORMAT, "%s: tensor '%s' has dtype %s and %d dims; expected a float tensor %s", m->dir,
+                       name, osp_dtype_name(t->dtype), t->ndim, want);
+    }
+    return OSP_OK;
+}
+
+/* A float tensor of n values converted to f32 (weights pool). */
+static osp_status vec(osp_whisper *m, const char *name, int64_t rows, int64_t cols, float **out) {
+    const osp_st_tensor *t;
+    int64_t shape[2] = {rows, cols};
+    OSP_TRY(tensor_of(m, name, rows ? 2 : 1, rows ? shape : shape + 1, 1, &t));
+    int64_t n = (rows ? rows : 1) * cols;
+    float *v = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * (size_t)n);
+    if (!v) return osp_err(OSP_ERR_NOMEM, "%s: out of memory for '%s'", m->dir, name);
+    for (int64_t i = 0; i < n; i++) v[i] = osp_load_float(t->data, t->dtype, i);
+    *out = v;
+    return OSP_OK;
+}
+
+/* Linear module `path` (no ".weight") as W[rows, cols]: dense, or MLX
+ * affine-quantized when `path.scales` exists. */
+static osp_status linear(osp_whisper *m, const char *path, int64_t rows, int64_t cols, osp_weight *w) {
+    char name[512], sn[512], bn[512];
+    snprintf(name, sizeof name, "%s.weight", path);
+    snprintf(sn, sizeof sn, "%s.scales", path);
+    snprintf(bn, sizeof bn, "%s.biases", path);
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    const osp_st_tensor *s = osp_st_find(m->st, sn);
+    if (!s) {
+        const osp_st_tensor *t;
+        int64_t shape[2] = {rows, cols};
+        OSP_TRY(tensor_of(m, name, 2, shape, 1, &t));
+        w->dtype = t->dtype;
+        w->data = t->data;
+        return OSP_OK;
+    }
+    int bits = m->cfg.qbits, group = m->cfg.qgroup;
+    if (!bits) return osp_err(OSP_ERR_FORMAT, "%s: '%s' looks quantized but config.json declares no quantization", m->dir, sn);
+    if (cols % group || (cols * bits) % 32)
+        return osp_err(OSP_ERR_FORMAT, "%s: '%s': %lld columns do not fit %d-bit groups of %d", m->dir, path,
+                       (long long)cols, bits, group);
+    const osp_st_tensor *t = osp_st_find(m->st, name), *b = osp_st_find(m->st, bn);
+    if (!t || t->dtype != OSP_DT_U32 || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols * bits / 32)
+        return osp_err(OSP_ERR_FORMAT, "%s: '%s' is not U32 [%lld, %lld] packed codes", m->dir, name, (long long)rows,
+                       (long long)(cols * bits / 32));
+    int64_t sshape[2] = {rows, cols / group};
+    OSP_TRY(tensor_of(m, sn, 2, sshape, 1, &s));
+    OSP_TRY(tensor_of(m, bn, 2, sshape, 1, &b));
+    if (s->dtype != b->dtype) return osp_err(OSP_ERR_FORMAT, "%s: '%s': scales and biases differ in dtype", m->dir, path);
+    w->dtype = OSP_DT_U32;
+    w->data = t->data;
+    w->qbits = bits;
+    w->group = group;
+    w->sdtype = s->dtype;
+    w->scales = s->data;
+    w->biases = b->data;
+    return OSP_OK;
+}
+
+static osp_status bind_ln(osp_whisper *m, const char *path, int64_t d, ln *l) {
+    char n[512];
+    snprintf(n, sizeof n, "%s.weight", path);
+    OSP_TRY(vec(m, n, 0, d, &l->w));
+    snprintf(n, sizeof n, "%s.bias", path);
+    return vec(m, n, 0, d, &l->b);
+}
+
+static osp_status bind_attn(osp_whisper *m, const char *path, int64_t d, attn *a) {
+    char n[512];
+    static const char *P[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    osp_weight *W[] = {&a->q, &a->k, &a->v, &a->o};
+    float **B[] = {&a->bq, NULL, &a->bv, &a->bo};
+    for (int i = 0; i < 4; i++) {
+        snprintf(n, sizeof n, "%s.%s", path, P[i]);
+        OSP_TRY(linear(m, n, d, d, W[i]));
+        if (!B[i]) continue;
+        snprintf(n, sizeof n, "%s.%s.bias", path, P[i]);
+        OSP_TRY(vec(m, n, 0, d, B[i]));
+    }
+    return OSP_OK;
+}
+
+static osp_status bind_layer(osp_whisper *m, const char *path, int64_t d, int64_t ffn, int cross, layer *l) {
+    char n[512];
+    snprintf(n, sizeof n, "%s.self_attn_layer_norm", path);
+    OSP_TRY(bind_ln(m, n, d, &l->ln_self));
+    snprintf(n, sizeof n, "%s.self_attn", path);
+    OSP_TRY(bind_attn(m, n, d, &l->self));
+    if (cross) {
+        snprintf(n, sizeof n, "%s.encoder_attn_layer_norm", path);
+        OSP_TRY(bind_ln(m, n, d, &l->ln_cross));
+        snprintf(n, sizeof n, "%s.encoder_attn", path);
+        OSP_TRY(bind_attn(m, n, d, &l->cross));
+    }
+    snprintf(n, sizeof n, "%s.final_layer_norm", path);
+    OSP_TRY(bind_ln(m, n, d, &l->ln_mlp));
+    snprintf(n, sizeof n, "%s.fc1", path);
+    OSP_TRY(linear(m, n, ffn, d, &l->fc1));
+    snprintf(n, sizeof n, "%s.fc1.bias", path);
+    OSP_TRY(vec(m, n, 0, ffn, &l->b1));
+    snprintf(n, sizeof n, "%s.fc2", path);
+    OSP_TRY(linear(m, n, d, ffn, &l->fc2));
+    snprintf(n, sizeof n, "%s.fc2.bias", path);
+    return vec(m, n, 0, d, &l->b2);
+}
+
+/* A convolution weight [out, in, 3] as a dense [out, in·3] matrix. */
+static osp_status bind_conv(osp_whisper *m, const char *path, int64_t out, int64_t in, osp_weight *w, float **bias) {
+    char n[512];
+    const osp_st_tensor *t;
+    int64_t shape[3] = {out, in, 3};
+    snprintf(n, sizeof n, "%s.weight", path);
+    OSP_TRY(tensor_of(m, n, 3, shape, 1, &t));
+    memset(w, 0, sizeof *w);
+    w->dtype = t->dtype;
+    w->rows = out;
+    w->cols = in * 3;
+    w->data = t->data;
+    snprintf(n, sizeof n, "%s.bias", path);
+    return vec(m, n, 0, out, bias);
+}
+
+static osp_status read_config(osp_whisper *m) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", m->dir);
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je);
+    if (!j) return osp_err(OSP_ERR_FORMAT, "%s: %s (line %d)", p, je.text, je.line);
+    osp_whisper_config *c = &m->cfg;
+    const char *act = osp_json_str(j, "activation_function");
+    c->n_mels = osp_json_int(j, "num_mel_bins", 80);
+    c->d_model = osp_json_int(j, "d_model", 0);
+    c->enc_layers = osp_json_int(j, "encoder_layers", 0);
+    c->dec_layers = osp_json_int(j, "decoder_layers", 0);
+    c->enc_heads = osp_json_int(j, "encoder_attention_heads", 0);
+    c->dec_heads = osp_json_int(j, "decoder_attention_heads", 0);
+    c->enc_ffn = osp_json_int(j, "encoder_ffn_dim", 0);
+    c->dec_ffn = osp_json_int(j, "decoder_ffn_dim", 0);
+    c->n_audio_ctx = osp_json_int(j, "max_source_positions", 1500);
+    c->n_text_ctx = osp_json_int(j, "max_target_positions", 448);
+    c->vocab = osp_json_int(j, "vocab_size", 0);
+    c->decoder_start = osp_json_int(j, "decoder_start_token_id", 50257);
+    c->eos = osp_json_int(j, "eos_token_id", 50256);
+    c->scale_embedding = json_is_true(json_object_get(j, "scale_embedding"));
+    json_t *q = json_object_get(j, "quantization");
+    if (!q) q = json_object_get(j, "quantization_config");
+    if (json_is_object(q)) {
+        c->qbits = osp_json_int(q, "bits", 0);
+        c->qgroup = osp_json_int(q, "group_size", 64);
+    }
+    osp_status rc = OSP_OK;
+    if (act && strcmp(act, "gelu") != 0)
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: activation_function '%s' is not supported (gelu only)", p, act);
+    else if (c->n_mels < 1 || c->n_mels > 512 || c->d_model < 1 || c->enc_layers < 1 || c->dec_layers < 1 ||
+             c->enc_heads < 1 || c->dec_heads < 1 || c->d_model % c->enc_heads || c->d_model % c->dec_heads ||
+             c->enc_ffn < 1 || c->dec_ffn < 1 || c->vocab < 1 || c->n_text_ctx < 1 || c->d_model > 65536 ||
+             c->enc_layers > 256 || c->dec_layers > 256 || c->enc_ffn > 1 << 20 || c->dec_ffn > 1 << 20 ||
+             c->vocab > 1 << 22 || c->n_text_ctx > ATT_MAX_KEYS)
+        rc = osp_err(OSP_ERR_FORMAT, "%s: missing or inconsistent Whisper dimensions", p);
+    else if (c->n_audio_ctx != N_FRAMES / 2)
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: max_source_positions %d (30 s windows need 1500)", p, c->n_audio_ctx);
+    else if (c->qbits && c->qbits != 2 && c->qbits != 3 && c->qbits != 4 && c->qbits != 5 && c->qbits != 6 &&
+             c->qbits != 8)
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: %d-bit quantization is not supported", p, c->qbits);
+    else if (c->qbits && c->qgroup != 32 && c->qgroup != 64 && c->qgroup != 128)
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: quantization group size %d is not supported", p, c->qgroup);
+    json_decref(j);
+    return rc;
+}
+
+static osp_status resolve_dir(const char *path, char *out, size_t n) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", path);
+    if (osp_is_file(p)) {
+        snprintf(out, n, "%s", path);
+        return OSP_OK;
+    }
+    if (osp_hf_snapshot(path, out, n)) return OSP_OK;
+    return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder)", path);
+}
+
+int osp_whisper_detect(const char *dir) {
+    char d[4096], p[4200];
+    if (resolve_dir(dir, d, sizeof d) != OSP_OK) {
+        osp_err_clear();
+        return 0;
+    }
+    snprintf(p, sizeof p, "%s/config.json", d);
+    json_t *j = json_load_file(p, 0, NULL);
+    if (!j) return 0;
+    const char *mt = osp_json_str(j, "model_type");
+    int yes = mt && !strcmp(mt, "whisper");
+    json_t *a = json_array_get(json_object_get(j, "architectures"), 0);
+    if (json_is_string(a) && !strcmp(json_string_value(a), "WhisperForConditionalGeneration")) yes = 1;
+    json_decref(j);
+    return yes;
+}
+
+static osp_status load(osp_whisper *m) {
+    OSP_TRY(read_config(m));
+    OSP_TRY(osp_st_open_dir(m->dir, &m->st));
+    const osp_whisper_config *c = &m->cfg;
+    const int64_t d = c->d_model;
+    char n[256];
+    OSP_TRY(bind_conv(m, "model.encoder.conv1", d, c->n_mels, &m->conv1, &m->conv1_b));
+    OSP_TRY(bind_conv(m, "model.encoder.conv2", d, d, &m->conv2, &m->conv2_b));
+    OSP_TRY(vec(m, "model.encoder.embed_positions.weight", c->n_audio_ctx, d, &m->enc_pos));
+    m->enc = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->enc_layers);
+    m->dec = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->dec_layers);
+    if (!m->enc || !m->dec) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", m->dir);
+    for (int i = 0; i < c->enc_layers; i++) {
+        snprintf(n, sizeof n, "model.encoder.layers.%d", i);
+        OSP_TRY(bind_layer(m, n, d, c->enc_ffn, 0, &m->enc[i]));
+    }
+    OSP_TRY(bind_ln(m, "model.encoder.layer_norm", d, &m->enc_ln));
+    OSP_TRY(linear(m, "model.decoder.embed_tokens", c->vocab, d, &m->embed));
+    OSP_TRY(vec(m, "model.decoder.embed_positions.weight", c->n_text_ctx, d, &m->dec_pos));
+    for (int i = 0; i < c->dec_layers; i++) {
+        snprintf(n, sizeof n, "model.decoder.layers.%d", i);
+        OSP_TRY(bind_layer(m, n, d, c->dec_ffn, 1, &m->dec[i]));
+    }
+    OSP_TRY(bind_ln(m, "model.decoder.layer_norm", d, &m->dec_ln));
+    m->head = m->embed;
+    if (osp_st_find(m->st, "proj_out.weight") || osp_st_find(m->st, "proj_out.scales"))
+        OSP_TRY(linear(m, "proj_out", c->vocab, d, &m->head));
+    return OSP_OK;
+}
+
+osp_status osp_whisper_load(const char *dir, osp_whisper **out) {
+    *out = NULL;
+    osp_whisper *m = osp_calloc(OSP_POOL_MISC, sizeof *m);
+    if (!m) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    osp_status rc = resolve_dir(dir, m->dir, sizeof m->dir);
+    if (rc == OSP_OK) {
+        m->ops = osp_ops_get();
+        rc = load(m);
+    }
+    if (rc != OSP_OK) {
+        osp_whisper_free(m);
+        return rc;
+    }
+    *out = m;
+    return OSP_OK;
+}
+
+static void free_ln(ln *l) {
+    osp_free(l->w);
+    osp_free(l->b);
+}
+
+static void free_layer(layer *l) {
+    free_ln(&l->ln_self);
+    free_ln(&l->ln_cross);
+    free_ln(&l->ln_mlp);
+    attn *A[] = {&l->self, &l->cross};
+    for (int i = 0; i < 2; i++) {
+        osp_free(A[i]->bq);
+        osp_free(A[i]->bv);
+        osp_free(A[i]->bo);
+    }
+    osp_free(l->b1);
+    osp_free(l->b2);
+}
+
+void osp_whisper_free(osp_whisper *m) {
+    if (!m) return;
+    for (int i = 0; m->enc && i < m->cfg.enc_layers; i++) free_layer(&m->enc[i]);
+    for (int i = 0; m->dec && i < m->cfg.dec_layers; i++) free_layer(&m->dec[i]);
+    osp_free(m->enc);
+    osp_free(m->dec);
+    free_ln(&m->enc_ln);
+    free_ln(&m->dec_ln);
+    osp_free(m->conv1_b);
+    osp_free(m->conv2_b);
+    osp_free(m->enc_pos);
+    osp_free(m->dec_pos);
+    osp_st_close(m->st);
+    osp_free(m);
+}
+
+const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m) { return &m->cfg; }
+
+/* ---------------- state ---------------- */
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out) {
+    *out = NULL;
+    const osp_whisper_config *c = &m->cfg;
+    const int64_t d = c->d_model, A = c->n_audio_ctx, L = c->dec_layers;
+    const int64_t rows = max64(N_FRAMES, c->n_text_ctx);
+    osp_whisper_state *s = osp_calloc(OSP_POOL_MISC, sizeof *s);
+    if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    s->m = m;
+    s->ck = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
+    s->cv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
+    s->sk = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
+    s->sv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
+    int ok = s->ck && s->cv && s->sk && s->sv;
+    for (int64_t l = 0; ok && l < L; l++) {
+        s->ck[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
+        s->cv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
+        s->sk[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * c->n_text_ctx * d);
+        s->sv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * c->n_text_ctx * d);
+        ok = s->ck[l] && s->cv[l] && s->sk[l] && s->sv[l];
+    }
+    float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->a};
+    for (int i = 0; ok && i < 6; i++) ok = (*bufs[i] = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * rows * d)) != NULL;
+    if (ok) s->enc_out = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * A * d);
+    if (ok) s->col = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * N_FRAMES * 3 * max64(c->n_mels, d));
+    if (ok) s->f = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * rows * max64(max64(c->enc_ffn, c->dec_ffn), d));
+    if (!ok || !s->enc_out || !s->col || !s->f) {
+        osp_whisper_state_free(s);
+        return osp_err(OSP_ERR_NOMEM, "out of memory for a Whisper state");
+    }
+    *out = s;
+    return OSP_OK;
+}
+
+void osp_whisper_state_free(osp_whisper_state *s) {
+    if (!s) return;
+    for (int l = 0; l < s->m->cfg.dec_layers; l++) {
+        if (s->ck) osp_free(s->ck[l]);
+        if (s->cv) osp_free(s->cv[l]);
+        if (s->sk) osp_free(s->sk[l]);
+        if (s->sv) osp_free(s->sv[l]);
+    }
+    osp_free(s->ck);
+    osp_free(s->cv);
+    osp_free(s->sk);
+    osp_free(s->sv);
+    float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->col, s->f};
+    for (int i = 0; i < 9; i++) osp_free(bufs[i]);
+    osp_free(s);
+}
+
+/* ---------------- operations ---------------- */
+
+/* y[n, w->rows] = x[n, w->cols] · Wᵀ (+ bias), split over the thread pool
+ * in blocks of 64 rows of W × 64 tokens (a row's numbers never depend on
+ * the split). */
+typedef struct mm_ctx {
+    const osp_ops *ops;
+    const osp_weight *w;
+    const float *x, *bias;
+    float *y;
+    int64_t n, rblocks;
+} mm_ctx;
+
+#define MM_ROWS 64
+#define MM_TOKS 64
+
+static void mm_task(void *p, int64_t t) {
+    const mm_ctx *c = p;
+    int64_t rb = t % c->rblocks, tb = t / c->rblocks;
+    int64_t r0 = rb * MM_ROWS, r1 = r0 + MM_ROWS < c->w->rows ? r0 + MM_ROWS : c->w->rows;
+    int64_t t0 = tb * MM_TOKS, nt = c->n - t0 < MM_TOKS ? c->n - t0 : MM_TOKS;
+    float *y = c->y + t0 * c->w->rows + r0;
+    c->ops->matmul(c->w, c->x + t0 * c->w->cols, nt, y, c->w->rows, r0, r1);
+    if (c->bias)
+        for (int64_t i = 0; i < nt; i++)
+            for (int64_t r = r0; r < r1; r++) y[i * c->w->rows + r - r0] += c->bias[r];
+}
+
+static void matmul(const osp_whisper *m, const osp_weight *w, const float *x, int64_t n, const float *bias, float *y) {
+    mm_ctx c = {m->ops, w, x, bias, y, n, (w->rows + MM_ROWS - 1) / MM_ROWS};
+    osp_parallel_for(c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), mm_task, &c);
+}
+
+static void layer_norm(const ln *l, const float *x, float *y, int64_t n, int64_t d) {
+    for (int64_t t = 0; t < n; t++) {
+        const float *xi = x + t * d;
+        float *yi = y + t * d;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < d; i++) mean += xi[i];
+        mean /= d;
+        for (int64_t i = 0; i < d; i++) var += (xi[i] - mean) * (xi[i] - mean);
+        float inv = (float)(1.0 / sqrt(var / d + LN_EPS));
+        for (int64_t i = 0; i < d; i++) yi[i] = (float)(xi[i] - mean) * inv * l->w[i] + l->b[i];
+    }
+}
+
+static void gelu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+}
+
+static void add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* Attention of n queries q [n, d] (already scaled) over keys/values
+ * k, v [S, d], heads as column ranges; query i sees keys [0, lim0 + i]
+ * (causal) or all S (lim0 < 0). out [n, d]. One task per (head, block of
+ * 16 queries). */
+typedef struct att_ctx {
+    const osp_ops *ops;
+    const float *q, *k, *v;
+    float *out;
+    int64_t n, S, d, hd, lim0, qblocks;
+} att_ctx;
+
+
+static void att_task(void *p, int64_t t) {
+    const att_ctx *c = p;
+    int64_t h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q, i1 = i0 + ATT_Q < c->n ? i0 + ATT_Q : c->n;
+    float sc[ATT_MAX_KEYS];
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t keys = c->lim0 < 0 ? c->S : c->lim0 + i + 1;
+        const float *qi = c->q + i * c->d + h * c->hd;
+        float *o = c->out + i * c->d + h * c->hd;
+        c->ops->scores(sc, qi, c->k + h * c->hd, keys, c->d, c->hd);
+        c->ops->softmax(sc, keys);
+        memset(o, 0, sizeof(float) * c->hd);
+        c->ops->wsum(o, sc, c->v + h * c->hd, keys, c->d, c->hd);
+    }
+}
+
+static void attention(const osp_whisper *m, const float *q, const float *k, const float *v, float *out, int64_t n,
+                      int64_t S, int heads, int64_t lim0) {
+    const int64_t d = m->cfg.d_model;
+    att_ctx c = {m->ops, q, k, v, out, n, S, d, d / heads, lim0, (n + ATT_Q - 1) / ATT_Q};
+    osp_parallel_for(heads * c.qblocks, att_task, &c);
+}
+
+static void scale(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* ---------------- encoder ---------------- */
+
+osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
+    const osp_whisper *m = s->m;
+    const osp_whisper_config *c = &m->cfg;
+    const int64_t d = c->d_model, A = c->n_audio_ctx, C = c->n_mels, hd = d / c->enc_heads;
+    if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
+    s->encoded = 0;
+    s->pos = 0;
+    /* conv1 (k 3, padding 1): col[t, ci·3 + j] = mel[ci, t + j - 1] */
+    for (int64_t t = 0; t < N_FRAMES; t++)
+        for (int64_t ci = 0; ci < C; ci++)
+            for (int j = 0; j < 3; j++) {
+                int64_t src = t + j - 1;
+                s->col[(t * C + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? mel[ci * N_FRAMES + src] : 0.0f;
+            }
+    matmul(m, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
+    gelu(s->f, N_FRAMES * d);
+    /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] = h1[2t + j - 1, ci] */
+    for (int64_t t = 0; t < A; t++)
+        for (int64_t ci = 0; ci < d; ci++)
+            for (int j = 0; j < 3; j++) {
+                int64_t src = 2 * t + j - 1;
+                s->col[(t * d + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? s->f[src * d + ci] : 0.0f;
+            }
+    float *x = s->x;
+    matmul(m, &m->conv2, s->col, A, m->conv2_b, x);
+    gelu(x, A * d);
+    add(x, m->enc_pos, A * d);
+    const float qs = 1.0f / sqrtf((float)hd);
+    for (int l = 0; l < c->enc_layers; l++) {
+        const layer *L = &m->enc[l];
+        layer_norm(&L->ln_self, x, s->h, A, d);
+        matmul(m, &L->self.q, s->h, A, L->self.bq, s->q);
+        matmul(m, &L->self.k, s->h, A, NULL, s->k);
+        matmul(m, &L->self.v, s->h, A, L->self.bv, s->v);
+        scale(s->q, A * d, qs);
+        attention(m, s->q, s->k, s->v, s->a, A, A, c->enc_heads, -1);
+        matmul(m, &L->self.o, s->a, A, L->self.bo, s->h);
+        add(x, s->h, A * d);
+        layer_norm(&L->ln_mlp, x, s->h, A, d);
+        matmul(m, &L->fc1, s->h, A, L->b1, s->f);
+        gelu(s->f, A * c->enc_ffn);
+        matmul(m, &L->fc2, s->f, A, L->b2, s->h);
+        add(x, s->h, A * d);
+    }
+    layer_norm(&m->enc_ln, x, s->enc_out, A, d);
+    for (int l = 0; l < c->dec_layers; l++) {
+        matmul(m, &m->dec[l].cross.k, s->enc_out, A, NULL, s->ck[l]);
+        matmul(m, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->cv[l]);
+    }
+    s->encoded = 1;
+    return OSP_OK;
+}
+
+const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_out : NULL; }
+
+/* ---------------- decoder ---------------- */
+
+int32_t osp_whisper_pos(const osp_whisper_state *s) { return s->pos; }
+
+osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n) {
+    if (n < 0 || n > s->pos) return osp_err(OSP_ERR_RANGE, "whisper: cannot keep %d of %d cached tokens", n, s->pos);
+    s->pos = n;
+    return OSP_OK;
+}
+
+osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
+    const osp_whisper *m = s->m;
+    const osp_whisper_config *c = &m->cfg;
+    const int64_t d = c->d_model, A = c->n_audio_ctx, hd = d / c->dec_heads, p = s->pos;
+    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
+    if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
+    if (p + n > c->n_text_ctx)
+        return osp_err(OSP_ERR_RANGE, "whisper decode: %lld tokens exceed the decoder's %d positions", (long long)(p + n),
+                       c->n_text_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return osp_err(OSP_ERR_RANGE, "whisper decode: token id %d is outside the vocabulary (%d)", ids[i], c->vocab);
+    float *x = s->x;
+    const float es = c->scale_embedding ? sqrtf((float)d) : 1.0f;
+    for (int32_t i = 0; i < n; i++) {
+        osp_weight_row_f32(&m->embed, ids[i], x + i * d);
+        for (int64_t j = 0; j < d; j++) x[i * d + j] = x[i * d + j] * es + m->dec_pos[(p + i) * d + j];
+    }
+    const float qs = 1.0f / sqrtf((float)hd);
+    for (int l = 0; l < c->dec_layers; l++) {
+        const layer *L = &m->dec[l];
+        float *K = s->sk[l], *V = s->sv[l];
+        layer_norm(&L->ln_self, x, s->h, n, d);
+        matmul(m, &L->self.q, s->h, n, L->self.bq, s->q);
+        matmul(m, &L->self.k, s->h, n, NULL, K + p * d);
+        matmul(m, &L->self.v, s->h, n, L->self.bv, V + p * d);
+        scale(s->q, n * d, qs);
+        attention(m, s->q, K, V, s->a, n, p + n, c->dec_heads, p);
+        matmul(m, &L->self.o, s->a, n, L->self.bo, s->h);
+        add(x, s->h, n * d);
+        layer_norm(&L->ln_cross, x, s->h, n, d);
+        matmul(m, &L->cross.q, s->h, n, L->cross.bq, s->q);
+        scale(s->q, n * d, qs);
+        attention(m, s->q, s->ck[l], s->cv[l], s->a, n, A, c->dec_heads, -1);
+        matmul(m, &L->cross.o, s->a, n, L->cross.bo, s->h);
+        add(x, s->h, n * d);
+        layer_norm(&L->ln_mlp, x, s->h, n, d);
+        matmul(m, &L->fc1, s->h, n, L->b1, s->f);
+        gelu(s->f, n * c->dec_ffn);
+        matmul(m, &L->fc2, s->f, n, L->b2, s->h);
+        add(x, s->h, n * d);
+    }
+    s->pos += n;
+    if (logits) {
+        layer_norm(&m->dec_ln, x, s->h, n, d);
+        matmul(m, &m->head, s->h, n, NULL, logits);
+        if (last) memcpy(last, logits + (int64_t)(n - 1) * c->vocab, sizeof(float) * c->vocab);
+    } else if (last) {
+        layer_norm(&m->dec_ln, x + (int64_t)(n - 1) * d, s->h, 1, d);
+        matmul(m, &m->head, s->h, 1, NULL, last);
+    }
+    return OSP_OK;
+}

@@ -1,0 +1,74 @@
+/* model/whisper: the Whisper encoder-decoder (Hugging Face
+ * WhisperForConditionalGeneration checkpoints: config.json + safetensors,
+ * f32/f16/bf16, or MLX affine-quantized linear layers declared by
+ * config.json's "quantization").
+ *
+ * The model (osp_whisper) is read-only after load and shared; a request owns
+ * an osp_whisper_state: the encoder output of its current 30 s window, the
+ * cross-attention K/V computed once from it per decoder layer, the decoder's
+ * self-attention KV cache (max_target_positions positions), and scratch, all
+ * allocated when the state is made (nothing is allocated per token).
+ *
+ * Math (reference precision, f32 activations): encoder = GELU(conv1 k3 p1) →
+ * GELU(conv2 k3 s2 p1) → + embed_positions → pre-LN blocks (LayerNorm with
+ * bias, eps 1e-5; self-attention, q/v/out with bias, k without; q scaled by
+ * head_dim^-0.5; fc1 → exact erf GELU → fc2) → layer_norm. Decoder =
+ * embed_tokens(ids) (· sqrt(d_model) when scale_embedding) + embed_positions
+ * → blocks (causal self-attention over the cache, cross-attention over the
+ * window, MLP) → layer_norm → logits tied to embed_tokens (or proj_out when
+ * stored). Linear layers run on the ops table's matmul split over the
+ * process thread pool; attention on its scores/softmax/wsum kernels.
+ */
+#ifndef OSP_WHISPER_H
+#define OSP_WHISPER_H
+
+#include <stdint.h>
+#include "core/core.h"
+
+typedef struct osp_whisper_config {
+    int32_t n_mels;          /* 80 or 128 */
+    int32_t d_model;
+    int32_t enc_layers, dec_layers;
+    int32_t enc_heads, dec_heads;
+    int32_t enc_ffn, dec_ffn;
+    int32_t n_audio_ctx;     /* max_source_positions: 1500 (conv2 halves 3000 frames) */
+    int32_t n_text_ctx;      /* max_target_positions: 448 */
+    int32_t vocab;
+    int32_t decoder_start;   /* <|startoftranscript|> */
+    int32_t eos;             /* <|endoftext|> */
+    int scale_embedding;
+    int qbits, qgroup;       /* 0 when dense */
+} osp_whisper_config;
+
+typedef struct osp_whisper osp_whisper;
+typedef struct osp_whisper_state osp_whisper_state;
+
+/* 1 when the folder's config.json says model_type "whisper" (or its
+ * architectures name WhisperForConditionalGeneration). */
+int osp_whisper_detect(const char *dir);
+
+/* Load a model folder (or a Hugging Face cache repo folder). */
+osp_status osp_whisper_load(const char *dir, osp_whisper **out);
+void osp_whisper_free(osp_whisper *m);
+const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m);
+
+osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out);
+void osp_whisper_state_free(osp_whisper_state *s);
+
+/* Encode one window: mel [n_mels, 3000] → the encoder output and every
+ * decoder layer's cross K/V. Resets the decoder (position 0). */
+osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel);
+/* The current window's encoder output, [n_audio_ctx, d_model]. */
+const float *osp_whisper_encoder_out(const osp_whisper_state *s);
+
+/* Run n tokens at the decoder's current position (teacher-forced when
+ * n > 1), appending them to the self-attention cache. logits: [n, vocab],
+ * or NULL; last: when not NULL, receives the last token's logits [vocab]
+ * (cheaper: only that row goes through the vocabulary projection). */
+osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last);
+/* Tokens in the decoder's cache. */
+int32_t osp_whisper_pos(const osp_whisper_state *s);
+/* Keep only the first n cached tokens (n <= pos): a new prompt, a beam. */
+osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n);
+
+#endif

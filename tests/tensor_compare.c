@@ -1,9 +1,9 @@
-/* tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME: checks an
- * F32 tensor of OUT against one of REF with the goldens' reference-precision
- * bound (data/goldens/README.md, "Tolerances"): max |ours - ref| <=
- * 2e-5 * max(1, max |ref|) at every position, a position being a row (the
- * last dimension: a frame of a mel spectrogram is a column, so a mel's rows
- * are its bins; the bound is per row either way). Exit 0 = pass. */
+/* tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME [--columns]:
+ * checks a 2-D F32 tensor of OUT against one of REF with the goldens'
+ * reference-precision bound (data/goldens/README.md, "Tolerances"):
+ * max |ours - ref| <= 2e-5 * max(1, max |ref|) at every position. A position
+ * is a row ([T, vocab] logits, [1500, d] encoder states), or with --columns a
+ * column (a frame of a [n_mels, 3000] spectrogram). Exit 0 = pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,8 +22,9 @@ static const osp_st_tensor *get(const osp_st *st, const char *file, const char *
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME\n");
+    int by_col = argc == 6 && !strcmp(argv[5], "--columns");
+    if (argc != 5 && !by_col) {
+        fprintf(stderr, "usage: tensor_compare REF.safetensors REF_NAME OUT.safetensors OUT_NAME [--columns]\n");
         return 2;
     }
     osp_st *rs = NULL, *os = NULL;
@@ -35,11 +36,13 @@ int main(int argc, char **argv) {
     int rc = 1;
     const osp_st_tensor *r = get(rs, argv[1], argv[2]), *o = get(os, argv[3], argv[4]);
     if (!r || !o) goto done;
-    if (r->ndim != o->ndim || memcmp(r->shape, o->shape, sizeof(int64_t) * r->ndim)) {
+    if (r->ndim != 2 || o->ndim != 2 || memcmp(r->shape, o->shape, sizeof(int64_t) * 2)) {
         fprintf(stderr, "tensor_compare: %s has another shape than %s\n", argv[4], argv[2]);
         goto done;
     }
-    int64_t cols = r->shape[r->ndim - 1], rows = r->numel / (cols ? cols : 1);
+    /* positions x elements, with the element stride es and position stride ps */
+    int64_t rows = by_col ? r->shape[1] : r->shape[0], cols = by_col ? r->shape[0] : r->shape[1];
+    int64_t ps = by_col ? 1 : r->shape[1], es = by_col ? r->shape[1] : 1;
     float *a = malloc(r->nbytes + 4), *b = malloc(o->nbytes + 4);
     memcpy(a, r->data, r->nbytes);
     memcpy(b, o->data, o->nbytes);
@@ -47,9 +50,9 @@ int main(int argc, char **argv) {
     int64_t bad = 0;
     for (int64_t i = 0; i < rows; i++) {
         double mx = 1, d = 0;
-        for (int64_t j = 0; j < cols; j++) mx = fmax(mx, fabs(a[i * cols + j]));
+        for (int64_t j = 0; j < cols; j++) mx = fmax(mx, fabs(a[i * ps + j * es]));
         for (int64_t j = 0; j < cols; j++) {
-            double e = fabs((double)a[i * cols + j] - b[i * cols + j]);
+            double e = fabs((double)a[i * ps + j * es] - b[i * ps + j * es]);
             if (!(e <= d)) d = e; /* NaN counts as the worst */
         }
         double ratio = isnan(d) ? INFINITY : d / (TOL * mx);
@@ -57,8 +60,8 @@ int main(int argc, char **argv) {
         if (!(d <= worst_abs)) worst_abs = d;
         if (!(ratio <= 1)) bad++;
     }
-    printf("%s: max |diff| %.3g, worst row at %.4f of the tolerance, %lld of %lld rows over\n", argv[2], worst_abs,
-           worst, (long long)bad, (long long)rows);
+    printf("%s: max |diff| %.3g, worst %s at %.4f of the tolerance, %lld of %lld over\n", argv[2], worst_abs,
+           by_col ? "column" : "row", worst, (long long)bad, (long long)rows);
     rc = bad ? 1 : 0;
     free(a);
     free(b);

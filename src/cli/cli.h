@@ -16,6 +16,7 @@ int osp_cmd_template(int argc, char **argv);   /* cli/cmd_template.c */
 int osp_cmd_chat(int argc, char **argv);
 int osp_cmd_serve(int argc, char **argv);     /* cli/cmd_serve.c */
 int osp_cmd_mel(int argc, char **argv);       /* cli/cmd_mel.c */
+int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);

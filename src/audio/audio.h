@@ -47,6 +47,8 @@ typedef struct osp_mel osp_mel; /* filters + FFT plan; use from one thread at a 
 osp_status osp_mel_new(int n_mels, osp_mel **out);
 void osp_mel_free(osp_mel *m);
 int osp_mel_bins(const osp_mel *m);
+/* 1: compute on the calling thread only, not the process thread pool. */
+void osp_mel_set_serial(osp_mel *m, int serial);
 /* The log-mel spectrogram of pcm[0..n) (the first 30 s; shorter input is
  * zero-padded) into out[n_mels, 3000]. */
 osp_status osp_mel_compute(osp_mel *m, const float *pcm, int64_t n, float *out);

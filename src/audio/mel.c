@@ -14,6 +14,7 @@ struct osp_mel {
     float *filters; /* [n_mels, 201] */
     float *window;  /* [400] periodic Hann */
     fftwf_plan plan;
+    int serial; /* frames on the calling thread, not the pool */
 };
 
 static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -89,6 +90,7 @@ void osp_mel_free(osp_mel *m) {
 }
 
 int osp_mel_bins(const osp_mel *m) { return m->n_mels; }
+void osp_mel_set_serial(osp_mel *m, int serial) { m->serial = serial; }
 
 typedef struct mel_ctx {
     const osp_mel *m;
@@ -133,7 +135,11 @@ osp_status osp_mel_compute(osp_mel *m, const float *pcm, int64_t n, float *out) 
         x[pad + W - 1 + i] = x[pad + W - 1 - i];
     }
     mel_ctx c = {m, x, out, 50};
-    osp_parallel_for((OSP_MEL_FRAMES + c.per_task - 1) / c.per_task, mel_task, &c);
+    int64_t tasks = (OSP_MEL_FRAMES + c.per_task - 1) / c.per_task;
+    if (m->serial)
+        for (int64_t t = 0; t < tasks; t++) mel_task(&c, t);
+    else
+        osp_parallel_for(tasks, mel_task, &c);
     osp_free(x);
     float mx = -INFINITY;
     const int64_t N = (int64_t)m->n_mels * OSP_MEL_FRAMES;

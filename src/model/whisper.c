@@ -63,6 +63,7 @@ struct osp_whisper_state {
     const osp_whisper *m;
     int32_t pos;        /* tokens in the self-attention cache */
     int encoded;
+    int serial;         /* run every task on the calling thread (not the process pool) */
     float *enc_out;     /* [A, d] */
     float **ck, **cv;   /* per decoder layer [A, d]: cross K/V of the window */
     float **sk, **sv;   /* per decoder layer [n_text_ctx, d]: self K/V */
@@ -453,9 +454,17 @@ static void mm_task(void *p, int64_t t) {
             for (int64_t r = r0; r < r1; r++) y[i * c->w->rows + r - r0] += c->bias[r];
 }
 
-static void matmul(const osp_whisper *m, const osp_weight *w, const float *x, int64_t n, const float *bias, float *y) {
-    mm_ctx c = {m->ops, w, x, bias, y, n, (w->rows + MM_ROWS - 1) / MM_ROWS};
-    osp_parallel_for(c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), mm_task, &c);
+static void par(const osp_whisper_state *s, int64_t n, osp_task_fn fn, void *ctx) {
+    if (s->serial)
+        for (int64_t t = 0; t < n; t++) fn(ctx, t);
+    else
+        osp_parallel_for(n, fn, ctx);
+}
+
+static void matmul(const osp_whisper_state *s, const osp_weight *w, const float *x, int64_t n, const float *bias,
+                   float *y) {
+    mm_ctx c = {s->m->ops, w, x, bias, y, n, (w->rows + MM_ROWS - 1) / MM_ROWS};
+    par(s, c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), mm_task, &c);
 }
 
 static void layer_norm(const ln *l, const float *x, float *y, int64_t n, int64_t d) {
@@ -506,11 +515,11 @@ static void att_task(void *p, int64_t t) {
     }
 }
 
-static void attention(const osp_whisper *m, const float *q, const float *k, const float *v, float *out, int64_t n,
-                      int64_t S, int heads, int64_t lim0) {
-    const int64_t d = m->cfg.d_model;
-    att_ctx c = {m->ops, q, k, v, out, n, S, d, d / heads, lim0, (n + ATT_Q - 1) / ATT_Q};
-    osp_parallel_for(heads * c.qblocks, att_task, &c);
+static void attention(const osp_whisper_state *s, const float *q, const float *k, const float *v, float *out,
+                      int64_t n, int64_t S, int heads, int64_t lim0) {
+    const int64_t d = s->m->cfg.d_model;
+    att_ctx c = {s->m->ops, q, k, v, out, n, S, d, d / heads, lim0, (n + ATT_Q - 1) / ATT_Q};
+    par(s, heads * c.qblocks, att_task, &c);
 }
 
 static void scale(float *x, int64_t n, float s) {
@@ -533,7 +542,7 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
                 int64_t src = t + j - 1;
                 s->col[(t * C + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? mel[ci * N_FRAMES + src] : 0.0f;
             }
-    matmul(m, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
+    matmul(s, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
     gelu(s->f, N_FRAMES * d);
     /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] = h1[2t + j - 1, ci] */
     for (int64_t t = 0; t < A; t++)
@@ -543,34 +552,36 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
                 s->col[(t * d + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? s->f[src * d + ci] : 0.0f;
             }
     float *x = s->x;
-    matmul(m, &m->conv2, s->col, A, m->conv2_b, x);
+    matmul(s, &m->conv2, s->col, A, m->conv2_b, x);
     gelu(x, A * d);
     add(x, m->enc_pos, A * d);
     const float qs = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->enc_layers; l++) {
         const layer *L = &m->enc[l];
         layer_norm(&L->ln_self, x, s->h, A, d);
-        matmul(m, &L->self.q, s->h, A, L->self.bq, s->q);
-        matmul(m, &L->self.k, s->h, A, NULL, s->k);
-        matmul(m, &L->self.v, s->h, A, L->self.bv, s->v);
+        matmul(s, &L->self.q, s->h, A, L->self.bq, s->q);
+        matmul(s, &L->self.k, s->h, A, NULL, s->k);
+        matmul(s, &L->self.v, s->h, A, L->self.bv, s->v);
         scale(s->q, A * d, qs);
-        attention(m, s->q, s->k, s->v, s->a, A, A, c->enc_heads, -1);
-        matmul(m, &L->self.o, s->a, A, L->self.bo, s->h);
+        attention(s, s->q, s->k, s->v, s->a, A, A, c->enc_heads, -1);
+        matmul(s, &L->self.o, s->a, A, L->self.bo, s->h);
         add(x, s->h, A * d);
         layer_norm(&L->ln_mlp, x, s->h, A, d);
-        matmul(m, &L->fc1, s->h, A, L->b1, s->f);
+        matmul(s, &L->fc1, s->h, A, L->b1, s->f);
         gelu(s->f, A * c->enc_ffn);
-        matmul(m, &L->fc2, s->f, A, L->b2, s->h);
+        matmul(s, &L->fc2, s->f, A, L->b2, s->h);
         add(x, s->h, A * d);
     }
     layer_norm(&m->enc_ln, x, s->enc_out, A, d);
     for (int l = 0; l < c->dec_layers; l++) {
-        matmul(m, &m->dec[l].cross.k, s->enc_out, A, NULL, s->ck[l]);
-        matmul(m, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->cv[l]);
+        matmul(s, &m->dec[l].cross.k, s->enc_out, A, NULL, s->ck[l]);
+        matmul(s, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->cv[l]);
     }
     s->encoded = 1;
     return OSP_OK;
 }
+
+void osp_whisper_state_set_serial(osp_whisper_state *s, int serial) { s->serial = serial; }
 
 const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_out : NULL; }
 
@@ -607,33 +618,33 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         const layer *L = &m->dec[l];
         float *K = s->sk[l], *V = s->sv[l];
         layer_norm(&L->ln_self, x, s->h, n, d);
-        matmul(m, &L->self.q, s->h, n, L->self.bq, s->q);
-        matmul(m, &L->self.k, s->h, n, NULL, K + p * d);
-        matmul(m, &L->self.v, s->h, n, L->self.bv, V + p * d);
+        matmul(s, &L->self.q, s->h, n, L->self.bq, s->q);
+        matmul(s, &L->self.k, s->h, n, NULL, K + p * d);
+        matmul(s, &L->self.v, s->h, n, L->self.bv, V + p * d);
         scale(s->q, n * d, qs);
-        attention(m, s->q, K, V, s->a, n, p + n, c->dec_heads, p);
-        matmul(m, &L->self.o, s->a, n, L->self.bo, s->h);
+        attention(s, s->q, K, V, s->a, n, p + n, c->dec_heads, p);
+        matmul(s, &L->self.o, s->a, n, L->self.bo, s->h);
         add(x, s->h, n * d);
         layer_norm(&L->ln_cross, x, s->h, n, d);
-        matmul(m, &L->cross.q, s->h, n, L->cross.bq, s->q);
+        matmul(s, &L->cross.q, s->h, n, L->cross.bq, s->q);
         scale(s->q, n * d, qs);
-        attention(m, s->q, s->ck[l], s->cv[l], s->a, n, A, c->dec_heads, -1);
-        matmul(m, &L->cross.o, s->a, n, L->cross.bo, s->h);
+        attention(s, s->q, s->ck[l], s->cv[l], s->a, n, A, c->dec_heads, -1);
+        matmul(s, &L->cross.o, s->a, n, L->cross.bo, s->h);
         add(x, s->h, n * d);
         layer_norm(&L->ln_mlp, x, s->h, n, d);
-        matmul(m, &L->fc1, s->h, n, L->b1, s->f);
+        matmul(s, &L->fc1, s->h, n, L->b1, s->f);
         gelu(s->f, n * c->dec_ffn);
-        matmul(m, &L->fc2, s->f, n, L->b2, s->h);
+        matmul(s, &L->fc2, s->f, n, L->b2, s->h);
         add(x, s->h, n * d);
     }
     s->pos += n;
     if (logits) {
         layer_norm(&m->dec_ln, x, s->h, n, d);
-        matmul(m, &m->head, s->h, n, NULL, logits);
+        matmul(s, &m->head, s->h, n, NULL, logits);
         if (last) memcpy(last, logits + (int64_t)(n - 1) * c->vocab, sizeof(float) * c->vocab);
     } else if (last) {
         layer_norm(&m->dec_ln, x + (int64_t)(n - 1) * d, s->h, 1, d);
-        matmul(m, &m->head, s->h, 1, NULL, last);
+        matmul(s, &m->head, s->h, 1, NULL, last);
     }
     return OSP_OK;
 }

@@ -55,6 +55,11 @@ const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m);
 osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out);
 void osp_whisper_state_free(osp_whisper_state *s);
 
+/* serial = 1: every operation runs on the calling thread instead of the
+ * process thread pool (whose calls must come from one thread at a time),
+ * for callers beside another user of the pool (the server's audio route). */
+void osp_whisper_state_set_serial(osp_whisper_state *s, int serial);
+
 /* Encode one window: mel [n_mels, 3000] → the encoder output and every
  * decoder layer's cross K/V. Resets the decoder (position 0). */
 osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel);

@@ -49,6 +49,9 @@ typedef struct osp_serve_config {
     int max_per_client;         /* connections from one address (default 0 = no cap) */
     double drain_timeout;       /* s to finish after SIGTERM/SIGINT (default 0 = until all is delivered) */
     int strict_model;           /* a request naming another model gets a 404 (default: it is served) */
+    const char *audio_model;    /* Whisper model folder for the /v1/audio routes, or NULL */
+    const char *audio_tokenizer;/* its tokenizer (tokenizer.json or .tiktoken) when not in the folder */
+    size_t max_audio_body;      /* upload limit of the audio routes (default 25 MiB) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

@@ -229,19 +229,15 @@ void osp_whisper_filter_logits(const osp_wtokens *w, int timestamps, const int32
         mask(logits, 0, tb);
         mask(logits, tb + 50 + 1, V); /* max_initial_timestamp 1.0 s */
     }
-    /* when the timestamps' total probability beats every text token, a timestamp */
-    float mx = -INFINITY;
-    for (int32_t i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
-    if (mx == -INFINITY) return;
-    double z = 0, zt = 0, best_text = -INFINITY;
-    for (int32_t i = 0; i < V; i++) {
-        double e = exp((double)logits[i] - mx);
-        z += e;
-        if (i >= tb) zt += e;
-        else if (logits[i] > best_text) best_text = logits[i];
-    }
-    double ts_logprob = log(zt) - log(z), text_logprob = best_text - mx - log(z);
-    if (zt > 0 && ts_logprob > text_logprob) mask(logits, 0, tb);
+    /* when the timestamps' total probability beats every text token, a timestamp
+     * (log-softmax's normalizer cancels: log sum_ts e^l against max_text l) */
+    float mt = -INFINITY, mts = -INFINITY;
+    for (int32_t i = 0; i < tb; i++) mt = logits[i] > mt ? logits[i] : mt;
+    for (int32_t i = tb; i < V; i++) mts = logits[i] > mts ? logits[i] : mts;
+    if (mts == -INFINITY) return;
+    double zt = 0;
+    for (int32_t i = tb; i < V; i++) zt += exp((double)logits[i] - mts);
+    if (mts + log(zt) > mt) mask(logits, 0, tb);
 }
 
 double osp_compression_ratio(const char *text, size_t len) {

@@ -95,6 +95,7 @@ typedef struct wctx {
     int32_t n_prefix, n_prompt_part; /* tokens before <|startoftranscript|> */
     float *logits;   /* [vocab] */
     float *sot_logits; /* [n_sot, vocab] scratch for the first call */
+    float *probs;      /* [vocab] sampling scratch */
     int32_t *seq;    /* [n_text_ctx] */
     uint64_t rng;
 } wctx;
@@ -106,28 +107,26 @@ static double next_uniform(uint64_t *s) {
     return (double)((*s * 0x2545f4914f6cdd1dull) >> 11) / 9007199254740992.0;
 }
 
-/* log-softmax value of logits[i] (f64). */
-static double log_softmax_at(const float *l, int32_t V, int32_t i) {
-    float mx = -INFINITY;
-    for (int32_t j = 0; j < V; j++) mx = l[j] > mx ? l[j] : mx;
-    double z = 0;
-    for (int32_t j = 0; j < V; j++) z += exp((double)l[j] - mx);
-    return (double)l[i] - mx - log(z);
-}
-
-static int32_t pick(const float *l, int32_t V, float temperature, uint64_t *rng) {
+/* log of the softmax's normalizer of l[0..V): mx + log(sum exp(l - mx)); *arg the first argmax. */
+static double log_norm(const float *l, int32_t V, int32_t *arg) {
     int32_t best = 0;
     for (int32_t j = 1; j < V; j++)
         if (l[j] > l[best]) best = j;
-    if (temperature <= 0) return best;
     double z = 0;
-    for (int32_t j = 0; j < V; j++) z += exp(((double)l[j] - l[best]) / temperature);
+    const float mx = l[best];
+    for (int32_t j = 0; j < V; j++) z += expf(l[j] - mx);
+    if (arg) *arg = best;
+    return mx + log(z);
+}
+
+/* A token drawn from softmax(l / temperature); p is scratch [V]. */
+static int32_t sample(const float *l, int32_t V, int32_t best, float temperature, float *p, uint64_t *rng) {
+    double z = 0;
+    for (int32_t j = 0; j < V; j++) z += p[j] = expf((l[j] - l[best]) / temperature);
     double u = next_uniform(rng) * z, acc = 0;
     for (int32_t j = 0; j < V; j++) {
-        double e = exp(((double)l[j] - l[best]) / temperature);
-        if (e == 0) continue;
-        acc += e;
-        if (acc >= u) return j;
+        acc += p[j];
+        if (p[j] > 0 && acc >= u) return j;
     }
     return best;
 }
@@ -144,14 +143,16 @@ static osp_status decode_once(wctx *c, float temperature, osp_wresult *r) {
     int32_t n_sot = c->n_prefix - c->n_prompt_part;
     OSP_TRY(osp_whisper_decode(c->s, c->prefix + c->n_prompt_part, n_sot, c->sot_logits, c->logits));
     /* no_speech_prob at <|startoftranscript|> */
-    r->no_speech_prob = exp(log_softmax_at(c->sot_logits, V, w->no_speech));
+    r->no_speech_prob = exp(c->sot_logits[w->no_speech] - log_norm(c->sot_logits, V, NULL));
     r->sum_logprob = 0;
     r->n_tokens = 0;
     int ended = 0;
     for (int i = 0; i < OSP_WHISPER_SAMPLE_LEN; i++) {
         osp_whisper_filter_logits(w, c->timestamps, c->seq, n, c->n_prefix, c->logits);
-        int32_t next = pick(c->logits, V, temperature, &c->rng);
-        r->sum_logprob += log_softmax_at(c->logits, V, next);
+        int32_t next;
+        double lz = log_norm(c->logits, V, &next);
+        if (temperature > 0) next = sample(c->logits, V, next, temperature, c->probs, &c->rng);
+        r->sum_logprob += c->logits[next] - lz;
         if (next == w->eot) {
             ended = 1;
             break;
@@ -267,7 +268,7 @@ typedef struct tctx {
     osp_mel *mel;
     float *spec;
     int32_t *prefix, *all;
-    float *logits, *sot_logits;
+    float *logits, *sot_logits, *probs;
     int32_t *seq;
     osp_wresult *res;
     int32_t *ranges;
@@ -277,7 +278,7 @@ typedef struct tctx {
 static void tctx_free(tctx *x) {
     osp_whisper_state_free(x->s);
     osp_mel_free(x->mel);
-    void *p[] = {x->spec, x->prefix, x->all, x->logits, x->sot_logits, x->seq, x->res, x->ranges, x->times};
+    void *p[] = {x->spec, x->prefix, x->all, x->logits, x->sot_logits, x->probs, x->seq, x->res, x->ranges, x->times};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) osp_free(p[i]);
 }
 
@@ -302,15 +303,19 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
     const int32_t V = cfg->vocab, ctx = cfg->n_text_ctx;
     OSP_TRY(osp_whisper_state_new(m, &x->s));
     OSP_TRY(osp_mel_new(cfg->n_mels, &x->mel));
+    osp_whisper_state_set_serial(x->s, o->serial);
+    osp_mel_set_serial(x->mel, o->serial);
     x->spec = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * cfg->n_mels * N_FRAMES);
     x->prefix = osp_malloc(OSP_POOL_SCRATCH, sizeof(int32_t) * ctx);
     x->seq = osp_malloc(OSP_POOL_SCRATCH, sizeof(int32_t) * (ctx + OSP_WHISPER_SAMPLE_LEN + 8));
     x->logits = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * V);
     x->sot_logits = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * V * 4);
+    x->probs = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * V);
     x->res = osp_malloc(OSP_POOL_SCRATCH, sizeof *x->res);
     x->ranges = osp_malloc(OSP_POOL_SCRATCH, sizeof(int32_t) * 2 * (OSP_WHISPER_SAMPLE_LEN + 2));
     x->times = osp_malloc(OSP_POOL_SCRATCH, sizeof(double) * 2 * (OSP_WHISPER_SAMPLE_LEN + 2));
-    if (!x->spec || !x->prefix || !x->seq || !x->logits || !x->sot_logits || !x->res || !x->ranges || !x->times)
+    if (!x->spec || !x->prefix || !x->seq || !x->logits || !x->sot_logits || !x->probs || !x->res || !x->ranges ||
+        !x->times)
         return osp_err(OSP_ERR_NOMEM, "out of memory for transcription");
 
     int lang = 0;
@@ -381,7 +386,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         }
         if (!o->timestamps) x->prefix[np++] = w->no_timestamps;
         wctx c = {m, tok, w, x->s, o->timestamps, o->best_of, x->prefix, np, n_prompt_part,
-                  x->logits, x->sot_logits, x->seq, rng};
+                  x->logits, x->sot_logits, x->probs, x->seq, rng};
         osp_fallback_opts fb = o->fb;
         if (o->no_fallback) {
             fb.n_temps = 1;

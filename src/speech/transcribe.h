@@ -127,6 +127,7 @@ typedef struct osp_transcribe_opts {
     int best_of;            /* samples per temperature > 0 (5) */
     int condition_on_previous_text; /* 1 */
     uint64_t seed;
+    int serial;             /* 1: on the calling thread only (osp_whisper_state_set_serial) */
     osp_fallback_opts fb;   /* thresholds (osp_transcribe_defaults) */
     /* called after each window: seconds done, total */
     void (*progress)(void *ctx, double done, double total);

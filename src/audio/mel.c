@@ -127,7 +127,7 @@ osp_status osp_mel_compute(osp_mel *m, const float *pcm, int64_t n, float *out) 
     float *x = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * (W + 2 * pad));
     if (!x) return osp_err(OSP_ERR_NOMEM, "mel: out of memory");
     int64_t k = n < W ? n : W;
-    memcpy(x + pad, pcm, sizeof(float) * (size_t)k);
+    if (k) memcpy(x + pad, pcm, sizeof(float) * (size_t)k);
     memset(x + pad + k, 0, sizeof(float) * (size_t)(W - k));
     /* numpy's "reflect": the edge sample is not repeated */
     for (int i = 1; i <= pad; i++) {

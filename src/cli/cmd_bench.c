@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "model/whisper.h"
 #include "backend/ops.h"
 #include "core/core.h"
 #include "core/threadpool.h"
@@ -167,6 +168,7 @@ int osp_cmd_bench(int argc, char **argv) {
     if (!model || p < 1 || n < 1 || conc < 1 || conc > 256 || (kv_bits != 0 && kv_bits != 4 && kv_bits != 8 && kv_bits != 16))
         return usage();
     osp_set_threads(threads);
+    if (osp_whisper_detect(model)) return osp_whisper_bench(model, n, json); /* cli/whisper_tools.c */
     osp_model *m;
     osp_model_params mp = {.device = (osp_device)device, .place = 1};
     if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");

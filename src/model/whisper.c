@@ -25,6 +25,8 @@
 #define LN_EPS 1e-5f
 #define ATT_Q 16           /* queries per attention task */
 #define ATT_MAX_KEYS 4096  /* keys one query attends over, at most (scores on the stack) */
+#define ATT_MAX_HD 256     /* head size, at most (Whisper's is 64) */
+#define ATT_FULL_KEYS 1500 /* keys of the full (non-causal) attentions: the window */
 
 typedef struct ln {
     float *w, *b; /* [d] */
@@ -65,7 +67,7 @@ struct osp_whisper_state {
     int encoded;
     int serial;         /* run every task on the calling thread (not the process pool) */
     float *enc_out;     /* [A, d] */
-    float **ck, **cv;   /* per decoder layer [A, d]: cross K/V of the window */
+    float **ck, **cv;   /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
     float **sk, **sv;   /* per decoder layer [n_text_ctx, d]: self K/V */
     /* scratch, sized for max(3000 frames, A, n_text_ctx) rows */
     float *col;         /* [3000, max(n_mels, d)·3]: im2col of a convolution */
@@ -249,6 +251,8 @@ static osp_status read_config(osp_whisper *m) {
              c->enc_layers > 256 || c->dec_layers > 256 || c->enc_ffn > 1 << 20 || c->dec_ffn > 1 << 20 ||
              c->vocab > 1 << 22 || c->n_text_ctx > ATT_MAX_KEYS)
         rc = osp_err(OSP_ERR_FORMAT, "%s: missing or inconsistent Whisper dimensions", p);
+    else if (c->d_model / c->enc_heads > ATT_MAX_HD || c->d_model / c->dec_heads > ATT_MAX_HD)
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: attention heads of more than %d dimensions", p, ATT_MAX_HD);
     else if (c->n_audio_ctx != N_FRAMES / 2)
         rc = osp_err(OSP_ERR_UNSUPPORTED, "%s: max_source_positions %d (30 s windows need 1500)", p, c->n_audio_ctx);
     else if (c->qbits && c->qbits != 2 && c->qbits != 3 && c->qbits != 4 && c->qbits != 5 && c->qbits != 6 &&
@@ -522,6 +526,58 @@ static void attention(const osp_whisper_state *s, const float *q, const float *k
     par(s, heads * c.qblocks, att_task, &c);
 }
 
+/* Attention over all S keys of a window (the encoder's self-attention, the
+ * decoder's cross-attention), with K as [heads][S][hd] and V transposed,
+ * [heads][hd][S], so that a block of 16 queries is two matrix products on
+ * the ops table's GEMM: scores = Q_blk K_hᵀ, out = P V_h (as Vᵀ_h rows).
+ * Fewer than 16 queries: one query at a time (scores, softmax, dots). */
+typedef struct fatt_ctx {
+    const osp_ops *ops;
+    const float *q, *kh, *vt;
+    float *out;
+    int64_t n, S, d, hd, qblocks;
+} fatt_ctx;
+
+static void fatt_task(void *p, int64_t t) {
+    const fatt_ctx *c = p;
+    const int64_t hd = c->hd, S = c->S, h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q;
+    const int64_t ni = c->n - i0 < ATT_Q ? c->n - i0 : ATT_Q;
+    const float *K = c->kh + h * S * hd, *Vt = c->vt + h * hd * S;
+    float qb[ATT_Q * ATT_MAX_HD], ob[ATT_Q * ATT_MAX_HD], sc[ATT_Q * ATT_FULL_KEYS];
+    for (int64_t i = 0; i < ni; i++) memcpy(qb + i * hd, c->q + (i0 + i) * c->d + h * hd, sizeof(float) * hd);
+    if (ni == ATT_Q) {
+        osp_weight kw = {.dtype = OSP_DT_F32, .rows = S, .cols = hd, .data = K};
+        osp_weight vw = {.dtype = OSP_DT_F32, .rows = hd, .cols = S, .data = Vt};
+        c->ops->matmul(&kw, qb, ni, sc, S, 0, S);
+        for (int64_t i = 0; i < ni; i++) c->ops->softmax(sc + i * S, S);
+        c->ops->matmul(&vw, sc, ni, ob, hd, 0, hd);
+    } else {
+        for (int64_t i = 0; i < ni; i++) {
+            c->ops->scores(sc, qb + i * hd, K, S, hd, hd);
+            c->ops->softmax(sc, S);
+            for (int64_t j = 0; j < hd; j++) ob[i * hd + j] = c->ops->dot(sc, Vt + j * S, S);
+        }
+    }
+    for (int64_t i = 0; i < ni; i++) memcpy(c->out + (i0 + i) * c->d + h * hd, ob + i * hd, sizeof(float) * hd);
+}
+
+static void full_attention(const osp_whisper_state *s, const float *q, const float *kh, const float *vt, float *out,
+                           int64_t n, int heads) {
+    const int64_t d = s->m->cfg.d_model;
+    fatt_ctx c = {s->m->ops, q, kh, vt, out, n, s->m->cfg.n_audio_ctx, d, d / heads, (n + ATT_Q - 1) / ATT_Q};
+    par(s, heads * c.qblocks, fatt_task, &c);
+}
+
+/* k, v [S, d] (heads as column ranges) → kh [heads][S][hd], vt [heads][hd][S]. */
+static void pack_kv(const float *k, const float *v, float *kh, float *vt, int64_t S, int64_t d, int heads) {
+    const int64_t hd = d / heads;
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t j = 0; j < S; j++) {
+            memcpy(kh + (h * S + j) * hd, k + j * d + h * hd, sizeof(float) * hd);
+            for (int64_t c = 0; c < hd; c++) vt[(h * hd + c) * S + j] = v[j * d + h * hd + c];
+        }
+}
+
 static void scale(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
@@ -563,7 +619,9 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
         matmul(s, &L->self.k, s->h, A, NULL, s->k);
         matmul(s, &L->self.v, s->h, A, L->self.bv, s->v);
         scale(s->q, A * d, qs);
-        attention(s, s->q, s->k, s->v, s->a, A, A, c->enc_heads, -1);
+        float *kh = s->col, *vt = s->col + A * d;
+        pack_kv(s->k, s->v, kh, vt, A, d, c->enc_heads);
+        full_attention(s, s->q, kh, vt, s->a, A, c->enc_heads);
         matmul(s, &L->self.o, s->a, A, L->self.bo, s->h);
         add(x, s->h, A * d);
         layer_norm(&L->ln_mlp, x, s->h, A, d);
@@ -573,9 +631,10 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
         add(x, s->h, A * d);
     }
     layer_norm(&m->enc_ln, x, s->enc_out, A, d);
-    for (int l = 0; l < c->dec_layers; l++) {
-        matmul(s, &m->dec[l].cross.k, s->enc_out, A, NULL, s->ck[l]);
-        matmul(s, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->cv[l]);
+    for (int l = 0; l < c->dec_layers; l++) { /* packed for full_attention */
+        matmul(s, &m->dec[l].cross.k, s->enc_out, A, NULL, s->k);
+        matmul(s, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->v);
+        pack_kv(s->k, s->v, s->ck[l], s->cv[l], A, d, c->dec_heads);
     }
     s->encoded = 1;
     return OSP_OK;
@@ -598,7 +657,7 @@ osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n) {
 osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
-    const int64_t d = c->d_model, A = c->n_audio_ctx, hd = d / c->dec_heads, p = s->pos;
+    const int64_t d = c->d_model, hd = d / c->dec_heads, p = s->pos;
     if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
     if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
     if (p + n > c->n_text_ctx)
@@ -628,7 +687,7 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         layer_norm(&L->ln_cross, x, s->h, n, d);
         matmul(s, &L->cross.q, s->h, n, L->cross.bq, s->q);
         scale(s->q, n * d, qs);
-        attention(s, s->q, s->ck[l], s->cv[l], s->a, n, A, c->dec_heads, -1);
+        full_attention(s, s->q, s->ck[l], s->cv[l], s->a, n, c->dec_heads);
         matmul(s, &L->cross.o, s->a, n, L->cross.bo, s->h);
         add(x, s->h, n * d);
         layer_norm(&L->ln_mlp, x, s->h, n, d);

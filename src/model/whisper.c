@@ -63,12 +63,14 @@ struct osp_whisper {
 
 struct osp_whisper_state {
     const osp_whisper *m;
-    int32_t pos;        /* tokens in the self-attention cache */
+    int32_t n_rows;     /* decoder sequences (beams) sharing the window */
+    int32_t *pos;       /* [n_rows]: tokens in each row's self-attention cache */
+    int32_t *tok_row, *tok_pos; /* [max rows of a step]: each token's row and position */
     int encoded;
     int serial;         /* run every task on the calling thread (not the process pool) */
     float *enc_out;     /* [A, d] */
     float **ck, **cv;   /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
-    float **sk, **sv;   /* per decoder layer [n_text_ctx, d]: self K/V */
+    float **sk, **sv;   /* per decoder layer [n_rows][n_text_ctx][d]: self K/V */
     /* scratch, sized for max(3000 frames, A, n_text_ctx) rows */
     float *col;         /* [3000, max(n_mels, d)·3]: im2col of a convolution */
     float *x, *h, *q, *k, *v, *a; /* [rows, d] */
@@ -381,23 +383,32 @@ const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m) { return 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out) {
+    return osp_whisper_state_new_rows(m, 1, out);
+}
+
+osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_whisper_state **out) {
     *out = NULL;
+    if (n_rows < 1 || n_rows > 64) return osp_err(OSP_ERR_INVALID, "whisper: %d decoder rows (1..64)", n_rows);
     const osp_whisper_config *c = &m->cfg;
     const int64_t d = c->d_model, A = c->n_audio_ctx, L = c->dec_layers;
     const int64_t rows = max64(N_FRAMES, c->n_text_ctx);
     osp_whisper_state *s = osp_calloc(OSP_POOL_MISC, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;
+    s->n_rows = n_rows;
+    s->pos = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * n_rows);
+    s->tok_row = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
+    s->tok_pos = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
     s->ck = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
     s->cv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
     s->sk = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
     s->sv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
-    int ok = s->ck && s->cv && s->sk && s->sv;
+    int ok = s->ck && s->cv && s->sk && s->sv && s->pos && s->tok_row && s->tok_pos;
     for (int64_t l = 0; ok && l < L; l++) {
         s->ck[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
         s->cv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
-        s->sk[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * c->n_text_ctx * d);
-        s->sv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * c->n_text_ctx * d);
+        s->sk[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * n_rows * c->n_text_ctx * d);
+        s->sv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * n_rows * c->n_text_ctx * d);
         ok = s->ck[l] && s->cv[l] && s->sk[l] && s->sv[l];
     }
     float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->a};
@@ -425,6 +436,9 @@ void osp_whisper_state_free(osp_whisper_state *s) {
     osp_free(s->cv);
     osp_free(s->sk);
     osp_free(s->sv);
+    osp_free(s->pos);
+    osp_free(s->tok_row);
+    osp_free(s->tok_pos);
     float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->col, s->f};
     for (int i = 0; i < 9; i++) osp_free(bufs[i]);
     osp_free(s);
@@ -492,40 +506,6 @@ static void add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* Attention of n queries q [n, d] (already scaled) over keys/values
- * k, v [S, d], heads as column ranges; query i sees keys [0, lim0 + i]
- * (causal) or all S (lim0 < 0). out [n, d]. One task per (head, block of
- * 16 queries). */
-typedef struct att_ctx {
-    const osp_ops *ops;
-    const float *q, *k, *v;
-    float *out;
-    int64_t n, S, d, hd, lim0, qblocks;
-} att_ctx;
-
-
-static void att_task(void *p, int64_t t) {
-    const att_ctx *c = p;
-    int64_t h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q, i1 = i0 + ATT_Q < c->n ? i0 + ATT_Q : c->n;
-    float sc[ATT_MAX_KEYS];
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t keys = c->lim0 < 0 ? c->S : c->lim0 + i + 1;
-        const float *qi = c->q + i * c->d + h * c->hd;
-        float *o = c->out + i * c->d + h * c->hd;
-        c->ops->scores(sc, qi, c->k + h * c->hd, keys, c->d, c->hd);
-        c->ops->softmax(sc, keys);
-        memset(o, 0, sizeof(float) * c->hd);
-        c->ops->wsum(o, sc, c->v + h * c->hd, keys, c->d, c->hd);
-    }
-}
-
-static void attention(const osp_whisper_state *s, const float *q, const float *k, const float *v, float *out,
-                      int64_t n, int64_t S, int heads, int64_t lim0) {
-    const int64_t d = s->m->cfg.d_model;
-    att_ctx c = {s->m->ops, q, k, v, out, n, S, d, d / heads, lim0, (n + ATT_Q - 1) / ATT_Q};
-    par(s, heads * c.qblocks, att_task, &c);
-}
-
 /* Attention over all S keys of a window (the encoder's self-attention, the
  * decoder's cross-attention), with K as [heads][S][hd] and V transposed,
  * [heads][hd][S], so that a block of 16 queries is two matrix products on
@@ -590,7 +570,7 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
     const int64_t d = c->d_model, A = c->n_audio_ctx, C = c->n_mels, hd = d / c->enc_heads;
     if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
     s->encoded = 0;
-    s->pos = 0;
+    memset(s->pos, 0, sizeof(int32_t) * s->n_rows);
     /* conv1 (k 3, padding 1): col[t, ci·3 + j] = mel[ci, t + j - 1] */
     for (int64_t t = 0; t < N_FRAMES; t++)
         for (int64_t ci = 0; ci < C; ci++)
@@ -646,31 +626,72 @@ const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->enc
 
 /* ---------------- decoder ---------------- */
 
-int32_t osp_whisper_pos(const osp_whisper_state *s) { return s->pos; }
+int32_t osp_whisper_pos(const osp_whisper_state *s) { return s->pos[0]; }
+int32_t osp_whisper_row_pos(const osp_whisper_state *s, int32_t row) {
+    return row >= 0 && row < s->n_rows ? s->pos[row] : -1;
+}
+int32_t osp_whisper_rows(const osp_whisper_state *s) { return s->n_rows; }
 
-osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n) {
-    if (n < 0 || n > s->pos) return osp_err(OSP_ERR_RANGE, "whisper: cannot keep %d of %d cached tokens", n, s->pos);
-    s->pos = n;
+osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n) { return osp_whisper_truncate_row(s, 0, n); }
+
+osp_status osp_whisper_truncate_row(osp_whisper_state *s, int32_t row, int32_t n) {
+    if (row < 0 || row >= s->n_rows) return osp_err(OSP_ERR_RANGE, "whisper: no decoder row %d", row);
+    if (n < 0 || n > s->pos[row])
+        return osp_err(OSP_ERR_RANGE, "whisper: cannot keep %d of %d cached tokens", n, s->pos[row]);
+    s->pos[row] = n;
     return OSP_OK;
 }
 
-osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
+osp_status osp_whisper_copy_row(osp_whisper_state *s, int32_t dst, int32_t src) {
+    if (dst < 0 || dst >= s->n_rows || src < 0 || src >= s->n_rows)
+        return osp_err(OSP_ERR_RANGE, "whisper: no decoder row %d or %d", dst, src);
+    if (dst == src) return OSP_OK;
+    const osp_whisper_config *c = &s->m->cfg;
+    const int64_t row = (int64_t)c->n_text_ctx * c->d_model, n = (int64_t)s->pos[src] * c->d_model;
+    for (int l = 0; l < c->dec_layers; l++) {
+        memcpy(s->sk[l] + dst * row, s->sk[l] + src * row, sizeof(float) * n);
+        memcpy(s->sv[l] + dst * row, s->sv[l] + src * row, sizeof(float) * n);
+    }
+    s->pos[dst] = s->pos[src];
+    return OSP_OK;
+}
+
+/* Causal self-attention of n tokens, token i in row tok_row[i] at position
+ * tok_pos[i] over its row's cache [0, tok_pos[i]]. One task per (head,
+ * block of 16 tokens). */
+typedef struct datt_ctx {
+    const osp_ops *ops;
+    const float *q, *K, *V; /* K, V: the layer's [n_rows][ctx][d] */
+    float *out;
+    const int32_t *row, *pos;
+    int64_t n, d, hd, ctx, qblocks;
+} datt_ctx;
+
+static void datt_task(void *p, int64_t t) {
+    const datt_ctx *c = p;
+    int64_t h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q, i1 = i0 + ATT_Q < c->n ? i0 + ATT_Q : c->n;
+    float sc[ATT_MAX_KEYS];
+    for (int64_t i = i0; i < i1; i++) {
+        const int64_t keys = c->pos[i] + 1, base = (int64_t)c->row[i] * c->ctx * c->d + h * c->hd;
+        float *o = c->out + i * c->d + h * c->hd;
+        c->ops->scores(sc, c->q + i * c->d + h * c->hd, c->K + base, keys, c->d, c->hd);
+        c->ops->softmax(sc, keys);
+        memset(o, 0, sizeof(float) * c->hd);
+        c->ops->wsum(o, sc, c->V + base, keys, c->d, c->hd);
+    }
+}
+
+/* The decoder over n tokens whose rows and positions are in s->tok_row /
+ * s->tok_pos; the final hidden states (after layer_norm) go to s->h. */
+static void decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
-    const int64_t d = c->d_model, hd = d / c->dec_heads, p = s->pos;
-    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
-    if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
-    if (p + n > c->n_text_ctx)
-        return osp_err(OSP_ERR_RANGE, "whisper decode: %lld tokens exceed the decoder's %d positions", (long long)(p + n),
-                       c->n_text_ctx);
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= c->vocab)
-            return osp_err(OSP_ERR_RANGE, "whisper decode: token id %d is outside the vocabulary (%d)", ids[i], c->vocab);
+    const int64_t d = c->d_model, hd = d / c->dec_heads, ctx = c->n_text_ctx;
     float *x = s->x;
     const float es = c->scale_embedding ? sqrtf((float)d) : 1.0f;
     for (int32_t i = 0; i < n; i++) {
         osp_weight_row_f32(&m->embed, ids[i], x + i * d);
-        for (int64_t j = 0; j < d; j++) x[i * d + j] = x[i * d + j] * es + m->dec_pos[(p + i) * d + j];
+        for (int64_t j = 0; j < d; j++) x[i * d + j] = x[i * d + j] * es + m->dec_pos[(int64_t)s->tok_pos[i] * d + j];
     }
     const float qs = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->dec_layers; l++) {
@@ -678,10 +699,16 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         float *K = s->sk[l], *V = s->sv[l];
         layer_norm(&L->ln_self, x, s->h, n, d);
         matmul(s, &L->self.q, s->h, n, L->self.bq, s->q);
-        matmul(s, &L->self.k, s->h, n, NULL, K + p * d);
-        matmul(s, &L->self.v, s->h, n, L->self.bv, V + p * d);
+        matmul(s, &L->self.k, s->h, n, NULL, s->k);
+        matmul(s, &L->self.v, s->h, n, L->self.bv, s->v);
+        for (int32_t i = 0; i < n; i++) {
+            int64_t at = ((int64_t)s->tok_row[i] * ctx + s->tok_pos[i]) * d;
+            memcpy(K + at, s->k + i * d, sizeof(float) * d);
+            memcpy(V + at, s->v + i * d, sizeof(float) * d);
+        }
         scale(s->q, n * d, qs);
-        attention(s, s->q, K, V, s->a, n, p + n, c->dec_heads, p);
+        datt_ctx ac = {m->ops, s->q, K, V, s->a, s->tok_row, s->tok_pos, n, d, hd, ctx, (n + ATT_Q - 1) / ATT_Q};
+        par(s, c->dec_heads * ac.qblocks, datt_task, &ac);
         matmul(s, &L->self.o, s->a, n, L->self.bo, s->h);
         add(x, s->h, n * d);
         layer_norm(&L->ln_cross, x, s->h, n, d);
@@ -696,7 +723,32 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         matmul(s, &L->fc2, s->f, n, L->b2, s->h);
         add(x, s->h, n * d);
     }
-    s->pos += n;
+}
+
+static osp_status check_ids(const osp_whisper_config *c, const int32_t *ids, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return osp_err(OSP_ERR_RANGE, "whisper decode: token id %d is outside the vocabulary (%d)", ids[i], c->vocab);
+    return OSP_OK;
+}
+
+osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
+    const osp_whisper *m = s->m;
+    const osp_whisper_config *c = &m->cfg;
+    const int64_t d = c->d_model, p = s->pos[0];
+    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
+    if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
+    if (p + n > c->n_text_ctx)
+        return osp_err(OSP_ERR_RANGE, "whisper decode: %lld tokens exceed the decoder's %d positions", (long long)(p + n),
+                       c->n_text_ctx);
+    OSP_TRY(check_ids(c, ids, n));
+    for (int32_t i = 0; i < n; i++) {
+        s->tok_row[i] = 0;
+        s->tok_pos[i] = (int32_t)p + i;
+    }
+    decoder_body(s, ids, n);
+    s->pos[0] += n;
+    float *x = s->x;
     if (logits) {
         layer_norm(&m->dec_ln, x, s->h, n, d);
         matmul(s, &m->head, s->h, n, NULL, logits);
@@ -705,5 +757,29 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         layer_norm(&m->dec_ln, x + (int64_t)(n - 1) * d, s->h, 1, d);
         matmul(s, &m->head, s->h, 1, NULL, last);
     }
+    return OSP_OK;
+}
+
+osp_status osp_whisper_decode_rows(osp_whisper_state *s, const int32_t *rows, int32_t nr, const int32_t *ids,
+                                   float *logits) {
+    const osp_whisper *m = s->m;
+    const osp_whisper_config *c = &m->cfg;
+    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
+    if (nr < 1 || nr > s->n_rows || !ids || !rows || !logits)
+        return osp_err(OSP_ERR_INVALID, "whisper decode: %d rows of %d", nr, s->n_rows);
+    OSP_TRY(check_ids(c, ids, nr));
+    for (int32_t i = 0; i < nr; i++) {
+        if (rows[i] < 0 || rows[i] >= s->n_rows) return osp_err(OSP_ERR_RANGE, "whisper decode: no row %d", rows[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (rows[j] == rows[i]) return osp_err(OSP_ERR_INVALID, "whisper decode: row %d twice in a step", rows[i]);
+        if (s->pos[rows[i]] + 1 > c->n_text_ctx)
+            return osp_err(OSP_ERR_RANGE, "whisper decode: row %d is full (%d positions)", rows[i], c->n_text_ctx);
+        s->tok_row[i] = rows[i];
+        s->tok_pos[i] = s->pos[rows[i]];
+    }
+    decoder_body(s, ids, nr);
+    for (int32_t i = 0; i < nr; i++) s->pos[rows[i]]++;
+    layer_norm(&m->dec_ln, s->x, s->h, nr, c->d_model);
+    matmul(s, &m->head, s->h, nr, NULL, logits);
     return OSP_OK;
 }

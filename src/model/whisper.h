@@ -53,6 +53,9 @@ void osp_whisper_free(osp_whisper *m);
 const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m);
 
 osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out);
+/* With n_rows decoder rows (beams), each its own self-attention cache, all
+ * over the same window's cross K/V. The single-row calls below use row 0. */
+osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_whisper_state **out);
 void osp_whisper_state_free(osp_whisper_state *s);
 
 /* serial = 1: every operation runs on the calling thread instead of the
@@ -71,9 +74,19 @@ const float *osp_whisper_encoder_out(const osp_whisper_state *s);
  * or NULL; last: when not NULL, receives the last token's logits [vocab]
  * (cheaper: only that row goes through the vocabulary projection). */
 osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last);
-/* Tokens in the decoder's cache. */
+/* Tokens in the decoder's cache (row 0). */
 int32_t osp_whisper_pos(const osp_whisper_state *s);
-/* Keep only the first n cached tokens (n <= pos): a new prompt, a beam. */
+/* Keep only the first n cached tokens of row 0 (n <= pos): a new prompt. */
 osp_status osp_whisper_truncate(osp_whisper_state *s, int32_t n);
+
+/* Rows (beams): one token for each of nr distinct rows, each at its own
+ * position; logits [nr, vocab]. */
+osp_status osp_whisper_decode_rows(osp_whisper_state *s, const int32_t *rows, int32_t nr, const int32_t *ids,
+                                   float *logits);
+int32_t osp_whisper_rows(const osp_whisper_state *s);
+int32_t osp_whisper_row_pos(const osp_whisper_state *s, int32_t row); /* -1: no such row */
+osp_status osp_whisper_truncate_row(osp_whisper_state *s, int32_t row, int32_t n);
+/* Row dst becomes a copy of row src (its cached tokens). */
+osp_status osp_whisper_copy_row(osp_whisper_state *s, int32_t dst, int32_t src);
 
 #endif

@@ -310,6 +310,21 @@ static void test_end_to_end(void **state) {
     assert_string_equal(a.text, b.text);
     osp_transcript_free(&a);
     osp_transcript_free(&b);
+    /* beam search finds a likelier window than greedy decoding here (the
+     * checkpoint is deterministic: this holds or fails every time) */
+    o.language = "en";
+    o.beam_size = 1;
+    assert_int_equal(osp_transcribe(m, tok, pcm, n, &o, &a), OSP_OK);
+    o.beam_size = 5;
+    assert_int_equal(osp_transcribe(m, tok, pcm, n, &o, &b), OSP_OK);
+    assert_true(a.n_segs > 0 && b.n_segs > 0);
+    print_message("avg logprob: greedy %.4f, beam 5 %.4f\n", a.segs[0].avg_logprob, b.segs[0].avg_logprob);
+    assert_true(b.segs[0].avg_logprob > a.segs[0].avg_logprob + 0.05);
+    osp_transcript_free(&a);
+    osp_transcript_free(&b);
+    o.beam_size = 17;
+    assert_int_equal(osp_transcribe(m, tok, pcm, n, &o, &a), OSP_ERR_INVALID);
+    o.beam_size = 5;
     /* bad requests */
     o.language = "klingon";
     assert_int_equal(osp_transcribe(m, tok, pcm, n, &o, &a), OSP_ERR_INVALID);

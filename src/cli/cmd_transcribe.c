@@ -11,9 +11,11 @@ static int usage(void) {
     fprintf(stderr,
             "usage: osprey transcribe FILE... --model WHISPER [--language L] [--task transcribe|translate]\n"
             "         [-f txt|text|json|verbose_json|srt|vtt] [--prompt TEXT] [--temperature T] [--no-fallback]\n"
-            "         [--best-of N] [--no-timestamps] [--no-context] [--tokenizer PATH] [--seed S] [-t THREADS] [-q]\n"
+            "         [--beam-size N] [--best-of N] [--no-timestamps] [--no-context] [--tokenizer PATH] [--seed S]\n"
+            "         [-t THREADS] [-q]\n"
             "  FILE: WAV, FLAC, OGG or MP3 (any rate and channels); --language: a code or name (detected when\n"
-            "  omitted); -f txt (default) prints one segment a line; -q: no progress on stderr\n");
+            "  omitted); -f txt (default) prints one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
+            "  temperature 0, --best-of 5 samples above; -q: no progress on stderr\n");
     return 2;
 }
 
@@ -46,6 +48,7 @@ int osp_cmd_transcribe(int argc, char **argv) {
         else if (!strcmp(a, "--temperature") && v) o.temperature = (float)atof(argv[++i]);
         else if (!strcmp(a, "--no-fallback")) o.no_fallback = 1;
         else if (!strcmp(a, "--best-of") && v) o.best_of = atoi(argv[++i]);
+        else if (!strcmp(a, "--beam-size") && v) o.beam_size = atoi(argv[++i]);
         else if (!strcmp(a, "--no-timestamps")) o.timestamps = 0;
         else if (!strcmp(a, "--no-context")) o.condition_on_previous_text = 0;
         else if (!strcmp(a, "--seed") && v) o.seed = strtoull(argv[++i], NULL, 10);
@@ -64,8 +67,9 @@ int osp_cmd_transcribe(int argc, char **argv) {
         fprintf(stderr, "osprey transcribe: -f is txt, text, json, verbose_json, srt or vtt\n");
         return 2;
     }
-    if (o.temperature < 0 || o.temperature > 2 || o.best_of < 1 || o.best_of > 16) {
-        fprintf(stderr, "osprey transcribe: --temperature must be in [0, 2] and --best-of in [1, 16]\n");
+    if (o.temperature < 0 || o.temperature > 2 || o.best_of < 1 || o.best_of > 16 || o.beam_size < 1 ||
+        o.beam_size > 16) {
+        fprintf(stderr, "osprey transcribe: --temperature must be in [0, 2], --best-of and --beam-size in [1, 16]\n");
         return 2;
     }
     if (!osp_whisper_detect(model)) {

@@ -16,6 +16,7 @@ void osp_transcribe_defaults(osp_transcribe_opts *o) {
     memset(o, 0, sizeof *o);
     o->timestamps = 1;
     o->best_of = 5;
+    o->beam_size = 5;
     o->condition_on_previous_text = 1;
     o->seed = 0x5eed;
     o->fb.n_temps = 6;
@@ -98,6 +99,10 @@ typedef struct wctx {
     float *probs;      /* [vocab] sampling scratch */
     int32_t *seq;    /* [n_text_ctx] */
     uint64_t rng;
+    int beam;          /* beam size at temperature 0 (<= 1: greedy) */
+    float *blogits;    /* [beam, vocab] */
+    struct beam *beams; /* [4 · beam + 1] */
+    struct cand *cands; /* [beam · (beam + 1)] */
 } wctx;
 
 static double next_uniform(uint64_t *s) {
@@ -132,20 +137,41 @@ static int32_t sample(const float *l, int32_t V, int32_t best, float temperature
 }
 
 /* One sample (or the greedy sequence) of a window already encoded. */
-static osp_status decode_once(wctx *c, float temperature, osp_wresult *r) {
-    const osp_whisper_config *cfg = osp_whisper_get_config(c->m);
-    const int32_t V = cfg->vocab;
-    const osp_wtokens *w = c->w;
+/* The prompt and the start sequence on row 0: c->logits holds the next
+ * token's logits; r->no_speech_prob is set. */
+static osp_status prefill(wctx *c, osp_wresult *r) {
+    const int32_t V = osp_whisper_get_config(c->m)->vocab;
     OSP_TRY(osp_whisper_truncate(c->s, 0));
-    memcpy(c->seq, c->prefix, sizeof(int32_t) * c->n_prefix);
-    int32_t n = c->n_prefix;
     if (c->n_prompt_part) OSP_TRY(osp_whisper_decode(c->s, c->prefix, c->n_prompt_part, NULL, NULL));
     int32_t n_sot = c->n_prefix - c->n_prompt_part;
     OSP_TRY(osp_whisper_decode(c->s, c->prefix + c->n_prompt_part, n_sot, c->sot_logits, c->logits));
     /* no_speech_prob at <|startoftranscript|> */
-    r->no_speech_prob = exp(c->sot_logits[w->no_speech] - log_norm(c->sot_logits, V, NULL));
+    r->no_speech_prob = exp(c->sot_logits[c->w->no_speech] - log_norm(c->sot_logits, V, NULL));
     r->sum_logprob = 0;
     r->n_tokens = 0;
+    return OSP_OK;
+}
+
+static osp_status finish(wctx *c, osp_wresult *r) {
+    r->avg_logprob = r->sum_logprob / (r->n_tokens + 1);
+    char *text;
+    size_t len;
+    int32_t nt = 0;
+    for (int32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] < c->w->eot) c->seq[nt++] = r->tokens[i];
+    OSP_TRY(osp_tokenizer_decode(c->tok, c->seq, nt, 0, &text, &len));
+    r->compression_ratio = osp_compression_ratio(text, len);
+    osp_free(text);
+    return OSP_OK;
+}
+
+static osp_status decode_once(wctx *c, float temperature, osp_wresult *r) {
+    const osp_whisper_config *cfg = osp_whisper_get_config(c->m);
+    const int32_t V = cfg->vocab;
+    const osp_wtokens *w = c->w;
+    OSP_TRY(prefill(c, r));
+    memcpy(c->seq, c->prefix, sizeof(int32_t) * c->n_prefix);
+    int32_t n = c->n_prefix;
     int ended = 0;
     for (int i = 0; i < OSP_WHISPER_SAMPLE_LEN; i++) {
         osp_whisper_filter_logits(w, c->timestamps, c->seq, n, c->n_prefix, c->logits);
@@ -163,21 +189,135 @@ static osp_status decode_once(wctx *c, float temperature, osp_wresult *r) {
         OSP_TRY(osp_whisper_decode(c->s, &next, 1, NULL, c->logits));
     }
     (void)ended;
-    r->avg_logprob = r->sum_logprob / (r->n_tokens + 1);
-    char *text;
-    size_t len;
-    int32_t nt = 0;
-    for (int32_t i = 0; i < r->n_tokens; i++)
-        if (r->tokens[i] < w->eot) c->seq[nt++] = r->tokens[i];
-    OSP_TRY(osp_tokenizer_decode(c->tok, c->seq, nt, 0, &text, &len));
-    r->compression_ratio = osp_compression_ratio(text, len);
-    osp_free(text);
-    return OSP_OK;
+    return finish(c, r);
+}
+
+/* ---------------- beam search (openai-whisper's BeamSearchDecoder, patience 1) ---------------- */
+
+typedef struct beam {
+    int32_t toks[OSP_WHISPER_SAMPLE_LEN + 1]; /* sampled tokens (a finished one ends with <|endoftext|>) */
+    int32_t n, row, src;
+    double lp;
+} beam;
+
+typedef struct cand {
+    double lp;
+    int32_t tok, src, order;
+} cand;
+
+static int cmp_cand(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->lp != y->lp) return x->lp > y->lp ? -1 : 1;
+    return x->order - y->order; /* Python's stable sort: insertion order on ties */
+}
+
+static osp_status decode_beam(wctx *c, osp_wresult *r) {
+    const osp_whisper_config *cfg = osp_whisper_get_config(c->m);
+    const int32_t V = cfg->vocab, B = c->beam;
+    const osp_wtokens *w = c->w;
+    beam *cur = c->beams, *next = c->beams + B, *fin = c->beams + 2 * B;
+    int32_t n_cur = 1, n_fin = 0;
+    OSP_TRY(prefill(c, r));
+    memcpy(c->blogits, c->logits, sizeof(float) * V);
+    cur[0].n = 0;
+    cur[0].row = 0;
+    cur[0].lp = 0;
+    for (int step = 0; step < OSP_WHISPER_SAMPLE_LEN; step++) {
+        int32_t nc = 0;
+        for (int32_t j = 0; j < n_cur; j++) {
+            float *l = c->blogits + (int64_t)j * V;
+            memcpy(c->seq, c->prefix, sizeof(int32_t) * c->n_prefix);
+            memcpy(c->seq + c->n_prefix, cur[j].toks, sizeof(int32_t) * cur[j].n);
+            osp_whisper_filter_logits(w, c->timestamps, c->seq, c->n_prefix + cur[j].n, c->n_prefix, l);
+            double lz = log_norm(l, V, NULL);
+            /* the beam_size + 1 likeliest tokens, best first */
+            int32_t top[17], k = 0;
+            for (int32_t t = 0; t < V; t++) {
+                if (l[t] == -INFINITY || (k == B + 1 && l[t] <= l[top[k - 1]])) continue;
+                int32_t at = k < B + 1 ? k++ : B;
+                while (at > 0 && l[top[at - 1]] < l[t]) {
+                    top[at] = top[at - 1];
+                    at--;
+                }
+                top[at] = t;
+            }
+            for (int32_t i = 0; i < k; i++, nc++) c->cands[nc] = (cand){cur[j].lp + l[top[i]] - lz, top[i], j, nc};
+        }
+        qsort(c->cands, nc, sizeof *c->cands, cmp_cand);
+        int32_t saved = 0, n_new_fin = 0;
+        beam *newfin = c->beams + 3 * B; /* this step's finished, best first */
+        for (int32_t i = 0; i < nc && saved < B; i++) {
+            const cand *cd = &c->cands[i];
+            beam *dst = cd->tok == w->eot ? (n_new_fin < B + 1 ? &newfin[n_new_fin++] : NULL) : &next[saved++];
+            if (!dst) continue;
+            memcpy(dst->toks, cur[cd->src].toks, sizeof(int32_t) * cur[cd->src].n);
+            dst->n = cur[cd->src].n;
+            dst->toks[dst->n++] = cd->tok;
+            dst->lp = cd->lp;
+            dst->src = cd->src;
+        }
+        for (int32_t i = 0; i < n_new_fin && n_fin < B; i++) fin[n_fin++] = newfin[i];
+        if (n_fin >= B || saved == 0) break;
+        /* rows: a beam continuing a source takes its row; further ones copy it into a free row */
+        int32_t claimed[16] = {0}, free_rows[16], n_free = 0;
+        for (int32_t i = 0; i < saved; i++) next[i].row = -1;
+        for (int32_t i = 0; i < saved; i++)
+            if (!claimed[next[i].src]) {
+                claimed[next[i].src] = 1;
+                next[i].row = cur[next[i].src].row;
+            }
+        int32_t used[64] = {0};
+        for (int32_t i = 0; i < saved; i++)
+            if (next[i].row >= 0) used[next[i].row] = 1;
+        for (int32_t rr = 0; rr < B; rr++)
+            if (!used[rr]) free_rows[n_free++] = rr;
+        for (int32_t i = 0; i < saved; i++)
+            if (next[i].row < 0) {
+                next[i].row = free_rows[--n_free];
+                OSP_TRY(osp_whisper_copy_row(c->s, next[i].row, cur[next[i].src].row));
+            }
+        if (c->n_prefix + next[0].n >= cfg->n_text_ctx) {
+            memcpy(cur, next, sizeof *cur * saved);
+            n_cur = saved;
+            break;
+        }
+        int32_t rows[16], ids[16];
+        for (int32_t i = 0; i < saved; i++) {
+            rows[i] = next[i].row;
+            ids[i] = next[i].toks[next[i].n - 1];
+        }
+        OSP_TRY(osp_whisper_decode_rows(c->s, rows, saved, ids, c->blogits));
+        memcpy(cur, next, sizeof *cur * saved);
+        n_cur = saved;
+    }
+    /* too few finished: the likeliest unfinished ones, as if ended */
+    if (n_fin < B) {
+        for (int32_t j = 0; j < n_cur; j++) c->cands[j] = (cand){cur[j].lp, 0, j, j};
+        qsort(c->cands, n_cur, sizeof *c->cands, cmp_cand);
+        for (int32_t j = 0; j < n_cur && n_fin < B; j++) fin[n_fin++] = cur[c->cands[j].src];
+    }
+    /* the best by sum logprob / length (text tokens, without <|endoftext|>) */
+    int32_t best = -1;
+    double best_score = -INFINITY;
+    for (int32_t i = 0; i < n_fin; i++) {
+        int32_t len = fin[i].n && fin[i].toks[fin[i].n - 1] == w->eot ? fin[i].n - 1 : fin[i].n;
+        double sc = fin[i].lp / (len > 0 ? len : 1);
+        if (best < 0 || sc > best_score) {
+            best = i;
+            best_score = sc;
+        }
+    }
+    r->n_tokens = 0;
+    for (int32_t i = 0; best >= 0 && i < fin[best].n && fin[best].toks[i] != w->eot; i++)
+        r->tokens[r->n_tokens++] = fin[best].toks[i];
+    r->sum_logprob = best >= 0 ? fin[best].lp : 0;
+    return finish(c, r);
 }
 
 /* Greedy at 0; the best of best_of samples (sum logprob / length) above. */
 static osp_status decode_at(void *p, float temperature, osp_wresult *r) {
     wctx *c = p;
+    if (temperature <= 0 && c->beam > 1) return decode_beam(c, r);
     if (temperature <= 0 || c->best_of <= 1) return decode_once(c, temperature, r);
     osp_wresult *cand = osp_malloc(OSP_POOL_SCRATCH, sizeof *cand);
     if (!cand) return osp_err(OSP_ERR_NOMEM, "out of memory");
@@ -268,7 +408,8 @@ typedef struct tctx {
     osp_mel *mel;
     float *spec;
     int32_t *prefix, *all;
-    float *logits, *sot_logits, *probs;
+    float *logits, *sot_logits, *probs, *blogits;
+    void *beams, *cands;
     int32_t *seq;
     osp_wresult *res;
     int32_t *ranges;
@@ -278,7 +419,8 @@ typedef struct tctx {
 static void tctx_free(tctx *x) {
     osp_whisper_state_free(x->s);
     osp_mel_free(x->mel);
-    void *p[] = {x->spec, x->prefix, x->all, x->logits, x->sot_logits, x->probs, x->seq, x->res, x->ranges, x->times};
+    void *p[] = {x->spec, x->prefix, x->all, x->logits, x->sot_logits, x->probs, x->seq, x->res, x->ranges, x->times,
+                 x->blogits, x->beams, x->cands};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) osp_free(p[i]);
 }
 
@@ -301,7 +443,13 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
                       int64_t n, const osp_transcribe_opts *o, tctx *x, osp_transcript *out) {
     const osp_whisper_config *cfg = osp_whisper_get_config(m);
     const int32_t V = cfg->vocab, ctx = cfg->n_text_ctx;
-    OSP_TRY(osp_whisper_state_new(m, &x->s));
+    const int beam = o->beam_size > 1 ? o->beam_size : 1;
+    if (o->beam_size < 0 || o->beam_size > 16) return osp_err(OSP_ERR_INVALID, "beam size %d (1..16)", o->beam_size);
+    OSP_TRY(osp_whisper_state_new_rows(m, beam, &x->s));
+    x->blogits = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * V * beam);
+    x->beams = osp_malloc(OSP_POOL_SCRATCH, sizeof(struct beam) * (4 * beam + 1));
+    x->cands = osp_malloc(OSP_POOL_SCRATCH, sizeof(struct cand) * beam * (beam + 1));
+    if (!x->blogits || !x->beams || !x->cands) return osp_err(OSP_ERR_NOMEM, "out of memory for beam search");
     OSP_TRY(osp_mel_new(cfg->n_mels, &x->mel));
     osp_whisper_state_set_serial(x->s, o->serial);
     osp_mel_set_serial(x->mel, o->serial);
@@ -386,7 +534,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         }
         if (!o->timestamps) x->prefix[np++] = w->no_timestamps;
         wctx c = {m, tok, w, x->s, o->timestamps, o->best_of, x->prefix, np, n_prompt_part,
-                  x->logits, x->sot_logits, x->probs, x->seq, rng};
+                  x->logits, x->sot_logits, x->probs, x->seq, rng, beam, x->blogits, x->beams, x->cands};
         osp_fallback_opts fb = o->fb;
         if (o->no_fallback) {
             fb.n_temps = 1;

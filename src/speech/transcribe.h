@@ -16,8 +16,11 @@
  * non-zero length, the first token a timestamp of at most 1.0 s, a timestamp
  * forced when their total probability beats every text token).
  *
- * One window: greedy (temperature 0) or sampled (best of `best_of` samples
- * by sum logprob / length) until <|endoftext|> or 224 tokens; its
+ * One window: beam search at temperature 0 (openai-whisper's
+ * BeamSearchDecoder, patience 1: beam_size + 1 candidates per beam, done when
+ * beam_size sequences ended; the best by sum logprob / length) or greedy
+ * (beam_size 1), sampled above 0 (the best of `best_of` samples by sum
+ * logprob / length), until <|endoftext|> or 224 tokens; its
  * avg_logprob (sum over tokens incl. <|endoftext|>, / (text tokens + 1)),
  * no_speech_prob (the <|nospeech|> probability at <|startoftranscript|>) and
  * compression ratio (zlib, as Python's zlib.compress). Temperature fallback
@@ -125,6 +128,7 @@ typedef struct osp_transcribe_opts {
     float temperature;      /* the first temperature (0) */
     int no_fallback;        /* 1: only `temperature` */
     int best_of;            /* samples per temperature > 0 (5) */
+    int beam_size;          /* beam search at temperature 0 (5; 1: greedy), patience 1 */
     int condition_on_previous_text; /* 1 */
     uint64_t seed;
     int serial;             /* 1: on the calling thread only (osp_whisper_state_set_serial) */

@@ -45,8 +45,24 @@ typedef struct layer {
     float *b1, *b2;   /* [ffn], [d] */
 } layer;
 
+/* Tensor names of a layout: Hugging Face's (model.encoder.layers.N.self_attn.q_proj)
+ * or the MLX community's / openai-whisper's (encoder.blocks.N.attn.query). */
+typedef struct names {
+    const char *enc_layer, *dec_layer; /* printf formats of a block's prefix */
+    const char *self, *self_ln, *cross, *cross_ln, *mlp_ln, *fc1, *fc2;
+    const char *proj[4]; /* q, k, v, out */
+} names;
+
+static const names HF_NAMES = {"model.encoder.layers.%d", "model.decoder.layers.%d", "self_attn",
+                               "self_attn_layer_norm", "encoder_attn", "encoder_attn_layer_norm", "final_layer_norm",
+                               "fc1", "fc2", {"q_proj", "k_proj", "v_proj", "out_proj"}};
+static const names MLX_NAMES = {"encoder.blocks.%d", "decoder.blocks.%d", "attn", "attn_ln", "cross_attn",
+                                "cross_attn_ln", "mlp_ln", "mlp1", "mlp2", {"query", "key", "value", "out"}};
+
 struct osp_whisper {
     char dir[4096];
+    int mlx;          /* the MLX layout: its names, conv weights [out, k, in], computed encoder positions */
+    const names *nm;
     osp_whisper_config cfg;
     osp_st *st;
     const osp_ops *ops;
@@ -163,7 +179,7 @@ static osp_status bind_ln(osp_whisper *m, const char *path, int64_t d, ln *l) {
 
 static osp_status bind_attn(osp_whisper *m, const char *path, int64_t d, attn *a) {
     char n[512];
-    static const char *P[] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    const char *const *P = m->nm->proj;
     osp_weight *W[] = {&a->q, &a->k, &a->v, &a->o};
     float **B[] = {&a->bq, NULL, &a->bv, &a->bo};
     for (int i = 0; i < 4; i++) {
@@ -178,33 +194,35 @@ static osp_status bind_attn(osp_whisper *m, const char *path, int64_t d, attn *a
 
 static osp_status bind_layer(osp_whisper *m, const char *path, int64_t d, int64_t ffn, int cross, layer *l) {
     char n[512];
-    snprintf(n, sizeof n, "%s.self_attn_layer_norm", path);
+    const names *N = m->nm;
+    snprintf(n, sizeof n, "%s.%s", path, N->self_ln);
     OSP_TRY(bind_ln(m, n, d, &l->ln_self));
-    snprintf(n, sizeof n, "%s.self_attn", path);
+    snprintf(n, sizeof n, "%s.%s", path, N->self);
     OSP_TRY(bind_attn(m, n, d, &l->self));
     if (cross) {
-        snprintf(n, sizeof n, "%s.encoder_attn_layer_norm", path);
+        snprintf(n, sizeof n, "%s.%s", path, N->cross_ln);
         OSP_TRY(bind_ln(m, n, d, &l->ln_cross));
-        snprintf(n, sizeof n, "%s.encoder_attn", path);
+        snprintf(n, sizeof n, "%s.%s", path, N->cross);
         OSP_TRY(bind_attn(m, n, d, &l->cross));
     }
-    snprintf(n, sizeof n, "%s.final_layer_norm", path);
+    snprintf(n, sizeof n, "%s.%s", path, N->mlp_ln);
     OSP_TRY(bind_ln(m, n, d, &l->ln_mlp));
-    snprintf(n, sizeof n, "%s.fc1", path);
+    snprintf(n, sizeof n, "%s.%s", path, N->fc1);
     OSP_TRY(linear(m, n, ffn, d, &l->fc1));
-    snprintf(n, sizeof n, "%s.fc1.bias", path);
+    snprintf(n, sizeof n, "%s.%s.bias", path, N->fc1);
     OSP_TRY(vec(m, n, 0, ffn, &l->b1));
-    snprintf(n, sizeof n, "%s.fc2", path);
+    snprintf(n, sizeof n, "%s.%s", path, N->fc2);
     OSP_TRY(linear(m, n, d, ffn, &l->fc2));
-    snprintf(n, sizeof n, "%s.fc2.bias", path);
+    snprintf(n, sizeof n, "%s.%s.bias", path, N->fc2);
     return vec(m, n, 0, d, &l->b2);
 }
 
-/* A convolution weight [out, in, 3] as a dense [out, in·3] matrix. */
+/* A convolution weight as a dense [out, in·3] matrix: PyTorch's [out, in, 3]
+ * (columns ci·3 + k), or MLX's [out, 3, in] (columns k·in + ci). */
 static osp_status bind_conv(osp_whisper *m, const char *path, int64_t out, int64_t in, osp_weight *w, float **bias) {
     char n[512];
     const osp_st_tensor *t;
-    int64_t shape[3] = {out, in, 3};
+    int64_t shape[3] = {out, m->mlx ? 3 : in, m->mlx ? in : 3};
     snprintf(n, sizeof n, "%s.weight", path);
     OSP_TRY(tensor_of(m, n, 3, shape, 1, &t));
     memset(w, 0, sizeof *w);
@@ -224,20 +242,43 @@ static osp_status read_config(osp_whisper *m) {
     if (!j) return osp_err(OSP_ERR_FORMAT, "%s: %s (line %d)", p, je.text, je.line);
     osp_whisper_config *c = &m->cfg;
     const char *act = osp_json_str(j, "activation_function");
-    c->n_mels = osp_json_int(j, "num_mel_bins", 80);
-    c->d_model = osp_json_int(j, "d_model", 0);
-    c->enc_layers = osp_json_int(j, "encoder_layers", 0);
-    c->dec_layers = osp_json_int(j, "decoder_layers", 0);
-    c->enc_heads = osp_json_int(j, "encoder_attention_heads", 0);
-    c->dec_heads = osp_json_int(j, "decoder_attention_heads", 0);
-    c->enc_ffn = osp_json_int(j, "encoder_ffn_dim", 0);
-    c->dec_ffn = osp_json_int(j, "decoder_ffn_dim", 0);
-    c->n_audio_ctx = osp_json_int(j, "max_source_positions", 1500);
-    c->n_text_ctx = osp_json_int(j, "max_target_positions", 448);
-    c->vocab = osp_json_int(j, "vocab_size", 0);
-    c->decoder_start = osp_json_int(j, "decoder_start_token_id", 50257);
-    c->eos = osp_json_int(j, "eos_token_id", 50256);
-    c->scale_embedding = json_is_true(json_object_get(j, "scale_embedding"));
+    if (json_object_get(j, "n_audio_state")) { /* the MLX community's / openai-whisper's ModelDimensions */
+        m->mlx = 1;
+        m->nm = &MLX_NAMES;
+        int ts = osp_json_int(j, "n_text_state", 0);
+        c->n_mels = osp_json_int(j, "n_mels", 80);
+        c->d_model = osp_json_int(j, "n_audio_state", 0);
+        c->enc_layers = osp_json_int(j, "n_audio_layer", 0);
+        c->dec_layers = osp_json_int(j, "n_text_layer", 0);
+        c->enc_heads = osp_json_int(j, "n_audio_head", 0);
+        c->dec_heads = osp_json_int(j, "n_text_head", 0);
+        c->enc_ffn = c->dec_ffn = 4 * c->d_model;
+        c->n_audio_ctx = osp_json_int(j, "n_audio_ctx", 1500);
+        c->n_text_ctx = osp_json_int(j, "n_text_ctx", 448);
+        c->vocab = osp_json_int(j, "n_vocab", 0);
+        c->decoder_start = c->vocab >= 51865 ? 50258 : 50257;
+        c->eos = c->vocab >= 51865 ? 50257 : 50256;
+        if (ts != c->d_model) {
+            json_decref(j);
+            return osp_err(OSP_ERR_UNSUPPORTED, "%s: n_text_state %d differs from n_audio_state %d", p, ts, c->d_model);
+        }
+    } else {
+        m->nm = &HF_NAMES;
+        c->n_mels = osp_json_int(j, "num_mel_bins", 80);
+        c->d_model = osp_json_int(j, "d_model", 0);
+        c->enc_layers = osp_json_int(j, "encoder_layers", 0);
+        c->dec_layers = osp_json_int(j, "decoder_layers", 0);
+        c->enc_heads = osp_json_int(j, "encoder_attention_heads", 0);
+        c->dec_heads = osp_json_int(j, "decoder_attention_heads", 0);
+        c->enc_ffn = osp_json_int(j, "encoder_ffn_dim", 0);
+        c->dec_ffn = osp_json_int(j, "decoder_ffn_dim", 0);
+        c->n_audio_ctx = osp_json_int(j, "max_source_positions", 1500);
+        c->n_text_ctx = osp_json_int(j, "max_target_positions", 448);
+        c->vocab = osp_json_int(j, "vocab_size", 0);
+        c->decoder_start = osp_json_int(j, "decoder_start_token_id", 50257);
+        c->eos = osp_json_int(j, "eos_token_id", 50256);
+        c->scale_embedding = json_is_true(json_object_get(j, "scale_embedding"));
+    }
     json_t *q = json_object_get(j, "quantization");
     if (!q) q = json_object_get(j, "quantization_config");
     if (json_is_object(q)) {
@@ -294,32 +335,63 @@ int osp_whisper_detect(const char *dir) {
     return yes;
 }
 
+/* Whisper's sinusoidal positions [len, ch]: sin then cos of t·e^(-k·ln(10000)/(ch/2-1)),
+ * in f32 arithmetic as mlx_whisper computes them (HF checkpoints store them). */
+void osp_whisper_sinusoids(int64_t len, int64_t ch, float *out) {
+    const int64_t half = ch / 2;
+    const float inc = (float)(log(10000.0) / (double)(half - 1));
+    for (int64_t t = 0; t < len; t++)
+        for (int64_t k = 0; k < half; k++) {
+            float a = (float)t * expf(-inc * (float)k);
+            out[t * ch + k] = sinf(a);
+            out[t * ch + half + k] = cosf(a);
+        }
+}
+
 static osp_status load(osp_whisper *m) {
     OSP_TRY(read_config(m));
+    char n[4200];
+    snprintf(n, sizeof n, "%s/weights.npz", m->dir);
+    if (osp_is_file(n)) {
+        snprintf(n, sizeof n, "%s/model.safetensors", m->dir);
+        char w2[4200];
+        snprintf(w2, sizeof w2, "%s/weights.safetensors", m->dir);
+        if (!osp_is_file(n) && !osp_is_file(w2))
+            return osp_err(OSP_ERR_UNSUPPORTED, "%s: weights.npz is not read; save the weights as safetensors "
+                                                "(mx.save_safetensors) as weights.safetensors", m->dir);
+    }
     OSP_TRY(osp_st_open_dir(m->dir, &m->st));
     const osp_whisper_config *c = &m->cfg;
     const int64_t d = c->d_model;
-    char n[256];
-    OSP_TRY(bind_conv(m, "model.encoder.conv1", d, c->n_mels, &m->conv1, &m->conv1_b));
-    OSP_TRY(bind_conv(m, "model.encoder.conv2", d, d, &m->conv2, &m->conv2_b));
-    OSP_TRY(vec(m, "model.encoder.embed_positions.weight", c->n_audio_ctx, d, &m->enc_pos));
+    const int x = m->mlx;
+    OSP_TRY(bind_conv(m, x ? "encoder.conv1" : "model.encoder.conv1", d, c->n_mels, &m->conv1, &m->conv1_b));
+    OSP_TRY(bind_conv(m, x ? "encoder.conv2" : "model.encoder.conv2", d, d, &m->conv2, &m->conv2_b));
+    if (x) {
+        if (d % 2 || d < 4) return osp_err(OSP_ERR_FORMAT, "%s: n_audio_state %lld is not even", m->dir, (long long)d);
+        m->enc_pos = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * c->n_audio_ctx * d);
+        if (!m->enc_pos) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", m->dir);
+        osp_whisper_sinusoids(c->n_audio_ctx, d, m->enc_pos);
+    } else {
+        OSP_TRY(vec(m, "model.encoder.embed_positions.weight", c->n_audio_ctx, d, &m->enc_pos));
+    }
     m->enc = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->enc_layers);
     m->dec = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->dec_layers);
     if (!m->enc || !m->dec) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", m->dir);
     for (int i = 0; i < c->enc_layers; i++) {
-        snprintf(n, sizeof n, "model.encoder.layers.%d", i);
+        snprintf(n, sizeof n, m->nm->enc_layer, i);
         OSP_TRY(bind_layer(m, n, d, c->enc_ffn, 0, &m->enc[i]));
     }
-    OSP_TRY(bind_ln(m, "model.encoder.layer_norm", d, &m->enc_ln));
-    OSP_TRY(linear(m, "model.decoder.embed_tokens", c->vocab, d, &m->embed));
-    OSP_TRY(vec(m, "model.decoder.embed_positions.weight", c->n_text_ctx, d, &m->dec_pos));
+    OSP_TRY(bind_ln(m, x ? "encoder.ln_post" : "model.encoder.layer_norm", d, &m->enc_ln));
+    OSP_TRY(linear(m, x ? "decoder.token_embedding" : "model.decoder.embed_tokens", c->vocab, d, &m->embed));
+    OSP_TRY(vec(m, x ? "decoder.positional_embedding" : "model.decoder.embed_positions.weight", c->n_text_ctx, d,
+                &m->dec_pos));
     for (int i = 0; i < c->dec_layers; i++) {
-        snprintf(n, sizeof n, "model.decoder.layers.%d", i);
+        snprintf(n, sizeof n, m->nm->dec_layer, i);
         OSP_TRY(bind_layer(m, n, d, c->dec_ffn, 1, &m->dec[i]));
     }
-    OSP_TRY(bind_ln(m, "model.decoder.layer_norm", d, &m->dec_ln));
+    OSP_TRY(bind_ln(m, x ? "decoder.ln" : "model.decoder.layer_norm", d, &m->dec_ln));
     m->head = m->embed;
-    if (osp_st_find(m->st, "proj_out.weight") || osp_st_find(m->st, "proj_out.scales"))
+    if (!x && (osp_st_find(m->st, "proj_out.weight") || osp_st_find(m->st, "proj_out.scales")))
         OSP_TRY(linear(m, "proj_out", c->vocab, d, &m->head));
     return OSP_OK;
 }
@@ -571,21 +643,23 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
     if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
     s->encoded = 0;
     memset(s->pos, 0, sizeof(int32_t) * s->n_rows);
-    /* conv1 (k 3, padding 1): col[t, ci·3 + j] = mel[ci, t + j - 1] */
+    /* conv1 (k 3, padding 1): col[t, ci·3 + j] (MLX: [t, j·C + ci]) = mel[ci, t + j - 1] */
     for (int64_t t = 0; t < N_FRAMES; t++)
         for (int64_t ci = 0; ci < C; ci++)
             for (int j = 0; j < 3; j++) {
                 int64_t src = t + j - 1;
-                s->col[(t * C + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? mel[ci * N_FRAMES + src] : 0.0f;
+                s->col[m->mlx ? t * C * 3 + j * C + ci : (t * C + ci) * 3 + j] =
+                    src >= 0 && src < N_FRAMES ? mel[ci * N_FRAMES + src] : 0.0f;
             }
     matmul(s, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
     gelu(s->f, N_FRAMES * d);
-    /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] = h1[2t + j - 1, ci] */
+    /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] (MLX: [t, j·d + ci]) = h1[2t + j - 1, ci] */
     for (int64_t t = 0; t < A; t++)
         for (int64_t ci = 0; ci < d; ci++)
             for (int j = 0; j < 3; j++) {
                 int64_t src = 2 * t + j - 1;
-                s->col[(t * d + ci) * 3 + j] = src >= 0 && src < N_FRAMES ? s->f[src * d + ci] : 0.0f;
+                s->col[m->mlx ? t * d * 3 + j * d + ci : (t * d + ci) * 3 + j] =
+                    src >= 0 && src < N_FRAMES ? s->f[src * d + ci] : 0.0f;
             }
     float *x = s->x;
     matmul(s, &m->conv2, s->col, A, m->conv2_b, x);

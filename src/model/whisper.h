@@ -1,7 +1,11 @@
-/* model/whisper: the Whisper encoder-decoder (Hugging Face
- * WhisperForConditionalGeneration checkpoints: config.json + safetensors,
- * f32/f16/bf16, or MLX affine-quantized linear layers declared by
- * config.json's "quantization").
+/* model/whisper: the Whisper encoder-decoder. Two layouts: Hugging Face
+ * WhisperForConditionalGeneration (config.json with d_model etc.,
+ * model.encoder.layers.N.self_attn.q_proj ...) and the MLX community's
+ * (mlx_whisper: config.json with n_audio_state etc., encoder.blocks.N.attn.query
+ * ..., conv weights [out, k, in], encoder positions computed, weights in
+ * model.safetensors or weights.safetensors). Weights f32/f16/bf16, or MLX
+ * affine-quantized linear layers and token embedding (config.json's
+ * "quantization").
  *
  * The model (osp_whisper) is read-only after load and shared; a request owns
  * an osp_whisper_state: the encoder output of its current 30 s window, the
@@ -42,6 +46,10 @@ typedef struct osp_whisper_config {
 
 typedef struct osp_whisper osp_whisper;
 typedef struct osp_whisper_state osp_whisper_state;
+
+/* Whisper's sinusoidal encoder positions, [len, ch] (f32 arithmetic, as
+ * mlx_whisper computes them; Hugging Face checkpoints store them). */
+void osp_whisper_sinusoids(int64_t len, int64_t ch, float *out);
 
 /* 1 when the folder's config.json says model_type "whisper" (or its
  * architectures name WhisperForConditionalGeneration). */

@@ -14,15 +14,32 @@ static int usage(void) {
             "         [--beam-size N] [--best-of N] [--no-timestamps] [--no-context] [--tokenizer PATH] [--seed S]\n"
             "         [-t THREADS] [-q]\n"
             "  FILE: WAV, FLAC, OGG or MP3 (any rate and channels); --language: a code or name (detected when\n"
-            "  omitted); -f txt (default) prints one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
+            "  omitted); without -f, each segment as it is decoded: [00:00:00.000 --> 00:00:02.000]  text;\n"
+            "  -f txt: one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
             "  temperature 0, --best-of 5 samples above; -q: no progress on stderr\n");
     return 2;
 }
 
 typedef struct prog {
-    int quiet;
+    int quiet, live;
     const char *file;
 } prog;
+
+/* whisper.cpp's console lines, printed as each segment is decoded */
+static void stamp(double t, char *out, size_t n) {
+    long long ms = (long long)(t * 1000.0 + 0.5);
+    snprintf(out, n, "%02lld:%02lld:%02lld.%03lld", ms / 3600000, ms / 60000 % 60, ms / 1000 % 60, ms % 1000);
+}
+
+static void on_segment(void *ctx, const osp_segment *sg) {
+    const prog *p = ctx;
+    if (!p->live) return;
+    char a[32], b[32];
+    stamp(sg->start, a, sizeof a);
+    stamp(sg->end, b, sizeof b);
+    printf("[%s --> %s]  %s\n", a, b, sg->text);
+    fflush(stdout);
+}
 
 static void progress(void *ctx, double done, double total) {
     const prog *p = ctx;
@@ -31,12 +48,12 @@ static void progress(void *ctx, double done, double total) {
 }
 
 int osp_cmd_transcribe(int argc, char **argv) {
-    const char *model = NULL, *tokenizer = NULL, *format = "txt", *task = "transcribe";
+    const char *model = NULL, *tokenizer = NULL, *format = NULL, *task = "transcribe";
     const char *files[256];
     int n_files = 0, threads = 0;
     osp_transcribe_opts o;
     osp_transcribe_defaults(&o);
-    prog pg = {0, NULL};
+    prog pg = {0, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) model = argv[++i];
@@ -63,7 +80,8 @@ int osp_cmd_transcribe(int argc, char **argv) {
         return 2;
     }
     o.translate = !strcmp(task, "translate");
-    if (!osp_transcript_format_known(format)) {
+    pg.live = !format; /* no -f: segments with their times as they come, as whisper.cpp prints them */
+    if (format && !osp_transcript_format_known(format)) {
         fprintf(stderr, "osprey transcribe: -f is txt, text, json, verbose_json, srt or vtt\n");
         return 2;
     }
@@ -87,6 +105,7 @@ int osp_cmd_transcribe(int argc, char **argv) {
     }
     int rc = 0;
     o.progress = progress;
+    o.on_segment = on_segment;
     o.ctx = &pg;
     for (int i = 0; i < n_files && !rc; i++) {
         float *pcm = NULL;
@@ -98,7 +117,8 @@ int osp_cmd_transcribe(int argc, char **argv) {
         if (osp_audio_load(files[i], &pcm, &n) != OSP_OK || osp_transcribe(m, tok, pcm, n, &o, &t) != OSP_OK) {
             rc = osp_cli_fail("transcribe");
         } else {
-            if (osp_transcript_format(&t, format, &txt, &len) != OSP_OK) rc = osp_cli_fail("transcribe");
+            if (!format) txt = NULL; /* printed already */
+            else if (osp_transcript_format(&t, format, &txt, &len) != OSP_OK) rc = osp_cli_fail("transcribe");
             else fwrite(txt, 1, len, stdout);
             osp_free(txt);
             osp_transcript_free(&t);

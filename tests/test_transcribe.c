@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include "audio/audio.h"
+#include "model/safetensors.h"
 #include "speech/transcribe.h"
 
 #define WG "data/goldens/whisper"
@@ -258,6 +259,83 @@ static void test_formats(void **state) {
     assert_int_equal(osp_transcript_format(&t, "docx", &o, &n), OSP_ERR_INVALID);
 }
 
+
+static void test_dtw(void **state) {
+    (void)state;
+    /* the cheap path: token 0 over frames 0-1, token 1 over frame 2, token 2 over frame 3 */
+    const float x[3 * 4] = {0, 0, 9, 9, 9, 9, 0, 9, 9, 9, 9, 0};
+    int32_t ti[8], fi[8];
+    double scratch[4 * 5 * 2];
+    int32_t n = osp_whisper_dtw(x, 3, 4, ti, fi, scratch);
+    assert_int_equal(n, 4);
+    const int32_t want_t[] = {0, 0, 1, 2}, want_f[] = {0, 1, 2, 3};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(ti[i], want_t[i]);
+        assert_int_equal(fi[i], want_f[i]);
+    }
+}
+
+static osp_word word(const char *s, double a, double b) {
+    osp_word w = {.text = osp_malloc(OSP_POOL_MISC, strlen(s) + 1), .n_tok = 1, .start = a, .end = b};
+    strcpy(w.text, s);
+    return w;
+}
+
+static void test_punctuation(void **state) {
+    (void)state;
+    osp_word a[6] = {word(" \"", 0, 0.1), word("Hello", 0.1, 0.5), word(",", 0.5, 0.6), word(" world", 0.6, 1),
+                     word(".", 1, 1.1), word("\"", 1.1, 1.2)};
+    osp_whisper_merge_punctuations(a, 6);
+    const char *want[] = {"", " \"Hello,", "", " world.\"", "", ""};
+    for (int i = 0; i < 6; i++) {
+        assert_string_equal(a[i].text, want[i]);
+        osp_free(a[i].text);
+    }
+}
+
+/* The golden's transcript aligned on its recording (the checkpoint is
+ * random-ish: the words and their order are checked, the times only for
+ * consistency). */
+static void test_word_alignment(void **state) {
+    (void)state;
+    osp_whisper *m;
+    assert_int_equal(osp_whisper_load(WG, &m), OSP_OK);
+    osp_st *st;
+    assert_int_equal(osp_st_open_file(WG "/golden.safetensors", &st), OSP_OK);
+    const osp_st_tensor *mt = osp_st_find(st, "mel80"), *it = osp_st_find(st, "decoder_ids");
+    float *mel = malloc(mt->nbytes);
+    memcpy(mel, mt->data, mt->nbytes);
+    int32_t ids[30];
+    memcpy(ids, it->data, sizeof ids);
+    osp_st_close(st);
+    osp_whisper_state *s;
+    assert_int_equal(osp_whisper_state_new(m, &s), OSP_OK);
+    assert_int_equal(osp_whisper_encode(s, mel), OSP_OK);
+    osp_word words[32];
+    int32_t n;
+    /* ids: sot en transcribe notimestamps, 25 text tokens, eot */
+    assert_int_equal(osp_whisper_align(s, m, tok, &W, ids, 3, ids + 4, 25, 1100, 0, words, &n), OSP_OK);
+    double maxd;
+    osp_whisper_word_heuristics(words, n, &maxd);
+    char joined[512] = "";
+    int kept = 0;
+    for (int32_t i = 0; i < n; i++) {
+        strcat(joined, words[i].text);
+        if (words[i].text[0]) {
+            kept++;
+            assert_true(words[i].start <= words[i].end && words[i].end <= 11.0 + 1e-9);
+        }
+        if (i) assert_true(words[i].start >= words[i - 1].start - maxd);
+        osp_free(words[i].text);
+    }
+    assert_string_equal(joined, " And so my fellow Americans, ask not what your country can do for you, ask what you can "
+                                "do for your country.");
+    assert_int_equal(kept, 22); /* "Americans," "you," "country." carry their punctuation */
+    osp_whisper_state_free(s);
+    osp_whisper_free(m);
+    free(mel);
+}
+
 typedef struct seen {
     int calls;
     double last, total;
@@ -338,7 +416,8 @@ static void test_end_to_end(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_special_ids), cmocka_unit_test(test_timestamp_rules), cmocka_unit_test(test_fallback),
-        cmocka_unit_test(test_split),       cmocka_unit_test(test_formats),         cmocka_unit_test(test_end_to_end),
+        cmocka_unit_test(test_split),       cmocka_unit_test(test_formats),         cmocka_unit_test(test_dtw),
+        cmocka_unit_test(test_punctuation), cmocka_unit_test(test_word_alignment),  cmocka_unit_test(test_end_to_end),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

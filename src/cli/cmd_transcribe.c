@@ -11,7 +11,8 @@ static int usage(void) {
     fprintf(stderr,
             "usage: osprey transcribe FILE... --model WHISPER [--language L] [--task transcribe|translate]\n"
             "         [-f txt|text|json|verbose_json|srt|vtt] [--prompt TEXT] [--temperature T] [--no-fallback]\n"
-            "         [--beam-size N] [--best-of N] [--no-timestamps] [--no-context] [--tokenizer PATH] [--seed S]\n"
+            "         [--beam-size N] [--best-of N] [--no-timestamps] [--word-timestamps] [--no-context]\n"
+            "         [--tokenizer PATH] [--seed S]\n"
             "         [-t THREADS] [-q]\n"
             "  FILE: WAV, FLAC, OGG or MP3 (any rate and channels); --language: a code or name (detected when\n"
             "  omitted); without -f, each segment as it is decoded: [00:00:00.000 --> 00:00:02.000]  text;\n"
@@ -67,6 +68,7 @@ int osp_cmd_transcribe(int argc, char **argv) {
         else if (!strcmp(a, "--best-of") && v) o.best_of = atoi(argv[++i]);
         else if (!strcmp(a, "--beam-size") && v) o.beam_size = atoi(argv[++i]);
         else if (!strcmp(a, "--no-timestamps")) o.timestamps = 0;
+        else if (!strcmp(a, "--word-timestamps")) o.word_timestamps = 1;
         else if (!strcmp(a, "--no-context")) o.condition_on_previous_text = 0;
         else if (!strcmp(a, "--seed") && v) o.seed = strtoull(argv[++i], NULL, 10);
         else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v) threads = atoi(argv[++i]);
@@ -75,6 +77,10 @@ int osp_cmd_transcribe(int argc, char **argv) {
         else return usage();
     }
     if (!model || !n_files) return usage();
+    if (o.word_timestamps && !o.timestamps) {
+        fprintf(stderr, "osprey transcribe: --word-timestamps needs the segment timestamps\n");
+        return 2;
+    }
     if (strcmp(task, "transcribe") && strcmp(task, "translate")) {
         fprintf(stderr, "osprey transcribe: --task is transcribe or translate\n");
         return 2;

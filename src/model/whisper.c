@@ -75,6 +75,9 @@ struct osp_whisper {
     osp_weight embed;   /* [vocab, d] tokens */
     osp_weight head;    /* [vocab, d]: proj_out, or embed when tied */
     float *dec_pos;     /* [n_text_ctx, d] */
+    int32_t *align;     /* alignment heads, (layer, head) pairs: generation_config.json's, else every head of
+                           the last half of the decoder layers (openai-whisper's default) */
+    int32_t n_align;
 };
 
 struct osp_whisper_state {
@@ -84,6 +87,11 @@ struct osp_whisper_state {
     int32_t *tok_row, *tok_pos; /* [max rows of a step]: each token's row and position */
     int encoded;
     int serial;         /* run every task on the calling thread (not the process pool) */
+    /* cross-attention capture (word timestamps): heads [n_qk] as (layer, head) pairs; q·k (scaled, before
+     * the softmax) of each decoded token against every audio position, [n_qk][qk_max_tok][A] */
+    const int32_t *qk_heads;
+    int32_t n_qk, qk_max_tok;
+    float *qk_out;
     float *enc_out;     /* [A, d] */
     float **ck, **cv;   /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
     float **sk, **sv;   /* per decoder layer [n_rows][n_text_ctx][d]: self K/V */
@@ -348,6 +356,37 @@ void osp_whisper_sinusoids(int64_t len, int64_t ch, float *out) {
         }
 }
 
+static osp_status load_alignment_heads(osp_whisper *m) {
+    const osp_whisper_config *c = &m->cfg;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/generation_config.json", m->dir);
+    json_t *g = osp_is_file(p) ? json_load_file(p, 0, NULL) : NULL;
+    json_t *a = json_object_get(g, "alignment_heads");
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    m->align = osp_malloc(OSP_POOL_WEIGHTS, sizeof(int32_t) * 2 * (n ? n : (size_t)c->dec_layers * c->dec_heads));
+    if (!m->align) {
+        json_decref(g);
+        return osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(a, i);
+        int l = (int)json_integer_value(json_array_get(e, 0)), h = (int)json_integer_value(json_array_get(e, 1));
+        if (json_array_size(e) != 2 || l < 0 || l >= c->dec_layers || h < 0 || h >= c->dec_heads) {
+            json_decref(g);
+            return osp_err(OSP_ERR_FORMAT, "%s: alignment_heads[%zu] is not a (layer, head) of this model", p, i);
+        }
+        m->align[2 * m->n_align] = l;
+        m->align[2 * m->n_align++ + 1] = h;
+    }
+    json_decref(g);
+    for (int l = n ? c->dec_layers : c->dec_layers / 2; l < c->dec_layers; l++)
+        for (int h = 0; h < c->dec_heads; h++) {
+            m->align[2 * m->n_align] = l;
+            m->align[2 * m->n_align++ + 1] = h;
+        }
+    return OSP_OK;
+}
+
 static osp_status load(osp_whisper *m) {
     OSP_TRY(read_config(m));
     char n[4200];
@@ -390,6 +429,7 @@ static osp_status load(osp_whisper *m) {
         OSP_TRY(bind_layer(m, n, d, c->dec_ffn, 1, &m->dec[i]));
     }
     OSP_TRY(bind_ln(m, x ? "decoder.ln" : "model.decoder.layer_norm", d, &m->dec_ln));
+    OSP_TRY(load_alignment_heads(m));
     m->head = m->embed;
     if (!x && (osp_st_find(m->st, "proj_out.weight") || osp_st_find(m->st, "proj_out.scales")))
         OSP_TRY(linear(m, "proj_out", c->vocab, d, &m->head));
@@ -444,6 +484,7 @@ void osp_whisper_free(osp_whisper *m) {
     osp_free(m->conv2_b);
     osp_free(m->enc_pos);
     osp_free(m->dec_pos);
+    osp_free(m->align);
     osp_st_close(m->st);
     osp_free(m);
 }
@@ -696,6 +737,25 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
 
 void osp_whisper_state_set_serial(osp_whisper_state *s, int serial) { s->serial = serial; }
 
+osp_status osp_whisper_capture_qk(osp_whisper_state *s, const int32_t *heads, int32_t n_heads, float *out,
+                                  int32_t max_tok) {
+    const osp_whisper_config *c = &s->m->cfg;
+    for (int32_t k = 0; k < n_heads; k++)
+        if (heads[2 * k] < 0 || heads[2 * k] >= c->dec_layers || heads[2 * k + 1] < 0 ||
+            heads[2 * k + 1] >= c->dec_heads)
+            return osp_err(OSP_ERR_RANGE, "whisper: no decoder head (%d, %d)", heads[2 * k], heads[2 * k + 1]);
+    s->qk_heads = heads;
+    s->n_qk = out ? n_heads : 0;
+    s->qk_out = n_heads ? out : NULL;
+    s->qk_max_tok = max_tok;
+    return OSP_OK;
+}
+
+const int32_t *osp_whisper_alignment_heads(const osp_whisper *m, int32_t *n) {
+    *n = m->n_align;
+    return m->align;
+}
+
 const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_out : NULL; }
 
 /* ---------------- decoder ---------------- */
@@ -755,6 +815,18 @@ static void datt_task(void *p, int64_t t) {
     }
 }
 
+static void capture_qk(const osp_whisper_state *s, int l, int32_t n) {
+    const osp_whisper_config *c = &s->m->cfg;
+    const int64_t d = c->d_model, hd = d / c->dec_heads, A = c->n_audio_ctx;
+    for (int32_t k = 0; k < s->n_qk; k++) {
+        if (s->qk_heads[2 * k] != l) continue;
+        const int64_t h = s->qk_heads[2 * k + 1];
+        for (int32_t i = 0; i < n && s->tok_pos[i] < s->qk_max_tok; i++)
+            s->m->ops->scores(s->qk_out + ((int64_t)k * s->qk_max_tok + s->tok_pos[i]) * A, s->q + i * d + h * hd,
+                              s->ck[l] + h * A * hd, A, hd, hd);
+    }
+}
+
 /* The decoder over n tokens whose rows and positions are in s->tok_row /
  * s->tok_pos; the final hidden states (after layer_norm) go to s->h. */
 static void decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
@@ -788,6 +860,7 @@ static void decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
         layer_norm(&L->ln_cross, x, s->h, n, d);
         matmul(s, &L->cross.q, s->h, n, L->cross.bq, s->q);
         scale(s->q, n * d, qs);
+        if (s->qk_out) capture_qk(s, l, n);
         full_attention(s, s->q, s->ck[l], s->cv[l], s->a, n, c->dec_heads);
         matmul(s, &L->cross.o, s->a, n, L->cross.bo, s->h);
         add(x, s->h, n * d);

@@ -71,6 +71,16 @@ void osp_whisper_state_free(osp_whisper_state *s);
  * for callers beside another user of the pool (the server's audio route). */
 void osp_whisper_state_set_serial(osp_whisper_state *s, int serial);
 
+/* Word timestamps: while set, each decoded token's cross-attention scores
+ * (q·k scaled by head_dim^-0.5, before the softmax) for the n_heads (layer,
+ * head) pairs go to out[k][position][n_audio_ctx] (positions < max_tok).
+ * out NULL: capture off. heads must outlive the capture. */
+osp_status osp_whisper_capture_qk(osp_whisper_state *s, const int32_t *heads, int32_t n_heads, float *out,
+                                  int32_t max_tok);
+/* The model's alignment heads as (layer, head) pairs: generation_config.json's
+ * "alignment_heads", else every head of the last half of the decoder layers. */
+const int32_t *osp_whisper_alignment_heads(const osp_whisper *m, int32_t *n);
+
 /* Encode one window: mel [n_mels, 3000] → the encoder output and every
  * decoder layer's cross K/V. Resets the decoder (position 0). */
 osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel);

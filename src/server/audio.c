@@ -5,7 +5,8 @@
  * model (not checked: one audio model is served), language, prompt,
  * response_format (json, text, srt, vtt, verbose_json; default json),
  * temperature (0..1; 0 = openai-whisper's fallback schedule, else that
- * temperature alone), timestamp_granularities[] (segment; word is refused).
+ * temperature alone), timestamp_granularities[] (segment, word: word
+ * timestamps, in verbose_json's "words").
  *
  * One transcription runs at a time (audio_mu), on the connection's thread
  * and on that thread alone (osp_transcribe_opts.serial): the process thread
@@ -82,14 +83,20 @@ enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *
         free(f);
         return send_err(s, c, 400, err, NULL);
     }
-    char lang[64], fmt[32], temp[32], prompt[8192], gran[32];
+    char lang[64], fmt[32], temp[32], prompt[8192];
     int too_long = 0;
     const char *language = translate ? NULL : field(f, "language", lang, sizeof lang, &too_long);
     const char *format = field(f, "response_format", fmt, sizeof fmt, &too_long);
     const char *tstr = field(f, "temperature", temp, sizeof temp, &too_long);
     const char *pr = field(f, "prompt", prompt, sizeof prompt, &too_long);
-    const char *g = field(f, "timestamp_granularities[]", gran, sizeof gran, &too_long);
-    if (!g) g = field(f, "timestamp_granularities", gran, sizeof gran, &too_long);
+    int words = 0, bad_gran = 0; /* every timestamp_granularities[] part: segment and/or word */
+    for (int i = 0; i < f->n; i++) {
+        const srv_part *p = &f->parts[i];
+        if (!p->name || (strcmp(p->name, "timestamp_granularities[]") && strcmp(p->name, "timestamp_granularities")))
+            continue;
+        if (p->len == 4 && !memcmp(p->data, "word", 4)) words = 1;
+        else if (!(p->len == 7 && !memcmp(p->data, "segment", 7))) bad_gran = 1;
+    }
     const srv_part *file = srv_form_get(f, "file");
     enum MHD_Result rc;
     osp_transcribe_opts o;
@@ -111,8 +118,8 @@ enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *
         rc = send_err(s, c, 400, "unknown language", "language");
         goto done;
     }
-    if (g && strcmp(g, "segment")) {
-        rc = send_err(s, c, 400, "timestamp_granularities: only 'segment' is supported", "timestamp_granularities");
+    if (bad_gran) {
+        rc = send_err(s, c, 400, "timestamp_granularities: 'segment' or 'word'", "timestamp_granularities");
         goto done;
     }
     if (tstr) {
@@ -131,6 +138,7 @@ enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *
     o.translate = translate;
     o.prompt = pr;
     o.serial = 1;
+    o.word_timestamps = words;
     float *pcm = NULL;
     int64_t n = 0;
     if (osp_audio_decode(file->data, file->len, file->filename ? file->filename : "file", &pcm, &n) != OSP_OK) {

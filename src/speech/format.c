@@ -69,8 +69,17 @@ int osp_transcript_format_known(const char *f) {
     return 0;
 }
 
+static json_t *word_json(const osp_word *w, int prob) {
+    json_t *j = json_object();
+    json_object_set_new(j, "word", json_string(w->text));
+    json_object_set_new(j, "start", json_real(w->start));
+    json_object_set_new(j, "end", json_real(w->end));
+    if (prob) json_object_set_new(j, "probability", json_real(w->prob));
+    return j;
+}
+
 static json_t *verbose(const osp_transcript *t) {
-    json_t *o = json_object(), *segs = json_array();
+    json_t *o = json_object(), *segs = json_array(), *words = NULL;
     int li = osp_whisper_lang_index(t->language);
     json_object_set_new(o, "task", json_string(t->translate ? "translate" : "transcribe"));
     json_object_set_new(o, "language", json_string(li >= 0 ? osp_whisper_lang_name(li) : t->language));
@@ -90,9 +99,19 @@ static json_t *verbose(const osp_transcript *t) {
         json_object_set_new(j, "avg_logprob", json_real(s->avg_logprob));
         json_object_set_new(j, "compression_ratio", json_real(s->compression_ratio));
         json_object_set_new(j, "no_speech_prob", json_real(s->no_speech_prob));
+        if (s->words) { /* openai-whisper's segment words, and OpenAI's top-level "words" */
+            json_t *ws = json_array();
+            if (!words) words = json_array();
+            for (int32_t k = 0; k < s->n_words; k++) {
+                json_array_append_new(ws, word_json(&s->words[k], 1));
+                json_array_append_new(words, word_json(&s->words[k], 0));
+            }
+            json_object_set_new(j, "words", ws);
+        }
         json_array_append_new(segs, j);
     }
     json_object_set_new(o, "segments", segs);
+    if (words) json_object_set_new(o, "words", words);
     return o;
 }
 

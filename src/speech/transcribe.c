@@ -100,6 +100,7 @@ typedef struct wctx {
     int32_t *seq;    /* [n_text_ctx] */
     uint64_t rng;
     int beam;          /* beam size at temperature 0 (<= 1: greedy) */
+    int translate;
     float *blogits;    /* [beam, vocab] */
     struct beam *beams; /* [4 · beam + 1] */
     struct cand *cands; /* [beam · (beam + 1)] */
@@ -337,13 +338,23 @@ static osp_status decode_at(void *p, float temperature, osp_wresult *r) {
 
 /* ---------------- long audio ---------------- */
 
+static void free_words(osp_word *wd, int32_t n) {
+    for (int32_t i = 0; i < n; i++) osp_free(wd[i].text);
+    osp_free(wd);
+}
+
+/* Add a segment (words, when given, become its own); an instantaneous one or
+ * one without text is dropped, as openai-whisper clears them. */
 static osp_status add_segment(osp_transcript *t, int32_t *cap, const osp_tokenizer *tok, const osp_wtokens *w,
                               const int32_t *toks, int32_t n, double start, double end, int32_t seek,
-                              const osp_wresult *r) {
+                              const osp_wresult *r, osp_word *words, int32_t n_words) {
     if (t->n_segs == *cap) {
         int32_t nc = *cap ? *cap * 2 : 16;
         osp_segment *ns = osp_calloc(OSP_POOL_MISC, sizeof *ns * nc);
-        if (!ns) return osp_err(OSP_ERR_NOMEM, "out of memory");
+        if (!ns) {
+            free_words(words, n_words);
+            return osp_err(OSP_ERR_NOMEM, "out of memory");
+        }
         if (t->n_segs) memcpy(ns, t->segs, sizeof *ns * t->n_segs);
         osp_free(t->segs);
         t->segs = ns;
@@ -356,6 +367,7 @@ static osp_status add_segment(osp_transcript *t, int32_t *cap, const osp_tokeniz
     if (!text_ids || !s->tokens) {
         osp_free(text_ids);
         osp_free(s->tokens);
+        free_words(words, n_words);
         return osp_err(OSP_ERR_NOMEM, "out of memory");
     }
     int32_t nt = 0;
@@ -366,9 +378,12 @@ static osp_status add_segment(osp_transcript *t, int32_t *cap, const osp_tokeniz
     osp_free(text_ids);
     if (rc != OSP_OK) {
         osp_free(s->tokens);
+        free_words(words, n_words);
         return rc;
     }
     memcpy(s->tokens, toks, sizeof(int32_t) * n);
+    s->words = words;
+    s->n_words = n_words;
     s->n_tokens = n;
     s->id = t->n_segs;
     s->seek = seek;
@@ -385,10 +400,104 @@ static osp_status add_segment(osp_transcript *t, int32_t *cap, const osp_tokeniz
     if (start == end || blank) {
         osp_free(s->text);
         osp_free(s->tokens);
+        free_words(words, n_words);
         return OSP_OK;
     }
     t->n_segs++;
     return OSP_OK;
+}
+
+/* Word timestamps of one window (openai-whisper's add_word_timestamps):
+ * the words of all its segments aligned at once, each segment's share (by
+ * token count) given to it, segment times adjusted to their words.
+ * seg_start/seg_end (absolute) are updated; seg_words[i] / seg_nw[i] receive
+ * each segment's words (osp_malloc'd). */
+static osp_status window_words(wctx *c, const osp_wresult *r, const int32_t *ranges, int32_t n_seg, int lang,
+                               int32_t num_frames, double time_offset, double *seg_start, double *seg_end,
+                               osp_word **seg_words, int32_t *seg_nw, double *last_speech) {
+    const osp_wtokens *w = c->w;
+    int32_t text[OSP_WHISPER_SAMPLE_LEN + 1], n_text = 0, per_seg[OSP_WHISPER_SAMPLE_LEN + 2];
+    for (int32_t i = 0; i < n_seg; i++) {
+        per_seg[i] = 0;
+        seg_words[i] = NULL;
+        seg_nw[i] = 0;
+        for (int32_t k = ranges[2 * i]; k < ranges[2 * i + 1]; k++)
+            if (r->tokens[k] < w->eot) {
+                text[n_text++] = r->tokens[k];
+                per_seg[i]++;
+            }
+    }
+    if (!n_seg || !n_text) return OSP_OK;
+    int32_t sot[3], n_sot = 0;
+    sot[n_sot++] = w->sot;
+    if (w->n_langs) {
+        sot[n_sot++] = w->lang0 + lang;
+        sot[n_sot++] = c->translate ? w->translate : w->transcribe;
+    }
+    const char *code = osp_whisper_lang_code(lang);
+    int no_spaces = !strcmp(code, "zh") || !strcmp(code, "ja") || !strcmp(code, "th") || !strcmp(code, "lo") ||
+                    !strcmp(code, "my") || !strcmp(code, "yue");
+    osp_word *al = osp_calloc(OSP_POOL_SCRATCH, sizeof(osp_word) * (n_text + 2));
+    if (!al) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    int32_t na = 0;
+    osp_status rc = osp_whisper_align(c->s, c->m, c->tok, w, sot, n_sot, text, n_text, num_frames, no_spaces, al, &na);
+    double maxd = 0, median = rc == OSP_OK ? osp_whisper_word_heuristics(al, na, &maxd) : 0;
+    int32_t wi = 0;
+    for (int32_t i = 0; i < n_seg && rc == OSP_OK; i++) {
+        osp_word *ws = osp_calloc(OSP_POOL_MISC, sizeof(osp_word) * (na + 1));
+        if (!ws) {
+            rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+            break;
+        }
+        int32_t nw = 0, saved = 0;
+        while (wi < na && saved < per_seg[i]) {
+            osp_word *a = &al[wi];
+            if (a->text && a->text[0]) {
+                ws[nw] = *a;
+                ws[nw].start = round((time_offset + a->start) * 100) / 100;
+                ws[nw].end = round((time_offset + a->end) * 100) / 100;
+                a->text = NULL;
+                nw++;
+            }
+            saved += a->n_tok;
+            wi++;
+        }
+        if (nw) {
+            /* the first word after a pause no longer than twice the median */
+            if (ws[0].end - *last_speech > median * 4 &&
+                (ws[0].end - ws[0].start > maxd || (nw > 1 && ws[1].end - ws[0].start > maxd * 2))) {
+                if (nw > 1 && ws[1].end - ws[1].start > maxd) {
+                    double bd = ws[1].end / 2 > ws[1].end - maxd ? ws[1].end / 2 : ws[1].end - maxd;
+                    ws[0].end = ws[1].start = bd;
+                }
+                ws[0].start = ws[0].end - maxd > 0 ? ws[0].end - maxd : 0;
+            }
+            if (seg_start[i] < ws[0].end && seg_start[i] - 0.5 > ws[0].start) {
+                double v = ws[0].end - median < seg_start[i] ? ws[0].end - median : seg_start[i];
+                ws[0].start = v > 0 ? v : 0;
+            } else {
+                seg_start[i] = ws[0].start;
+            }
+            if (seg_end[i] > ws[nw - 1].start && seg_end[i] + 0.5 < ws[nw - 1].end) {
+                double v = ws[nw - 1].start + median;
+                ws[nw - 1].end = v > seg_end[i] ? v : seg_end[i];
+            } else {
+                seg_end[i] = ws[nw - 1].end;
+            }
+            *last_speech = seg_end[i];
+        }
+        seg_words[i] = ws;
+        seg_nw[i] = nw;
+    }
+    for (int32_t k = 0; k < na; k++) osp_free(al[k].text);
+    osp_free(al);
+    if (rc != OSP_OK)
+        for (int32_t i = 0; i < n_seg; i++) {
+            free_words(seg_words[i], seg_nw[i]);
+            seg_words[i] = NULL;
+            seg_nw[i] = 0;
+        }
+    return rc;
 }
 
 /* The language of the encoded window: the likeliest language token after
@@ -500,6 +609,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
     const double total = (double)n / OSP_AUDIO_RATE;
     int32_t seg_cap = 0;
     int detected = !(w->n_langs && !(o->language && *o->language));
+    double last_speech = 0; /* word timestamps: the end of the last speech */
     uint64_t rng = o->seed ? o->seed : 0x5eed;
     for (int64_t seek = 0; seek < content_frames;) {
         int32_t segment_frames = content_frames - seek < N_FRAMES ? (int32_t)(content_frames - seek) : N_FRAMES;
@@ -534,7 +644,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         }
         if (!o->timestamps) x->prefix[np++] = w->no_timestamps;
         wctx c = {m, tok, w, x->s, o->timestamps, o->best_of, x->prefix, np, n_prompt_part,
-                  x->logits, x->sot_logits, x->probs, x->seq, rng, beam, x->blogits, x->beams, x->cands};
+                  x->logits, x->sot_logits, x->probs, x->seq, rng, beam, o->translate, x->blogits, x->beams, x->cands};
         osp_fallback_opts fb = o->fb;
         if (o->no_fallback) {
             fb.n_temps = 1;
@@ -557,11 +667,37 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
             int32_t n_seg;
             int32_t adv = osp_whisper_split(w, r->tokens, r->n_tokens, segment_frames, x->ranges, x->times, &n_seg);
             int32_t first_new = out->n_segs;
+            const int single_end = r->n_tokens >= 2 && r->tokens[r->n_tokens - 2] < w->ts_begin &&
+                                   r->tokens[r->n_tokens - 1] >= w->ts_begin;
+            double seg_start[OSP_WHISPER_SAMPLE_LEN + 2], seg_end[OSP_WHISPER_SAMPLE_LEN + 2];
+            osp_word *seg_words[OSP_WHISPER_SAMPLE_LEN + 2];
+            int32_t seg_nw[OSP_WHISPER_SAMPLE_LEN + 2];
+            for (int32_t i = 0; i < n_seg; i++) {
+                seg_start[i] = time_offset + x->times[2 * i];
+                seg_end[i] = time_offset + x->times[2 * i + 1];
+                seg_words[i] = NULL;
+                seg_nw[i] = 0;
+            }
+            if (o->word_timestamps) {
+                OSP_TRY(window_words(&c, r, x->ranges, n_seg, lang, segment_frames, time_offset, seg_start, seg_end,
+                                     seg_words, seg_nw, &last_speech));
+                double last_word_end = -1;
+                for (int32_t i = n_seg - 1; i >= 0 && last_word_end < 0; i--)
+                    if (seg_nw[i]) last_word_end = seg_words[i][seg_nw[i] - 1].end;
+                if (last_word_end < 0 && n_seg) last_word_end = seg_end[n_seg - 1];
+                if (!single_end && last_word_end > time_offset) adv = (int32_t)(llround(last_word_end * 100) - seek);
+                if (last_word_end >= 0) last_speech = last_word_end;
+            }
             for (int32_t i = 0; i < n_seg; i++) {
                 int32_t b = x->ranges[2 * i], e = x->ranges[2 * i + 1];
                 int32_t before = out->n_segs;
-                OSP_TRY(add_segment(out, &seg_cap, tok, w, r->tokens + b, e - b, time_offset + x->times[2 * i],
-                                    time_offset + x->times[2 * i + 1], (int32_t)seek, r));
+                osp_status ar = add_segment(out, &seg_cap, tok, w, r->tokens + b, e - b, seg_start[i], seg_end[i],
+                                            (int32_t)seek, r, seg_words[i], seg_nw[i]);
+                seg_words[i] = NULL;
+                if (ar != OSP_OK) {
+                    for (int32_t k = i + 1; k < n_seg; k++) free_words(seg_words[k], seg_nw[k]);
+                    return ar;
+                }
                 if (out->n_segs == before) continue;
                 /* the kept segments' tokens condition the next window */
                 osp_segment *sg = &out->segs[out->n_segs - 1];
@@ -609,6 +745,7 @@ void osp_transcript_free(osp_transcript *t) {
     for (int32_t i = 0; i < t->n_segs; i++) {
         osp_free(t->segs[i].text);
         osp_free(t->segs[i].tokens);
+        free_words(t->segs[i].words, t->segs[i].n_words);
     }
     osp_free(t->segs);
     osp_free(t->text);

@@ -102,6 +102,13 @@ typedef osp_status (*osp_wdecode_fn)(void *ctx, float temperature, osp_wresult *
  * result tried. */
 osp_status osp_whisper_fallback(const osp_fallback_opts *o, osp_wdecode_fn fn, void *ctx, osp_wresult *r);
 
+typedef struct osp_word {
+    char *text;            /* osp_malloc'd; "" when merged into a neighbour */
+    int32_t tok0, n_tok;   /* its tokens among the window's text tokens */
+    double start, end;     /* seconds */
+    double prob;           /* mean probability of its tokens */
+} osp_word;
+
 typedef struct osp_segment {
     int32_t id, seek;      /* seek: the window's first mel frame */
     double start, end;     /* seconds */
@@ -110,6 +117,8 @@ typedef struct osp_segment {
     int32_t n_tokens;
     float temperature;
     double avg_logprob, compression_ratio, no_speech_prob;
+    osp_word *words;       /* with word timestamps, osp_malloc'd */
+    int32_t n_words;
 } osp_segment;
 
 /* Splitting one window's tokens into segments (time_offset: the window's
@@ -132,6 +141,7 @@ typedef struct osp_transcribe_opts {
     int condition_on_previous_text; /* 1 */
     uint64_t seed;
     int serial;             /* 1: on the calling thread only (osp_whisper_state_set_serial) */
+    int word_timestamps;    /* words with their times (speech/words.c) */
     osp_fallback_opts fb;   /* thresholds (osp_transcribe_defaults) */
     /* called after each window: seconds done, total */
     void (*progress)(void *ctx, double done, double total);
@@ -141,6 +151,24 @@ typedef struct osp_transcribe_opts {
 } osp_transcribe_opts;
 
 void osp_transcribe_defaults(osp_transcribe_opts *o);
+
+/* Word timestamps (speech/words.c), openai-whisper's timing.py:
+ * dynamic time warping of a cost x[N][M] (ties to the later choice, as its
+ * dtw_cpu): the path's token and frame indices, forwards; returns its length
+ * (<= N + M). scratch: (N + 1)(M + 1)(sizeof(double) + 1) bytes. */
+int32_t osp_whisper_dtw(const float *x, int32_t N, int32_t M, int32_t *text_idx, int32_t *time_idx, void *scratch);
+/* Words of the window's text tokens, times relative to the window: decodes
+ * sot[0..n_sot) <|notimestamps|> text <|endoftext|> on s (row 0) while
+ * capturing the alignment heads. no_spaces: zh, ja, th, lo, my, yue (every
+ * character piece a word). words: room for n_text + 1. */
+osp_status osp_whisper_align(osp_whisper_state *s, const osp_whisper *m, const osp_tokenizer *tok,
+                             const osp_wtokens *w, const int32_t *sot, int32_t n_sot, const int32_t *text,
+                             int32_t n_text, int32_t num_frames, int no_spaces, osp_word *words, int32_t *n_words);
+/* Punctuation merged into the next word (opening) or the previous one (closing). */
+void osp_whisper_merge_punctuations(osp_word *a, int32_t n);
+/* Words at sentence ends no longer than twice the median duration (at most
+ * 0.7 s), then merge_punctuations; returns the median, *max_duration set. */
+double osp_whisper_word_heuristics(osp_word *a, int32_t n, double *max_duration);
 
 typedef struct osp_transcript {
     osp_segment *segs;

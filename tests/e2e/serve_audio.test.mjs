@@ -60,6 +60,16 @@ test('transcriptions: verbose_json segments, text, srt and vtt agree', async () 
   assert.match(vtt, /^WEBVTT\n\n\d\d:\d\d\.\d\d\d --> /);
 });
 
+test('word timestamps: timestamp_granularities word', async () => {
+  const v = await client.audio.transcriptions.create({
+    file: fs.createReadStream(WAV), model: 'whisper-1', language: 'en', response_format: 'verbose_json',
+    timestamp_granularities: ['word', 'segment'],
+  });
+  assert.ok(Array.isArray(v.words) && v.words.length > 0);
+  for (const w of v.words) assert.ok(w.end >= w.start && typeof w.word === 'string');
+  assert.equal(v.words.map((w) => w.word).join(''), v.segments.map((s) => s.text).join(''));
+});
+
 test('translations and a detected language', async () => {
   const t = await client.audio.translations.create({ file: fs.createReadStream(WAV), model: 'whisper-1', response_format: 'verbose_json' });
   assert.equal(t.task, 'translate');

@@ -124,6 +124,10 @@ int osp_cmd_logits(int argc, char **argv) {
             fprintf(stderr, "osprey logits: %s is a Whisper model: --audio FILE is needed\n", model);
             return 2;
         }
+        if (fast || device == OSP_DEVICE_CUDA) { /* model/whisper.c: reference precision on the CPU only, so far */
+            fprintf(stderr, "osprey logits: Whisper models run in reference precision on the CPU (no --fast, no cuda)\n");
+            return 2;
+        }
         return whisper_logits(model, audio, input, output, chunk ? chunk : 1 << 30);
     }
     if (audio) {

@@ -161,7 +161,11 @@ static osp_status finish(wctx *c, osp_wresult *r) {
     for (int32_t i = 0; i < r->n_tokens; i++)
         if (r->tokens[i] < c->w->eot) c->seq[nt++] = r->tokens[i];
     OSP_TRY(osp_tokenizer_decode(c->tok, c->seq, nt, 0, &text, &len));
-    r->compression_ratio = osp_compression_ratio(text, len);
+    const char *b = text; /* of the stripped text, as openai-whisper */
+    while (*b == ' ' || *b == '\t' || *b == '\n' || *b == '\r') b++;
+    size_t l = strlen(b);
+    while (l && (b[l - 1] == ' ' || b[l - 1] == '\t' || b[l - 1] == '\n' || b[l - 1] == '\r')) l--;
+    r->compression_ratio = osp_compression_ratio(b, l);
     osp_free(text);
     return OSP_OK;
 }
@@ -587,7 +591,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
     if (o->translate && !w->n_langs) return osp_err(OSP_ERR_INVALID, "an English-only model cannot translate");
 
     /* the prompt's tokens: " " + prompt, stripped */
-    int32_t n_all = 0, cap_all = 0, reset_since = 0, n_initial = 0;
+    int32_t n_all = 0, cap_all = 0, reset_since = 0;
     if (o->prompt && *o->prompt) {
         const char *p = o->prompt;
         while (*p == ' ' || *p == '\n' || *p == '\t') p++;
@@ -602,7 +606,6 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         osp_free(sp);
         OSP_TRY(rc);
         n_all = cap_all = (int32_t)k;
-        n_initial = n_all;
     }
 
     const int64_t content_frames = n / OSP_MEL_HOP;
@@ -622,9 +625,8 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         }
         /* [<|startofprev|> previous text] <|startoftranscript|> [lang task] [<|notimestamps|>] */
         int32_t np = 0;
-        if (o->condition_on_previous_text || n_initial) {
-            int32_t from = o->condition_on_previous_text ? reset_since : 0;
-            int32_t k = (o->condition_on_previous_text ? n_all : n_initial) - from;
+        { /* the text since the last reset (the initial prompt until the first reset) */
+            int32_t from = reset_since, k = n_all - reset_since;
             int32_t keep = ctx / 2 - 1;
             if (k > keep) {
                 from += k - keep;

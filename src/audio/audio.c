@@ -44,7 +44,8 @@ static osp_status decode_open(SNDFILE *f, const SF_INFO *info, const char *name,
         return osp_err(OSP_ERR_FORMAT, "%s: unsupported audio (%d channels at %d Hz)", name, info->channels,
                        info->samplerate);
     int ch = info->channels;
-    int64_t cap = info->frames > 0 && info->frames < (int64_t)MAX_SECONDS * info->samplerate ? info->frames : 1 << 16;
+    /* the header's length is a hint (it may lie): at most 2^22 frames up front, grown as decoded */
+    int64_t cap = info->frames > 0 && info->frames < (1 << 22) ? info->frames : 1 << 16;
     float *mono = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)cap);
     float *buf = osp_malloc(OSP_POOL_MISC, sizeof(float) * 4096 * (size_t)ch);
     if (!mono || !buf) {

@@ -81,6 +81,19 @@ const osp_model_info *osp_model_get_info(const osp_model *m);
  * OSP_ERR_UNSUPPORTED on the CPU. */
 osp_status osp_model_bw_trial(const osp_model *m, int release, double *gbps);
 
+/* The model's artifact identity: SHA-256 (hex) over the files that
+ * determine its numbers (weights, config, tokenizer, chat template; see
+ * model/identity.c). Each file's hash is memoised in memo_dir (NULL: no
+ * memo) by path, size, mtime and inode, so an unchanged model is not
+ * read again. osp_identity_dir does the same for a folder. */
+osp_status osp_model_identity(const osp_model *m, const char *memo_dir, char out[65]);
+osp_status osp_identity_dir(const char *dir, const char *memo_dir, char out[65]);
+
+/* The version of the engine's numerics: raised whenever a kernel's results
+ * change, so that stored KV (the prefix cache's files) computed by an older
+ * engine is never used by a newer one. */
+#define OSP_NUMERICS_VERSION 1
+
 /* Number of worker threads used by kernels (0 = all cores). Global. */
 osp_status osp_set_threads(int n_threads);
 
@@ -150,6 +163,18 @@ osp_status osp_session_trim_row(osp_session *s, int32_t row, int32_t n);
 void osp_session_round_begin(osp_session *s);
 osp_status osp_session_rollback(osp_session *s, const int32_t *keep);
 void osp_session_commit(osp_session *s);
+/* 1 when a row's numbers do not depend on how its tokens are chunked (one
+ * at a time, or any prefill chunks): true of the CPU's production path for
+ * 4-bit weights (int8 activations, exact integer sums); elsewhere matvec,
+ * small-batch and GEMM kernels sum in different orders. */
+int osp_session_chunk_invariant(const osp_session *s);
+/* on: every token of later forward calls is computed exactly as a one-token
+ * decode step computes it (speculative verification). -1 when the
+ * session's device cannot promise that. */
+int osp_session_set_exact_tokens(osp_session *s, int on);
+const osp_model *osp_session_model(const osp_session *s);
+/* The session's KV cache (kv/kv.h), for the prefix cache (kv/prefix.h). */
+struct osp_kv *osp_session_kv(osp_session *s);
 /* A new one-row session holding a copy of one row. */
 osp_status osp_session_extract_row(const osp_session *s, int32_t row, osp_session **out);
 /* A new session whose rows are copies of all rows of parts[0], parts[1], ... */
@@ -219,6 +244,8 @@ typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELL
 
 typedef struct osp_gen_stats {
     int32_t n_prompt, n_generated;
+    int32_t n_cached;            /* prompt tokens whose KV came from the prefix cache (not computed) */
+    int32_t n_draft, n_draft_accepted; /* speculative decoding: tokens drafted, and accepted */
     double ttft_s;               /* start to the first token */
     double prefill_tok_s, decode_tok_s;
     double forward_s;            /* time in the decode forward passes */
@@ -259,6 +286,29 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
 int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc);
 /* End it now (finish = cancelled); nothing more is reported. */
 void osp_stream_cancel(osp_stream *g);
+/* Speculative verification. logits [K+1, vocab] (modified) were computed
+ * for the chunk [the token osp_stream_next last handed out, draft[0..K)]:
+ * position i predicts what follows the chunk's token i. The stream takes
+ * the drafts its sampler agrees with and one token of its own, emitting
+ * each exactly as osp_stream_next would: greedy, the tokens plain decoding
+ * picks (given the same logits); sampling, by rejection (accept a draft
+ * with min(1, p/q), else draw from the normalized max(0, p - q)), so the
+ * tokens follow the target's distribution. q: the draft's distributions
+ * [K, vocab], NULL when the drafts were certain (n-gram lookup). row_pos0:
+ * the row's positions before the chunk. *n_keep: how many of the chunk's
+ * positions stay in the KV cache (the rest must be rolled back). Returns 1
+ * with *next when the stream goes on. */
+int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_t K, const float *q, int32_t row_pos0,
+                      int32_t *n_keep, int32_t *next, osp_status *rc);
+int osp_stream_greedy(const osp_stream *g);
+const osp_gen_params *osp_stream_params(const osp_stream *g);
+/* 0 when its sampler cannot be verified by rejection (XTC). */
+int osp_stream_can_speculate(const osp_stream *g);
+/* The first n prompt tokens were not computed (their KV came from a cache):
+ * stats count them as cached and the prefill speed over the rest. */
+void osp_stream_set_cached(osp_stream *g, int32_t n);
+/* The stream's tokens so far: the prompt, then every sampled token. */
+const int32_t *osp_stream_tokens(const osp_stream *g, int32_t *n);
 const osp_gen_stats *osp_stream_stats(const osp_stream *g);
 void osp_stream_free(osp_stream *g);
 

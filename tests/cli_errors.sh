@@ -56,6 +56,18 @@ expect nofolder "no such model folder" "$OSPREY" inspect "$T/nope"
 printf 'garbage' >"$T/in.safetensors"
 expect bad-input "in.safetensors" "$OSPREY" logits --model $G --input "$T/in.safetensors" --output "$T/o.safetensors"
 
+# osprey convert: refusals leave nothing behind
+expect convert-noinput "no such model folder" "$OSPREY" convert "$T/nope" "$T/c1" -q
+mkdir -p "$T/full"; touch "$T/full/x"
+expect convert-nonempty "not empty" "$OSPREY" convert $G "$T/full" -q
+expect convert-bits "bits must be 2, 3, 4, 5, 6 or 8" "$OSPREY" convert $G "$T/c2" -q --q-bits 7
+expect convert-group "group size must be 32, 64 or 128" "$OSPREY" convert $G "$T/c3" -q --q-group-size 48
+expect convert-quantized "already quantized" "$OSPREY" convert data/goldens/llama3-q4 "$T/c4" -q
+expect convert-dtype "unknown dtype 'f8'" "$OSPREY" convert $G "$T/c5" --dtype f8
+expect convert-option "unknown option '--bits'" "$OSPREY" convert $G "$T/c6" --bits 4
+for d in c1 c2 c3 c4 c5 c6; do
+    if ls -d "$T/$d"* >/dev/null 2>&1; then echo "FAIL convert left $T/$d behind"; fails=$((fails + 1)); fi
+done
 # Whisper: audio that is not audio, empty, missing; a model that is not Whisper
 W=data/goldens/whisper
 printf 'not audio at all' >"$T/a.wav"

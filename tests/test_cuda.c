@@ -186,6 +186,102 @@ static void test_gemm(void **state) {
     be->session_free(s);
 }
 
+static float bf16_round(float v) { return osp_bf16_to_f32(osp_f32_to_bf16(v)); }
+
+/* |got - ref| within tol of sum |w x| with the weights and the inputs rounded to bf16 (the tensor-core kernel's
+ * operands; its sums are f32) */
+static void check_matmul_bf16(host_weight *h, const float *x, int64_t n, const float *y, double tol,
+                              const char *what) {
+    int64_t R = h->w.rows, C = h->w.cols;
+    float *row = malloc(sizeof(float) * (size_t)C);
+    for (int64_t r = 0; r < R; r++) {
+        osp_weight_row_f32(&h->w, r, row);
+        for (int64_t c = 0; c < C; c++) row[c] = bf16_round(row[c]);
+        for (int64_t t = 0; t < n; t++) {
+            double ref = 0, mag = 0;
+            for (int64_t c = 0; c < C; c++) {
+                double term = (double)row[c] * bf16_round(x[t * C + c]);
+                ref += term, mag += fabs(term);
+            }
+            double got = y[t * R + r];
+            if (!(fabs(got - ref) <= tol * mag + 1e-30))
+                fail_msg("%s: row %lld token %lld: %.9g vs %.9g (|terms| %.3g)", what, (long long)r, (long long)t, got,
+                         ref, mag);
+        }
+    }
+    free(row);
+}
+
+/* The production decode: bf16 and 4/8-bit weights on the tensor cores (osp_cu_matmul_tc_multi) for decode steps
+ * of 1 to 70 rows (one and several token tiles, one and several passes, partial row tiles; blocks of 8 and of 16
+ * warps: the bf16 and q8 wide weights take 16), against the
+ * bf16-rounded reference; a token's result bitwise the same alone and among n, and a weight's the same alone
+ * and fused with another in one launch. Other kinds fall back to the f32 kernels (f16 here: 1e-5). */
+static void test_tc(void **state) {
+    (void)state;
+    osp_be_session *s;
+    assert_int_equal(be->session_new(128, 4096, &s), OSP_OK);
+    be->set_fast(s, 1);
+    const wkind TK[] = {
+        {"bf16", OSP_DT_BF16, 0, 0, 0, 2056},         {"bf16 small", OSP_DT_BF16, 0, 0, 0, 40},
+        {"q4 g64", 0, 4, 64, OSP_DT_BF16, 1024},      {"q4 g32 f16", 0, 4, 32, OSP_DT_F16, 544},
+        {"q4 g128 f32", 0, 4, 128, OSP_DT_F32, 4096}, {"q8 g64", 0, 8, 64, OSP_DT_BF16, 960},
+        {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},        {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
+        {"bf16 wide", OSP_DT_BF16, 0, 0, 0, 4096},    {"q8 g64 wide", 0, 8, 64, OSP_DT_BF16, 8192},
+        {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
+    };
+    const int64_t ns[] = {1, 2, 7, 8, 9, 33, 64, 70};
+    const int64_t nmax = 70;
+    for (size_t k = 0; k < sizeof TK / sizeof *TK; k++) {
+        const wkind *K = &TK[k];
+        for (int64_t R = 45; R <= 70; R += 25) {
+            host_weight h, h2;
+            make_weight(&h, R, K->cols, K->dt, K->bits, K->group, K->sdt);
+            make_weight(&h2, 19, K->cols, K->dt, K->bits, K->group, K->sdt);
+            int64_t C = K->cols;
+            float *x = malloc(sizeof(float) * (size_t)(nmax * C)), *y = malloc(sizeof(float) * (size_t)(nmax * R)),
+                  *y1 = malloc(sizeof(float) * (size_t)R);
+            for (int64_t i = 0; i < nmax * C; i++) x[i] = uniform();
+            for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+                int64_t n = ns[j];
+                for (int64_t i = 0; i < n * R; i++) y[i] = NAN; /* every output written */
+                device_matmul(s, &h, x, n, (int32_t)n, 1, y);
+                char what[96];
+                snprintf(what, sizeof what, "tensor cores, %s, %lld rows, %lld tokens", K->name, (long long)R,
+                         (long long)n);
+                if (K->dt == OSP_DT_F16) check_matmul(&h, x, n, y, 1e-5, what);
+                else check_matmul_bf16(&h, x, n, y, 1e-4, what);
+                for (int64_t t = 0; t < n; t += n > 9 ? 7 : 1) { /* tokens as alone */
+                    device_matmul(s, &h, x + t * C, 1, 1, 1, y1);
+                    if (memcmp(y1, y + t * R, sizeof(float) * (size_t)R) != 0)
+                        fail_msg("%s: token %lld differs alone and among %lld", what, (long long)t, (long long)n);
+                }
+            }
+            { /* two weights in one launch: each as alone */
+                int64_t n = 9, R2 = h2.w.rows;
+                osp_dbuf *dx = upload(x, n * C), *da = be->alloc((size_t)(n * R)), *db = be->alloc((size_t)(n * R2));
+                const osp_weight *ws[] = {&h.w, &h2.w};
+                osp_dbuf *ys[] = {da, db};
+                be->begin_chunk(s, (int32_t)n, 1);
+                be->matmul(s, ws, 2, dx, n, ys);
+                if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                float *ya = malloc(sizeof(float) * (size_t)(n * R)), *yb = malloc(sizeof(float) * (size_t)(n * R2)),
+                      *y2 = malloc(sizeof(float) * (size_t)(n * R2));
+                be->read(ya, da, n * R), be->read(yb, db, n * R2);
+                device_matmul(s, &h, x, n, (int32_t)n, 1, y);
+                device_matmul(s, &h2, x, n, (int32_t)n, 1, y2);
+                if (memcmp(ya, y, sizeof(float) * (size_t)(n * R)) || memcmp(yb, y2, sizeof(float) * (size_t)(n * R2)))
+                    fail_msg("%s: fused launch differs from the weights alone", K->name);
+                free(ya), free(yb), free(y2);
+                be->free(dx), be->free(da), be->free(db);
+            }
+            free(x), free(y), free(y1);
+            free_weight(&h), free_weight(&h2);
+        }
+    }
+    be->session_free(s);
+}
+
 static void test_rows(void **state) {
     (void)state;
     osp_be_session *s;
@@ -269,6 +365,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_tc),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_bandwidth_probe),
     };

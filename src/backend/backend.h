@@ -55,6 +55,9 @@ typedef struct osp_attn_args {
     osp_dbuf *out;               /* [nb*T, n_heads*D] */
     osp_dbuf *scores;            /* [nb*n_heads, score_stride] scratch */
     int64_t score_stride;        /* >= max positions a query can see */
+    int chunk_stored;            /* the chunk's K/V are already in the cache (exact tokens): each query reads the
+                                    positions before it from the cache, as stored, and only its own from k/v,
+                                    as a one-token decode step does */
 } osp_attn_args;
 
 /* Final norm, LM head and soft-cap: logits (host) of every position,
@@ -104,6 +107,8 @@ typedef struct osp_kv_mem {
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    void (*to_host)(void *host, const void *src, size_t bytes);   /* block -> host memory (synchronous) */
+    void (*from_host)(void *dst, const void *host, size_t bytes); /* host memory -> block (synchronous) */
 } osp_kv_mem;
 
 typedef struct osp_backend {
@@ -138,6 +143,11 @@ typedef struct osp_backend {
     /* fast: production precision (int8 activations for 4-bit weights on the
      * CPU); reference precision otherwise. */
     void (*set_fast)(osp_be_session *s, int fast);
+    /* on: every token of the following chunks is computed exactly as a
+     * one-token decode step would compute it (speculative verification: a
+     * chunk of drafted tokens must give each position the numbers plain
+     * decoding gives). NULL: the backend does not promise it (no speculation). */
+    void (*set_exact_tokens)(osp_be_session *s, int on);
     /* A chunk of B rows of T tokens begins (a batched decode step when
      * T == 1 and B > 1: every row computed exactly as alone). */
     void (*begin_chunk)(osp_be_session *s, int32_t B, int32_t T);
@@ -169,6 +179,13 @@ typedef struct osp_backend {
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T);
     void (*head)(osp_be_session *s, const osp_head_args *a);
     void (*moe)(osp_be_session *s, const osp_moe_args *a);
+
+    /* Are the rows of a chunk computed independently of the chunk's size
+     * (one token alone, in a batch of 5 or of 500: the same bits) for these
+     * placed matmul weights, in production (fast) or reference precision?
+     * Then a prefix computed in any chunks can continue anywhere, bitwise
+     * (the prefix cache, model/session.c). NULL = never. */
+    int (*chunk_invariant)(const osp_weight *const *ws, int n, int fast);
 
     /* ---- measuring ---- */
     /* One trial of the device's read bandwidth in GB/s (a kernel that reads

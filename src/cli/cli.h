@@ -17,6 +17,7 @@ int osp_cmd_detokenize(int argc, char **argv); /* cli/cmd_tokenize.c */
 int osp_cmd_template(int argc, char **argv);   /* cli/cmd_template.c */
 int osp_cmd_chat(int argc, char **argv);
 int osp_cmd_serve(int argc, char **argv);     /* cli/cmd_serve.c */
+int osp_cmd_convert(int argc, char **argv);   /* cli/cmd_convert.c */
 int osp_cmd_mel(int argc, char **argv);       /* cli/cmd_mel.c */
 int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
 /* cli/whisper_tools.c: Whisper in synth and bench */
@@ -48,6 +49,37 @@ int osp_cli_device_flag(const char *cmd, const char *flag, const char *value, in
 #define OSP_CLI_DEVICE_HELP                                                                                   \
     "  --device cpu|cuda|auto   where the model runs (auto: the GPU when one is present, else the CPU);\n"  \
     "                           -ngl/--n-gpu-layers N: N > 0 means cuda, 0 means cpu\n"
+
+/* Speculative decoding flags shared by generate and bench (cli/spec_run.c):
+ * --draft-model/-md M, --num-draft-tokens K (mlx_lm; = --draft-max),
+ * --draft-max K, --draft-min K (llama-server), --spec-ngram. */
+typedef struct osp_cli_spec {
+    const char *draft;
+    int ngram, draft_max, draft_min;
+} osp_cli_spec;
+#define OSP_CLI_SPEC_UNSET {NULL, 0, 0, 0}
+#define OSP_CLI_SPEC_HELP                                                                                      \
+    "  --draft-model M (-md)    speculative decoding with a draft model sharing the tokenizer\n"               \
+    "  --spec-ngram             speculative decoding with n-gram lookup in prompt + output (no second model)\n" \
+    "  --num-draft-tokens K     tokens drafted per round, at most (default 4; --draft-max); --draft-min K\n"
+/* 1 (value consumed) / 2 (no value) if `flag` is one of them; -1 bad value; else 0. */
+int osp_cli_spec_flag(osp_cli_spec *c, const char *flag, const char *value);
+struct osp_model;
+struct osp_session;
+struct osp_spec;
+struct osp_stream;
+/* With speculation asked for: load the draft (on the target's device; its
+ * tokenizer checked against tok) and make the speculation for session s.
+ * *sp = NULL when not asked for. */
+int osp_cli_spec_open(const osp_cli_spec *c, const struct osp_model *target, int device, const void *tok,
+                      struct osp_session *s, struct osp_model **draft, struct osp_spec **sp);
+/* Decode the B rows (session rows 0..B-1, streams st, next tokens) until
+ * every stream ends: batched plain steps, or speculative rounds. 0 ok. */
+int osp_cli_decode(struct osp_session *s, struct osp_spec *sp, struct osp_stream **st, int B, int *next);
+
+/* bench with speculation (cli/bench_spec.c) */
+int osp_bench_spec(const char *model, int device, int fast, int p, int n, int conc, const char *prompt, int chat,
+                   const osp_cli_spec *spc, int json);
 
 /* Default model folder (bundled) when none is given, or NULL. */
 const char *osp_cli_default_model(void);

@@ -141,14 +141,35 @@ static int usage(void) {
                     "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
                     "                   then the aggregate over all streams, and one sequence alone is decoded\n"
                     "                   before and after in the same run for the speedup (batch_speedup)\n"
-                    "  --kv-bits: KV cache precision: 4 or 8 = affine-quantized, 16 = bf16, 32 = f32 (the default)\n");
+                    "  --kv-bits: KV cache precision: 4 or 8 = affine-quantized, 16 = bf16, 32 = f32 (the default)\n"
+                    "  --prompt TEXT [--chat]: with speculation, the prompt (through the chat template with --chat)\n"
+                    OSP_CLI_SPEC_HELP
+                    "  with speculation: the same greedy generations decoded plainly and speculatively, interleaved;\n"
+                    "  decode_tok_s, decode_tok_s_plain, spec_speedup, acceptance, identical (--json)\n");
     return 2;
 }
 
 int osp_cmd_bench(int argc, char **argv) {
     const char *model = NULL;
     int p = 512, n = 128, threads = 0, json = 0, fast = 1, conc = 1, kv_bits = 0, kv_group = 64, device = OSP_DEVICE_AUTO, dr;
+    osp_cli_spec spc = OSP_CLI_SPEC_UNSET;
+    const char *prompt = NULL;
+    int chat = 0;
     for (int i = 1; i < argc; i++) {
+        int sr = osp_cli_spec_flag(&spc, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
+        if (sr < 0) return 2;
+        if (sr > 0) {
+            i += sr == 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--prompt") && i + 1 < argc) {
+            prompt = argv[++i];
+            continue;
+        }
+        if (!strcmp(argv[i], "--chat")) {
+            chat = 1;
+            continue;
+        }
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -169,6 +190,11 @@ int osp_cmd_bench(int argc, char **argv) {
         return usage();
     osp_set_threads(threads);
     if (osp_whisper_detect(model)) return osp_whisper_bench(model, n, json); /* cli/whisper_tools.c */
+    if (spc.draft || spc.ngram) return osp_bench_spec(model, device, fast, p, n, conc, prompt, chat, &spc, json);
+    if (prompt) {
+        fprintf(stderr, "osprey bench: --prompt is for speculation (--draft-model, --spec-ngram)\n");
+        return 2;
+    }
     osp_model *m;
     osp_model_params mp = {.device = (osp_device)device, .place = 1};
     if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");
@@ -180,7 +206,7 @@ int osp_cmd_bench(int argc, char **argv) {
     int rc = 0;
     double *step = NULL; /* each decode step's seconds */
     bw_probe bw_huge = {0}, bw_4k = {0};
-    osp_session_opts so = {.n_rows = conc, .max_ctx = p + n, .kv_bits = kv_bits, .kv_group = kv_group};
+    osp_session_opts so = {.n_rows = conc, .max_ctx = p + n + 8, .kv_bits = kv_bits, .kv_group = kv_group}; /* + the warm-up steps */
     if (osp_session_new_opts(m, &so, &s) != OSP_OK) {
         rc = osp_cli_fail("bench");
         goto done;

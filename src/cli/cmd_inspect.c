@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli.h"
+#include "core/fs.h"
 #include "osprey.h"
 
 int osp_cmd_inspect(int argc, char **argv) {
@@ -33,6 +34,11 @@ int osp_cmd_inspect(int argc, char **argv) {
     if (in->n_kv_shared_layers)
         printf("kv shared:        %d layers reuse an earlier layer's KV (no cache of their own)\n",
                in->n_kv_shared_layers);
+    /* the artifact identity: what the prefix cache's files are keyed by (memoised in the cache folder) */
+    char cache[4096], id[65];
+    int have_cache = osp_cache_dir(cache, sizeof cache) && osp_mkdirs(cache) == 0;
+    if (osp_model_identity(m, have_cache ? cache : NULL, id) == OSP_OK) printf("identity:         %s\n", id);
+    else printf("identity:         (%s)\n", osp_last_error());
     osp_model_free(m);
     return 0;
 }

@@ -50,6 +50,18 @@ static int usage(FILE *f) {
             "  --max-connections-per-client N   connections from one address (default 0 = no cap)\n"
             "  --drain-timeout S        after SIGINT/SIGTERM, give up delivering responses after S seconds and exit 1\n"
             "                           (default 0 = deliver everything)\n"
+            "  --prompt-cache-size GiB  the prefix cache's memory (KV of earlier prompts and replies, reused by a\n"
+            "                           prompt that starts with one), inside the KV budget (default 2; 0 = off;\n"
+            "                           alias --prompt-cache)\n"
+            "  --prompt-cache-dir DIR   where entries go when they leave memory and at shutdown, found again after a\n"
+            "                           restart (default $XDG_CACHE_HOME/osprey, else ~/.cache/osprey)\n"
+            "  --prompt-cache-disk GiB  that folder's bound, least recently used files deleted first (default 10;\n"
+            "                           0 = memory only)\n"
+            "  --draft-model M (-md)    speculative decoding with a draft model sharing the tokenizer, for every\n"
+            "                           request (\"speculative\": false opts out); greedy output is unchanged bitwise\n"
+            "  --spec-ngram             speculative decoding with n-gram lookup in prompt + output (no second model)\n"
+            "  --num-draft-tokens K     tokens drafted per round, at most (default 4; alias --draft-max);\n"
+            "                           --draft-min K the fewest (default 1); the count adapts to the acceptance\n"
             "  --strict-model-name      refuse (404) a request whose 'model' is not the served model's name\n"
             "                           (default: any name is answered by the served model, which the response names)\n"
             "\n"
@@ -111,6 +123,10 @@ int osp_cmd_serve(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double d;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout);
+        if (!strcmp(a, "--spec-ngram")) {
+            c.spec_ngram = 1;
+            continue;
+        }
         if (!strcmp(a, "--strict-model-name")) {
             c.strict_model = 1;
             continue;
@@ -154,6 +170,12 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--body-timeout")) { if (NUM(0, 86400)) return 2; c.body_timeout = d; }
         else if (IS("--max-connections")) { if (NUM(8, 1 << 20)) return 2; c.max_connections = (int)d; }
         else if (IS("--max-connections-per-client")) { if (NUM(0, 1 << 20)) return 2; c.max_per_client = (int)d; }
+        else if (IS("--prompt-cache-size") || IS("--prompt-cache")) { if (NUM(0, 1 << 20)) return 2; c.prompt_cache_gib = d; }
+        else if (IS("--prompt-cache-disk")) { if (NUM(0, 1 << 24)) return 2; c.prompt_cache_disk_gib = d; }
+        else if (IS("--prompt-cache-dir")) c.prompt_cache_dir = v;
+        else if (IS("--draft-model") || IS("-md") || IS("--model-draft")) c.draft_model = v;
+        else if (IS("--num-draft-tokens") || IS("--draft-max") || IS("--draft")) { if (NUM(1, 64)) return 2; c.draft_max = (int)d; }
+        else if (IS("--draft-min")) { if (NUM(1, 64)) return 2; c.draft_min = (int)d; }
         else if (IS("--drain-timeout")) { if (NUM(0, 1e7)) return 2; c.drain_timeout = d; }
         else if (IS("--kv-bits")) {
             if (NUM(0, 32) || (d != 4 && d != 8 && d != 16 && d != 32 && d != 0)) {

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "cli.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "model/arch.h"

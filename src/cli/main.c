@@ -15,6 +15,8 @@ static const char *USAGE =
     "  serve [MODEL] [--host H] [--port P] [-c CTX] [--api-key K] ...   OpenAI-compatible HTTP server\n"
     "                                (osprey serve --help lists the flags)\n"
     "  chat [--model M] [--system S]   interactive chat through the model's template (/reset, /quit)\n"
+    "  convert IN OUT [-q] [--q-bits N] [--q-group-size G] [--dtype bf16|f16|f32]\n"
+    "                                a model folder cast or quantized to MLX affine (mlx_lm.convert's flags)\n"
     "  synth --preset NAME --dtype bf16|q4|q8 --out DIR   random-weight checkpoint\n"
     "  bench --model M [-p 512] [-n 128] [-t THREADS] [--json]   prefill/decode speed vs memory bandwidth\n"
     "  tokenize --model M (--text TEXT | --file FILE) [--add-special]   token ids as a JSON array\n"
@@ -47,7 +49,8 @@ int main(int argc, char **argv) {
         {"inspect", osp_cmd_inspect}, {"logits", osp_cmd_logits}, {"generate", osp_cmd_generate},
         {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},       {"tokenize", osp_cmd_tokenize},
         {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template}, {"chat", osp_cmd_chat},
-        {"serve", osp_cmd_serve},     {"mel", osp_cmd_mel},           {"transcribe", osp_cmd_transcribe},
+        {"serve", osp_cmd_serve},     {"convert", osp_cmd_convert},   {"mel", osp_cmd_mel},
+        {"transcribe", osp_cmd_transcribe},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

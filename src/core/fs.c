@@ -1,4 +1,6 @@
 #include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -39,4 +41,27 @@ int osp_hf_snapshot(const char *repo, char *out, size_t n) {
     }
     if (d) closedir(d);
     return found;
+}
+
+int osp_cache_dir(char *out, size_t n) {
+    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (x && *x) snprintf(out, n, "%s/osprey", x);
+    else if (h && *h) snprintf(out, n, "%s/.cache/osprey", h);
+    else return 0;
+    return 1;
+}
+
+int osp_mkdirs(const char *path) {
+    char p[4096];
+    size_t len = strlen(path);
+    if (len == 0 || len >= sizeof p) return errno = ENAMETOOLONG, -1;
+    memcpy(p, path, len + 1);
+    for (char *c = p + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+        *c = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+    return osp_is_dir(p) ? 0 : (errno = ENOTDIR, -1);
 }

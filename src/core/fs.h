@@ -11,4 +11,10 @@ int osp_is_dir(const char *path);
  * returns 0 when `repo` has no snapshots. */
 int osp_hf_snapshot(const char *repo, char *out, size_t n);
 
+/* osprey's cache folder: $XDG_CACHE_HOME/osprey, else $HOME/.cache/osprey
+ * (0 when neither is set). */
+int osp_cache_dir(char *out, size_t n);
+/* mkdir -p (mode 0755); 0 on success, else -1 with errno. */
+int osp_mkdirs(const char *path);
+
 #endif

@@ -69,6 +69,7 @@ struct osp_stream {
     int32_t *hist;
     int64_t nh;
     float *lp;                 /* logprobs (only with on_logprob) */
+    float *pbuf, *rbuf;        /* speculative verification: the target's distribution, the residual [V] */
     int32_t *top, *top_scratch;
     float *top_lp;
     osp_gen_stats st;
@@ -83,6 +84,8 @@ void osp_stream_free(osp_stream *g) {
     osp_stop_free(g->stop);
     free(g->hist);
     free(g->lp);
+    free(g->pbuf);
+    free(g->rbuf);
     free(g->top);
     free(g->top_scratch);
     free(g->top_lp);
@@ -138,6 +141,13 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
 
 const osp_gen_stats *osp_stream_stats(const osp_stream *g) { return &g->st; }
 
+void osp_stream_set_cached(osp_stream *g, int32_t n) { g->st.n_cached = n < 0 ? 0 : n > g->st.n_prompt ? g->st.n_prompt : n; }
+
+const int32_t *osp_stream_tokens(const osp_stream *g, int32_t *n) {
+    *n = g->nh;
+    return g->hist;
+}
+
 /* Hand out what the detokenizer and the stop matcher still hold (the end
  * of a stream that was not cut by a stop string or cancelled). */
 static void stream_flush(osp_stream *g) {
@@ -165,16 +175,11 @@ static void stream_end(osp_stream *g, int flush) {
         st->n_generated > 1 ? (st->n_generated - 1) / (t2 - g->t_first > 1e-9 ? t2 - g->t_first : 1e-9) : 0;
 }
 
-int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
-    *rc = OSP_OK;
-    if (g->over) return 0;
-    double tl = osp_now_s();
+/* A sampled token's way out: history, eos, logprobs (g->lp holds its
+ * position's), text, stop strings, limits. Returns 1 with *next = the token
+ * when the stream goes on. */
+static int emit(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, osp_status *rc, double tl) {
     osp_gen_stats *st = &g->st;
-    if (st->n_generated == 0) {
-        st->prefill_tok_s = st->n_prompt / (tl - g->t0 > 1e-9 ? tl - g->t0 : 1e-9);
-        g->t_first = tl;
-    }
-    int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);
     st->n_generated++;
     g->hist[g->nh++] = tok_id;
     if (is_eos(&g->p, tok_id)) {
@@ -211,6 +216,84 @@ int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next
     }
     st->loop_s += osp_now_s() - tl;
     return more;
+}
+
+static void first_token_time(osp_stream *g, double tl) {
+    osp_gen_stats *st = &g->st;
+    if (st->n_generated == 0) {
+        st->prefill_tok_s = (st->n_prompt - st->n_cached) / (tl - g->t0 > 1e-9 ? tl - g->t0 : 1e-9);
+        g->t_first = tl;
+    }
+}
+
+int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
+    *rc = OSP_OK;
+    if (g->over) return 0;
+    double tl = osp_now_s();
+    first_token_time(g, tl);
+    int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);
+    return emit(g, tok_id, row_pos, next, rc, tl);
+}
+
+int osp_stream_greedy(const osp_stream *g) { return g->p.sampler.temperature == 0; }
+
+const osp_gen_params *osp_stream_params(const osp_stream *g) { return &g->p; }
+
+int osp_stream_can_speculate(const osp_stream *g) { return !(g->p.sampler.xtc_probability > 0); }
+
+int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_t K, const float *q, int32_t row_pos0,
+                      int32_t *n_keep, int32_t *next, osp_status *rc) {
+    *rc = OSP_OK;
+    *n_keep = 0;
+    if (g->over) return 0;
+    int32_t V = g->V;
+    int greedy = g->p.sampler.temperature == 0;
+    if (!greedy && (!g->pbuf || !g->rbuf)) {
+        free(g->pbuf), free(g->rbuf);
+        g->pbuf = malloc(sizeof(float) * V), g->rbuf = malloc(sizeof(float) * V);
+        if (!g->pbuf || !g->rbuf) {
+            *rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+            stream_end(g, 0);
+            return 0;
+        }
+    }
+    for (int32_t i = 0; i <= K; i++) {
+        double tl = osp_now_s();
+        first_token_time(g, tl);
+        float *l = logits + (int64_t)i * V;
+        int32_t x;
+        int accepted = 0;
+        if (greedy) { /* exactly the plain path's choice: the same logits, history and processors */
+            x = osp_sampler_sample(g->sampler, l, g->hist, g->nh, g->lp);
+            accepted = i < K && x == draft[i];
+        } else if (osp_sampler_dist(g->sampler, l, g->hist, g->nh, g->pbuf, g->lp) != 0) {
+            *rc = osp_err(OSP_ERR_INVALID, "speculative decoding cannot verify XTC sampling");
+            stream_end(g, 0);
+            return 0;
+        } else if (i < K) { /* accept the draft with min(1, p/q), else draw from max(0, p - q) */
+            int32_t d = draft[i];
+            float qd = q ? q[(int64_t)i * V + d] : 1.0f, pd = g->pbuf[d];
+            double u = osp_sampler_uniform(g->sampler);
+            if (qd > 0 && u * qd < pd) {
+                x = d, accepted = 1;
+            } else {
+                const float *qi = q ? q + (int64_t)i * V : NULL;
+                double mass = 0;
+                for (int32_t t = 0; t < V; t++) {
+                    float r = g->pbuf[t] - (qi ? qi[t] : (t == d ? 1.0f : 0.0f));
+                    mass += g->rbuf[t] = r > 0 ? r : 0;
+                }
+                x = mass > 0 ? osp_sampler_draw(g->sampler, g->rbuf) : osp_sampler_draw(g->sampler, g->pbuf);
+            }
+        } else {
+            x = osp_sampler_draw(g->sampler, g->pbuf);
+        }
+        if (i < K) g->st.n_draft++, g->st.n_draft_accepted += accepted;
+        int more = emit(g, x, row_pos0 + i + 1, next, rc, tl);
+        *n_keep = i + 1;
+        if (!more || !accepted) return more;
+    }
+    return 0; /* not reached: position K never accepts */
 }
 
 void osp_stream_cancel(osp_stream *g) {

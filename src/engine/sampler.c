@@ -413,6 +413,45 @@ static int32_t sample_top_p_k(osp_sampler *s, const float *logits) {
     return categorical_among(s, logits, s->idx, top_p_cut(s, logits, m, mx, inv, &reached));
 }
 
+int osp_sampler_dist(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history, float *probs,
+                     float *logprobs) {
+    const osp_sampler_params *p = &s->p;
+    int32_t V = s->vocab;
+    if (p->xtc_probability > 0) return -1;
+    apply_processors(s, logits, history, n_history);
+    log_softmax(logits, V);
+    if (logprobs) memcpy(logprobs, logits, sizeof(float) * V);
+    if (p->temperature == 0) {
+        memset(probs, 0, sizeof(float) * V);
+        probs[argmax(logits, V)] = 1;
+        return 0;
+    }
+    if (p->top_p > 0 && p->top_p < 1) filter_top_p(s, logits);
+    if (p->min_p > 0) filter_min_p(s, logits);
+    if (p->top_k > 0 && p->top_k < V) filter_top_k(s, logits);
+    float inv_t = 1.0f / p->temperature, mx = -INFINITY;
+    for (int32_t i = 0; i < V; i++) mx = logits[i] * inv_t > mx ? logits[i] * inv_t : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += probs[i] = logits[i] == -INFINITY ? 0.0f : expf(logits[i] * inv_t - mx);
+    float inv = (float)(1.0 / sum);
+    for (int32_t i = 0; i < V; i++) probs[i] *= inv;
+    return 0;
+}
+
+int32_t osp_sampler_draw(osp_sampler *s, const float *probs) {
+    int32_t V = s->vocab, last = -1;
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += probs[i];
+    double u = osp_sampler_uniform(s) * sum, c = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (probs[i] <= 0) continue;
+        last = i;
+        c += probs[i];
+        if (u < c) return i;
+    }
+    return last >= 0 ? last : 0;
+}
+
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs) {
     const osp_sampler_params *p = &s->p;

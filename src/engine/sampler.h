@@ -35,6 +35,16 @@ void osp_sampler_free(osp_sampler *s);
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs);
 
+/* The distribution osp_sampler_sample draws from, into probs[vocab] (sum 1;
+ * logits modified in place): processors, log-softmax (into logprobs when
+ * not NULL), filters, softmax at the temperature; temperature 0 puts all
+ * the mass on the argmax. For speculative decoding (rejection sampling
+ * against it). Returns -1 with XTC, whose filter is itself random. */
+int osp_sampler_dist(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history, float *probs,
+                     float *logprobs);
+/* A draw from probs[vocab] (non-negative, sum > 0; normalized here). */
+int32_t osp_sampler_draw(osp_sampler *s, const float *probs);
+
 /* The k largest values of x[n] (no NaN): indices written to idx[k], sorted
  * by decreasing value (ties: lower index first). O(n + k log k). */
 void osp_top_k_indices(const float *x, int64_t n, int32_t k, int32_t *idx, int32_t *scratch);

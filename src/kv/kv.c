@@ -5,7 +5,7 @@
 
 static void *host_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
 static void host_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static const osp_kv_mem HOST = {host_alloc, osp_free, host_copy};
+static const osp_kv_mem HOST = {host_alloc, osp_free, host_copy, host_copy, host_copy};
 
 static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
 
@@ -163,19 +163,30 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
     return OSP_OK;
 }
 
-/* Can row `row`, now at pos[row], go back to position p? Sliding rings must
- * still hold every position a query at p would see. */
-static osp_status check_back(const osp_kv *kv, int32_t row, int32_t p) {
-    int32_t P = kv->pos[row];
-    if (p < 0 || p > P) return osp_err(OSP_ERR_RANGE, "row %d: cannot move from position %d to %d", row, P, p);
+int osp_kv_resumable(const osp_kv *kv, int32_t P, int32_t p) {
+    if (p < 0 || p > P) return 0;
     for (int i = 0; i < kv->n_layers; i++) {
         const osp_kv_layer *l = &kv->layers[i];
         if (!l->sliding || !l->mem) continue;
         int32_t need = p - l->window + 1 > 0 ? p - l->window + 1 : 0;
         int32_t have = P - l->ring > 0 ? P - l->ring : 0;
-        if (need < have)
-            return osp_err(OSP_ERR_RANGE, "row %d: the sliding window ring (%d slots) no longer holds position %d; "
-                           "trimming %d tokens needs more spare slots", row, l->ring, need, P - p);
+        if (need < have) return 0;
+    }
+    return 1;
+}
+
+/* Can row `row`, now at pos[row], go back to position p? Sliding rings must
+ * still hold every position a query at p would see. */
+static osp_status check_back(const osp_kv *kv, int32_t row, int32_t p) {
+    int32_t P = kv->pos[row];
+    if (p < 0 || p > P) return osp_err(OSP_ERR_RANGE, "row %d: cannot move from position %d to %d", row, P, p);
+    if (!osp_kv_resumable(kv, P, p)) {
+        for (int i = 0; i < kv->n_layers; i++) {
+            const osp_kv_layer *l = &kv->layers[i];
+            if (l->sliding && l->mem)
+                return osp_err(OSP_ERR_RANGE, "row %d: the sliding window ring (%d slots) no longer holds what "
+                               "position %d needs; trimming %d tokens needs more spare slots", row, l->ring, p, P - p);
+        }
     }
     return OSP_OK;
 }
@@ -227,6 +238,77 @@ static osp_status copy_row(osp_kv *dst, int32_t dr, const osp_kv *src, int32_t s
     }
     dst->pos[dr] = src->pos[sr];
     return OSP_OK;
+}
+
+int osp_kv_same_layout(const osp_kv *a, const osp_kv *b) {
+    if (a->n_layers != b->n_layers || a->spare != b->spare) return 0;
+    for (int i = 0; i < a->n_layers; i++) {
+        const osp_kv_layer *x = &a->layers[i], *y = &b->layers[i];
+        if (x->sliding != y->sliding || x->ring != y->ring || x->window != y->window || x->n_kv_heads != y->n_kv_heads ||
+            x->head_dim != y->head_dim || x->donor != y->donor || x->bits != y->bits || x->group != y->group)
+            return 0;
+    }
+    return 1;
+}
+
+/* Positions [0, n) of row sr of src into the empty row dr of dst (the same
+ * layout): full layers get the capacity n needs and their first n slots,
+ * sliding layers their whole ring (valid for n when osp_kv_resumable says
+ * so). Blocks keep K then V, each 1 or 3 planes [Hkv, cap, x]. */
+static osp_status copy_slots(osp_kv *dst, int32_t dr, const osp_kv *src, int32_t sr, int32_t n) {
+    for (int i = 0; i < src->n_layers; i++) {
+        const osp_kv_layer *s = &src->layers[i];
+        osp_kv_layer *d = &dst->layers[i];
+        if (!s->mem || !s->mem[sr]) continue;
+        int32_t sc = s->cap[sr], dc = want_cap(dst, d, n), m = s->sliding ? sc : (n < sc ? n : sc);
+        if (m > dc) m = dc;
+        unsigned char *nm = dst->mem->alloc((size_t)block_bytes(d, dc));
+        if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory copying a KV row");
+        int64_t H = s->n_kv_heads, per[3] = {s->bits ? s->cb : s->slot_bytes, 2 * s->ng, 2 * s->ng};
+        int n_planes = s->bits ? 3 : 1;
+        const unsigned char *sp = s->mem[sr];
+        unsigned char *dp = nm;
+        for (int which = 0; which < 2; which++)
+            for (int p = 0; p < n_planes; p++) {
+                if (sc == dc && m == sc) dst->mem->copy(dp, sp, (size_t)(H * sc * per[p]));
+                else
+                    for (int64_t h = 0; h < H; h++)
+                        dst->mem->copy(dp + h * dc * per[p], sp + h * sc * per[p], (size_t)(m * per[p]));
+                sp += H * sc * per[p];
+                dp += H * dc * per[p];
+            }
+        d->mem[dr] = nm;
+        d->cap[dr] = dc;
+        dst->bytes += block_bytes(d, dc);
+    }
+    dst->pos[dr] = n;
+    return OSP_OK;
+}
+
+osp_status osp_kv_snapshot(const osp_kv *kv, int32_t row, osp_kv **out) {
+    *out = NULL;
+    if (row < 0 || row >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "KV row %d out of range", row);
+    osp_kv *r;
+    OSP_TRY(osp_kv_new(1, kv->n_layers, kv->specs, kv->max_ctx, kv->spare, kv->mem, &r));
+    osp_status rc = copy_slots(r, 0, kv, row, kv->pos[row]);
+    if (rc != OSP_OK) {
+        osp_kv_free(r);
+        return rc;
+    }
+    *out = r;
+    return OSP_OK;
+}
+
+osp_status osp_kv_load_row(osp_kv *kv, int32_t row, const osp_kv *src, int32_t sr, int32_t n) {
+    if (row < 0 || row >= kv->n_rows || sr < 0 || sr >= src->n_rows)
+        return osp_err(OSP_ERR_INVALID, "KV row %d / %d out of range", row, sr);
+    if (!osp_kv_same_layout(kv, src)) return osp_err(OSP_ERR_INVALID, "the KV rows have different layouts");
+    if (n > kv->max_ctx || !osp_kv_resumable(src, src->pos[sr], n))
+        return osp_err(OSP_ERR_RANGE, "a KV row of %d positions cannot resume at %d", src->pos[sr], n);
+    osp_kv_reset_row(kv, row);
+    osp_status rc = copy_slots(kv, row, src, sr, n);
+    if (rc != OSP_OK) osp_kv_reset_row(kv, row);
+    return rc;
 }
 
 osp_status osp_kv_extract(const osp_kv *kv, int32_t row, osp_kv **out) {

@@ -96,6 +96,18 @@ void osp_kv_round_begin(osp_kv *kv);
 osp_status osp_kv_rollback(osp_kv *kv, const int32_t *keep);
 void osp_kv_commit(osp_kv *kv);
 
+/* Could a row holding P positions go back to position p (0 <= p <= P)?
+ * Sliding rings must still hold every position a query at p would see. */
+int osp_kv_resumable(const osp_kv *kv, int32_t P, int32_t p);
+/* Same layer layout (kinds, rings, heads, formats, sharing, spare): rows
+ * can be copied between the two. */
+int osp_kv_same_layout(const osp_kv *a, const osp_kv *b);
+/* A new one-row cache with positions [0, pos[row]) of `row` (capacity for
+ * exactly that many: the prefix cache's entries). */
+osp_status osp_kv_snapshot(const osp_kv *kv, int32_t row, osp_kv **out);
+/* Row `row` (emptied first) becomes positions [0, n) of src's row sr, which
+ * must be resumable at n (osp_kv_resumable); full layers copy n slots. */
+osp_status osp_kv_load_row(osp_kv *kv, int32_t row, const osp_kv *src, int32_t sr, int32_t n);
 /* A new one-row cache holding a copy of `row` (compact: no spare capacity). */
 osp_status osp_kv_extract(const osp_kv *kv, int32_t row, osp_kv **out);
 /* A new cache whose rows are the rows of parts[0], then parts[1], ...

@@ -275,9 +275,14 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     osp_attn_args a = {.kv = s->kv, .layer = KL->donor, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
                        .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = 1.0f, .window = KL->window,
                        .q = sc->q, .k = k, .v = v, .out = sc->att, .scores = sc->scores,
-                       .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
-    be->attention(bs, &a);
-    if (donor < 0 && !g->donor_k[li]) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
+                       .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok, .chunk_stored = s->exact};
+    if (s->exact) { /* each token sees the earlier ones as stored, as in decode steps: donors store now too */
+        if (donor < 0) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T);
+        be->attention(bs, &a);
+    } else {
+        be->attention(bs, &a);
+        if (donor < 0 && !g->donor_k[li]) be->kv_write(bs, s->kv, li, s->rows, B, k, v, T); /* donors store after all layers */
+    }
     be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
     be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
     be->add(bs, sc->x, sc->tmp, N * H);
@@ -334,7 +339,7 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     s->be->embed(s->bs, &m->embed, m->embed_scale, ids, N, sc->x);
     if (c->ple_dim) ple_inputs(s, ids, N);
     for (int li = 0; li < c->n_layers; li++) layer(s, li, B, T);
-    for (int li = 0; li < c->n_layers; li++)
+    for (int li = 0; li < c->n_layers && !s->exact; li++)
         if (g->donor_k[li]) s->be->kv_write(s->bs, s->kv, li, s->rows, B, g->donor_k[li], g->donor_v[li], T);
     for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) {

@@ -119,9 +119,15 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     osp_attn_args a = {.kv = s->kv, .layer = li, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
                        .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,
                        .softcap = c->attn_softcap, .window = KL->window, .q = sc->q, .k = sc->k, .v = sc->v,
-                       .out = sc->att, .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok};
-    be->attention(bs, &a);
-    be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
+                       .out = sc->att, .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok,
+                       .chunk_stored = s->exact};
+    if (s->exact) { /* each token sees the earlier ones as stored, as in decode steps */
+        be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
+        be->attention(bs, &a);
+    } else {
+        be->attention(bs, &a);
+        be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
+    }
 
     be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
     be->add_bias(bs, sc->tmp, L->bo, N, H);

@@ -67,6 +67,7 @@ struct osp_model {
     char dtype_name[16];
     int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
+    int chunk_invariant[2];    /* [fast]: the backend computes rows independently of chunk sizes (backend.h) */
 };
 
 /* Activations for forward calls of at most max_tok tokens in all rows, in
@@ -88,6 +89,7 @@ struct osp_session {
     const osp_backend *be;
     osp_be_session *bs;  /* the backend's state (precision mode, its own scratch) */
     int fast;            /* production precision (osp_session_set_fast) */
+    int exact;           /* every token as a one-token decode step (osp_session_set_exact_tokens) */
     osp_kv *kv;
     osp_scratch sc;
     int32_t *all_rows;   /* [rows] 0, 1, ... */

@@ -122,6 +122,10 @@ void osp_session_free(osp_session *s) {
 
 void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv, row); }
 
+struct osp_kv *osp_session_kv(osp_session *s) { return s->kv; }
+
+int osp_session_chunk_invariant(const osp_session *s) { return s->m->chunk_invariant[s->fast]; }
+
 size_t osp_session_kv_bytes(const osp_session *s) { return osp_kv_bytes(s->kv); }
 
 int64_t osp_session_kv_row_bytes(const osp_session *s, int32_t n_pos) { return osp_kv_row_bytes(s->kv, n_pos); }
@@ -185,6 +189,15 @@ osp_status osp_session_filter(osp_session *s, const int32_t *keep, int32_t n) {
     return osp_kv_filter(s->kv, keep, n);
 }
 
+
+const osp_model *osp_session_model(const osp_session *s) { return s->m; }
+
+int osp_session_set_exact_tokens(osp_session *s, int on) {
+    if (!s->be->set_exact_tokens) return on ? -1 : 0;
+    s->be->set_exact_tokens(s->bs, on);
+    s->exact = on != 0;
+    return 0;
+}
 
 void osp_session_set_fast(osp_session *s, int fast) {
     s->fast = fast != 0;

@@ -9,6 +9,7 @@
  *   POST /v1/chat/completions, /chat/completions
  *   POST /v1/completions, /completions
  *   POST /tokenize, /detokenize, /apply-template
+ *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
  *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
  *   OPTIONS *                            CORS preflight
  * Anything else is a 404; a known route with the wrong method a 405.
@@ -216,8 +217,8 @@ static int check_framing(struct MHD_Connection *c, const char **msg) {
     return 0;
 }
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_TRANSCRIBE,
-       R_TRANSLATE };
+enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
+       R_TRANSCRIBE, R_TRANSLATE };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -228,6 +229,7 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/v1/completions", R_COMPLETIONS, 1}, {"/completions", R_COMPLETIONS, 1},
         {"/tokenize", R_TOKENIZE, 1},      {"/detokenize", R_DETOKENIZE, 1},
         {"/apply-template", R_TEMPLATE, 1},
+        {"/stats", R_STATS, 0},            {"/metrics", R_METRICS, 0},
         {"/v1/audio/transcriptions", R_TRANSCRIBE, 1}, {"/audio/transcriptions", R_TRANSCRIBE, 1},
         {"/v1/audio/translations", R_TRANSLATE, 1}, {"/audio/translations", R_TRANSLATE, 1},
     };
@@ -382,6 +384,17 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!atomic_load(&s->ready)) return srv_send_error(s, c, 503, "Loading model");
     if (route == R_MODELS) return send_json(s, c, 200, models_json(s));
     if (route == R_MODEL) return model_route(s, c, arg);
+    if (route == R_STATS) return send_json(s, c, 200, srv_stats_json(s));
+    if (route == R_METRICS) {
+        srv_buf b = {0};
+        if (srv_metrics_text(s, &b)) {
+            srv_buf_free(&b);
+            return srv_send_error(s, c, 500, "out of memory");
+        }
+        struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
+        if (!r) srv_buf_free(&b);
+        return srv_queue_response(s, c, 200, r, "text/plain; version=0.0.4; charset=utf-8");
+    }
     if (atomic_load(&s->draining)) return srv_send_error(s, c, 503, "the server is shutting down");
     if (route == R_TRANSCRIBE || route == R_TRANSLATE) { /* multipart, not JSON */
         atomic_fetch_add(&s->active, 1);

@@ -157,6 +157,11 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
         sp->seed = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)j;
     }
     if (bool_field(b, "stream", &j->stream, e)) return -1;
+    j->cache_prompt = 1;
+    if (bool_field(b, "cache_prompt", &j->cache_prompt, e)) return -1;
+    if (bool_field(b, "return_tokens", &j->return_tokens, e)) return -1;
+    j->speculative = 1;
+    if (bool_field(b, "speculative", &j->speculative, e)) return -1;
     if ((v = get(b, "stream_options"))) {
         if (!json_is_object(v)) FAIL(e, "stream_options", "'stream_options' must be an object");
         if (bool_field(v, "include_usage", &j->include_usage, e)) return -1;

@@ -41,6 +41,7 @@ typedef struct srv_resp {
     size_t out_off;
     json_t *lp_pending;    /* chat: logprobs entries not yet sent (stream) or all (body) */
     json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
+    json_t *ids;           /* return_tokens: the generated token ids (body responses) */
     size_t text_off;
     int failed;            /* out of memory while building output */
 } srv_resp;
@@ -101,6 +102,10 @@ static void completion_chunk(srv_resp *r, const char *text, size_t len, const ch
     json_object_set_new(c, "text", srv_json_string_lossy(text, len));
     json_object_set_new(c, "logprobs", r->j->logprobs ? take_legacy_logprobs(r) : json_null());
     json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    if (r->j->return_tokens) { /* the ids sampled since the last chunk */
+        json_object_set_new(c, "tokens", r->ids);
+        r->ids = json_array();
+    }
     json_t *arr = json_array();
     json_array_append_new(arr, c);
     json_object_set_new(o, "choices", arr);
@@ -184,19 +189,21 @@ static json_t *usage_json(const osp_gen_stats *st) {
     json_object_set_new(u, "completion_tokens", json_integer(st->n_generated));
     json_object_set_new(u, "total_tokens", json_integer(st->n_prompt + st->n_generated));
     json_t *d = json_object();
-    json_object_set_new(d, "cached_tokens", json_integer(0));
+    json_object_set_new(d, "cached_tokens", json_integer(st->n_cached));
     json_object_set_new(u, "prompt_tokens_details", d);
     return u;
 }
 
 static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
     json_t *t = json_object();
-    json_object_set_new(t, "prompt_n", json_integer(st->n_prompt));
+    json_object_set_new(t, "prompt_n", json_integer(st->n_prompt - st->n_cached)); /* computed, as llama-server */
     json_object_set_new(t, "prompt_per_second", json_real(st->prefill_tok_s));
     json_object_set_new(t, "predicted_n", json_integer(st->n_generated));
     json_object_set_new(t, "predicted_per_second", json_real(st->decode_tok_s));
     json_object_set_new(t, "ttft_ms", json_real(st->ttft_s * 1e3));
-    json_object_set_new(t, "cache_n", json_integer(0));
+    json_object_set_new(t, "cache_n", json_integer(st->n_cached));
+    json_object_set_new(t, "draft_n", json_integer(st->n_draft));
+    json_object_set_new(t, "draft_n_accepted", json_integer(st->n_draft_accepted));
     json_object_set_new(t, "batch_max", json_integer(batch_max));
     return t;
 }
@@ -275,6 +282,7 @@ static void end_ok(srv_resp *r, const srv_event *e) {
             json_object_set_new(c, "logprobs", j->logprobs ? take_legacy_logprobs(r) : json_null());
         }
         json_object_set_new(c, "finish_reason", json_string(finish));
+        if (j->return_tokens) json_object_set(c, "tokens", r->ids);
         json_t *arr = json_array();
         json_array_append_new(arr, c);
         json_object_set_new(o, "choices", arr);
@@ -312,6 +320,8 @@ static void pump(srv_resp *r) {
     while (e) {
         srv_event *next = e->next;
         if (!r->ended && !r->failed) {
+            if (e->kind == SRV_EV_TEXT && e->token >= 0 && r->j->return_tokens && json_array_append_new(r->ids, json_integer(e->token)))
+                r->failed = 1;
             if (e->kind == SRV_EV_TEXT) on_text(r, e->text, e->len);
             else if (e->kind == SRV_EV_LOGPROB) on_logprob(r, e);
         }
@@ -324,14 +334,26 @@ static void pump(srv_resp *r) {
     free(end);
 }
 
-/* Wait until the job has news or the client's socket changes. Returns -1
- * when the client is gone (the job is cancelled). */
-static int wait_news(srv_resp *r) {
+/* Silence on a connection longer than libmicrohttpd's idle timeout closes
+ * it, and a long prefill, or a wait in the queue behind other requests, can
+ * be that long: a response with nothing to say for half that time says
+ * something that changes nothing (an SSE comment; a newline before a JSON
+ * body, which then starts as 200 chunked, as after a half-close). */
+static int keepalive_ms(const srv_resp *r) {
+    int t = r->s->limits.idle_timeout * 500;
+    return t < 500 ? 500 : t;
+}
+
+/* Wait until the job has news or the client's socket changes (0), or
+ * timeout_ms pass (1; -1 = no timeout). Returns -1 when the client is gone
+ * (the job is cancelled). */
+static int wait_news(srv_resp *r, int timeout_ms) {
     struct pollfd p[2] = {{.fd = r->j->wake_fd, .events = POLLIN},
                           {.fd = r->fd, .events = r->eof ? 0 : POLLRDHUP}};
     for (;;) {
-        int n = poll(p, r->fd >= 0 ? 2 : 1, -1);
+        int n = poll(p, r->fd >= 0 ? 2 : 1, timeout_ms);
         if (n < 0) continue; /* EINTR */
+        if (n == 0) return 1;
         break;
     }
     if (r->fd >= 0 && (p[1].revents & (POLLHUP | POLLERR | POLLNVAL))) {
@@ -358,10 +380,12 @@ static srv_resp *resp_new(srv *s, srv_job *j, int fd) {
     r->mode = j->stream ? MODE_SSE : MODE_BODY;
     r->lp_pending = json_array();
     r->lp_tokens = json_array(), r->lp_values = json_array(), r->lp_top = json_array(), r->lp_offset = json_array();
+    r->ids = json_array();
     if (j->kind == SRV_CHAT) {
         if (osp_reply_new(j->fmt, j->parse_reasoning, j->parse_tools, j->start_in_reasoning, &r->reply) != OSP_OK) {
             json_decref(r->lp_pending);
             json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+            json_decref(r->ids);
             free(r);
             return NULL;
         }
@@ -383,6 +407,7 @@ static void resp_free(srv_resp *r) {
     srv_job_release(r->j);
     json_decref(r->lp_pending);
     json_decref(r->lp_tokens), json_decref(r->lp_values), json_decref(r->lp_top), json_decref(r->lp_offset);
+    json_decref(r->ids);
     srv_buf_free(&r->content);
     srv_buf_free(&r->reasoning);
     srv_buf_free(&r->out);
@@ -412,7 +437,13 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             else srv_buf_add(&r->out, "\n", 1);
             continue;
         }
-        if (wait_news(r) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        int w = wait_news(r, keepalive_ms(r));
+        if (w < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w > 0) {
+            if (r->mode == MODE_SSE) srv_buf_add(&r->out, ": keep-alive\n\n", 14);
+            else srv_buf_add(&r->out, "\n", 1);
+            continue;
+        }
         pump(r);
     }
 }
@@ -446,13 +477,15 @@ enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
     if (r->mode == MODE_SSE) return queue_stream(s, c, r, "text/event-stream");
     /* wait for the whole answer on this thread */
     while (!r->ended) {
-        if (wait_news(r) < 0) {
+        int w = wait_news(r, keepalive_ms(r));
+        if (w < 0) {
             resp_free(r);
             return MHD_NO; /* the client is gone: close */
         }
-        pump(r);
-        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on in the reader */
+        if (w == 0) pump(r);
+        if (!r->ended && (r->eof || w > 0)) { /* answer now (200, chunked), probe or keep alive, go on in the reader */
             r->mode = MODE_BODY_CHUNKED;
+            if (w > 0) srv_buf_add(&r->out, "\n", 1);
             return queue_stream(s, c, r, "application/json");
         }
     }

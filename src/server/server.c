@@ -29,6 +29,8 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->timeout = 10;
     c->body_timeout = 60;
     c->max_connections = 1024;
+    c->prompt_cache_gib = 2;
+    c->prompt_cache_disk_gib = 10;
 }
 
 /* The limits, with the connection cap fitted to the descriptors we may open:

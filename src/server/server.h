@@ -49,6 +49,12 @@ typedef struct osp_serve_config {
     int max_per_client;         /* connections from one address (default 0 = no cap) */
     double drain_timeout;       /* s to finish after SIGTERM/SIGINT (default 0 = until all is delivered) */
     int strict_model;           /* a request naming another model gets a 404 (default: it is served) */
+    double prompt_cache_gib;    /* the prefix cache's memory bound in GiB (default 2; 0 = no prefix cache) */
+    const char *prompt_cache_dir; /* its folder (default $XDG_CACHE_HOME/osprey, else ~/.cache/osprey) */
+    double prompt_cache_disk_gib; /* the folder's bound in GiB (default 10; 0 = memory only) */
+    const char *draft_model;    /* speculative decoding with this draft model (NULL = none) */
+    int spec_ngram;             /* speculative decoding with n-gram lookup (when no draft model) */
+    int draft_max, draft_min;   /* tokens drafted per round (0 = defaults 4 and 1) */
     const char *audio_model;    /* Whisper model folder for the /v1/audio routes, or NULL */
     const char *audio_tokenizer;/* its tokenizer (tokenizer.json or .tiktoken) when not in the folder */
     size_t max_audio_body;      /* upload limit of the audio routes (default 25 MiB) */

@@ -69,6 +69,9 @@ typedef struct srv_job {
     /* set by the connection thread before the job is queued, then read-only */
     srv_kind kind;
     int stream, include_usage;
+    int cache_prompt;         /* use and feed the prefix cache (llama-server's field; default 1) */
+    int return_tokens;        /* completions: the reply's token ids in choices[0].tokens (llama-server's field) */
+    int speculative;          /* speculative decoding for this request (default 1, when the server has it) */
     int32_t *prompt;
     int32_t n_prompt;
     osp_gen_params gp;
@@ -154,6 +157,15 @@ typedef struct srv {
 
     long long n_requests;
     atomic_int active;        /* generation requests whose response is not yet sent */
+    struct osp_prefix *pc;    /* the prefix cache (kv/prefix.h), or NULL */
+    struct osp_spec *spec;    /* speculative decoding (engine/spec.h), or NULL */
+    osp_model *draft;         /* its draft model, or NULL */
+    int pc_grid;              /* rows depend on their chunking: reuse only prompts, at multiples of prefill_step */
+    char identity[65];        /* the model's artifact identity ("" when not computed) */
+    char pc_dir[4096];        /* the prefix cache's folder ("" = memory only) */
+    /* counters for /stats and /metrics (the worker adds; readers load) */
+    atomic_llong c_requests, c_ok, c_failed, c_cancelled, c_prompt_tokens, c_cached_tokens, c_gen_tokens;
+    atomic_llong c_draft, c_draft_accepted;        /* generation requests whose response is not yet sent */
 
     /* connections libmicrohttpd holds, by client address (http.c) */
     pthread_mutex_t conn_mu;
@@ -204,11 +216,16 @@ srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **
 /* The chat template rendering of {messages, tools, ...} (for /apply-template). */
 json_t *srv_apply_template(srv *s, const json_t *body, int *status);
 
+/* stats.c: GET /stats (a new JSON object) and GET /metrics (appended to b; 0 ok) */
+json_t *srv_stats_json(srv *s);
+int srv_metrics_text(srv *s, srv_buf *b);
+
 /* worker.c */
 int srv_queue_push(srv *s, srv_job *j); /* 0 ok; -1 when draining */
 int srv_worker_start(srv *s);
 void srv_worker_stop(srv *s);       /* after the queue is empty */
 int srv_slots_init(srv *s);         /* the rows of the batch (s->parallel); 0 ok */
+void srv_prefix_freed(void *srv_);  /* the prefix cache gave memory back: admission may go on */
 int srv_queue_idle(srv *s);         /* nothing queued or running */
 void srv_queue_counts(srv *s, int *queued, int *running);
 /* KV bytes a job of n_prompt + max_tokens tokens may come to hold. */

@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fs.h"
+#include "engine/spec.h"
+#include "kv/prefix.h"
 #include "server/server_internal.h"
 
 /* Bytes of memory the system can still give (MemAvailable), or 0. */
@@ -35,6 +38,91 @@ void srv_model_name(const char *path, char *out, size_t cap) {
     }
 }
 
+/* The prefix cache: in memory, and in its folder under the model's artifact
+ * identity when persisting. A folder that cannot be used leaves it in
+ * memory only (logged), never stops the server. */
+static int prefix_setup(srv *s, int64_t mem_bytes) {
+    const osp_serve_config *c = &s->cfg;
+    int64_t disk = (int64_t)(c->prompt_cache_disk_gib * 1073741824.0);
+    s->pc_dir[0] = 0;
+    if (disk > 0) {
+        if (c->prompt_cache_dir) snprintf(s->pc_dir, sizeof s->pc_dir, "%s", c->prompt_cache_dir);
+        else if (!osp_cache_dir(s->pc_dir, sizeof s->pc_dir))
+            OSP_LOG(1, "osprey serve: neither XDG_CACHE_HOME nor HOME is set: the prefix cache stays in memory");
+    }
+    if (s->pc_dir[0] && osp_mkdirs(s->pc_dir) != 0) {
+        OSP_LOG(1, "osprey serve: cannot create %s: the prefix cache stays in memory", s->pc_dir);
+        s->pc_dir[0] = 0;
+    }
+    if (s->pc_dir[0]) {
+        double t0 = osp_now_s();
+        if (osp_model_identity(s->model, s->pc_dir, s->identity) != OSP_OK) {
+            OSP_LOG(1, "osprey serve: the model's identity: %s: the prefix cache stays in memory", osp_last_error());
+            s->pc_dir[0] = 0;
+            s->identity[0] = 0;
+        } else {
+            OSP_LOG(2, "osprey serve: model identity %s (%.2f s)", s->identity, osp_now_s() - t0);
+        }
+    }
+    const osp_model_info *in = osp_model_get_info(s->model);
+    char numerics[256], ns[65];
+    s->pc_grid = !osp_session_chunk_invariant(s->session);
+    snprintf(numerics, sizeof numerics, "numerics %d; %s; production; %s %d", OSP_NUMERICS_VERSION, in->device,
+             s->pc_grid ? "grid" : "any chunks", s->pc_grid ? c->prefill_step : 0);
+    osp_prefix_namespace(s->identity[0] ? s->identity : "memory only", osp_session_kv(s->session), numerics, ns);
+    osp_prefix_opts po = {.mem_bytes = mem_bytes, .dir = s->pc_dir[0] ? s->pc_dir : NULL,
+                          .disk_bytes = s->pc_dir[0] ? disk : 0, .ns = ns, .on_freed = srv_prefix_freed, .user = s,
+                          .align = s->pc_grid ? c->prefill_step : 1};
+    if (osp_prefix_new(&po, osp_session_kv(s->session), &s->pc) != OSP_OK) return -1;
+    osp_prefix_stats st;
+    osp_prefix_get_stats(s->pc, &st);
+    char how[160];
+    if (s->pc_grid)
+        snprintf(how, sizeof how, "prompts reused at multiples of %d tokens (the prefill chunk: this model's rows "
+                 "depend on their chunking here)", c->prefill_step);
+    else
+        snprintf(how, sizeof how, "any prefix reused, replies too");
+    if (s->pc_dir[0])
+        OSP_LOG(1, "osprey serve: prefix cache %.2f GiB in memory, then %s (%lld entries there); %s",
+                mem_bytes / 1073741824.0, s->pc_dir, (long long)st.disk_entries, how);
+    else
+        OSP_LOG(1, "osprey serve: prefix cache %.2f GiB in memory; %s", mem_bytes / 1073741824.0, how);
+    return 0;
+}
+
+/* Speculative decoding: the draft model on the model's device, its
+ * tokenizer checked against the model's; or n-gram lookup. */
+static int spec_setup(srv *s) {
+    const osp_serve_config *c = &s->cfg;
+    osp_spec_params p = osp_spec_defaults();
+    if (c->draft_max > 0) p.draft_max = c->draft_max;
+    if (c->draft_min > 0) p.draft_min = c->draft_min;
+    if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
+    p.ngram = !c->draft_model;
+    if (c->draft_model) {
+        osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
+        if (osp_model_load_params(c->draft_model, &mp, &s->draft) != OSP_OK) return -1;
+        osp_tokenizer *dt = NULL;
+        if (osp_tokenizer_load(osp_model_get_info(s->draft)->dir, &dt) != OSP_OK)
+            return osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's",
+                           c->draft_model), -1;
+        osp_status trc = osp_spec_check_tokenizers(s->tok, dt);
+        osp_tokenizer_free(dt);
+        if (trc != OSP_OK) return -1;
+    }
+    osp_status rc = osp_spec_new(&p, s->draft, s->session, &s->spec);
+    if (rc == OSP_ERR_UNSUPPORTED) { /* the device cannot verify exactly: serve without it, and say so */
+        OSP_LOG(0, "osprey serve: %s; serving without it", osp_last_error());
+        osp_model_free(s->draft);
+        s->draft = NULL;
+        return 0;
+    }
+    if (rc != OSP_OK) return -1;
+    OSP_LOG(1, "osprey serve: speculative decoding with %s, up to %d drafted tokens per round (at least %d)",
+            c->draft_model ? c->draft_model : "n-gram lookup", p.draft_max, p.draft_min);
+    return 0;
+}
+
 int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
@@ -58,16 +146,21 @@ int srv_setup(srv *s) {
     int have_cfg = 0;
     osp_session_opts so = {.n_rows = c->parallel, .max_ctx = ctx, .kv_bits = c->kv_bits > 0 ? c->kv_bits : 0,
                            .kv_group = c->kv_group,
-                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step};
+                           .max_tokens = c->parallel > c->prefill_step ? c->parallel : c->prefill_step,
+                           .spare = c->draft_model || c->spec_ngram ? (c->draft_max > 0 ? c->draft_max : 4) + 1 : 0};
     if (c->kv_bits < 0) { /* no flag: the model's kv_config.json, if any */
         if (osp_model_kv_config(s->model, lbits, lgroup, &have_cfg) != OSP_OK) return -1;
         if (have_cfg) so.layer_kv_bits = lbits, so.layer_kv_group = lgroup;
     }
     if (osp_session_new_opts(s->model, &so, &s->session) != OSP_OK) return -1;
     osp_session_set_fast(s->session, 1); /* the production path, as osprey generate and bench use */
-    /* the KV budget: the flag, else what all rows at full context take, capped at 3/4 of available memory */
+    /* the KV budget: the flag, else what all rows at full context take plus the prefix cache, capped at
+     * 3/4 of available memory; the prefix cache lives inside it */
+    int64_t pc_bytes = (int64_t)(c->prompt_cache_gib * 1073741824.0);
     int64_t full = osp_session_kv_row_bytes(s->session, ctx) * c->parallel, avail = mem_available() / 4 * 3;
-    s->kv_budget = c->kv_budget > 0 ? c->kv_budget : (avail > 0 && avail < full ? avail : full);
+    s->kv_budget = c->kv_budget > 0 ? c->kv_budget : (avail > 0 && avail < full + pc_bytes ? avail : full + pc_bytes);
+    if (pc_bytes > 0 && prefix_setup(s, pc_bytes)) return -1;
+    if ((c->draft_model || c->spec_ngram) && spec_setup(s)) return -1;
     s->parallel = c->parallel;
     s->prefill_step = c->prefill_step;
     s->vocab = in->vocab;
@@ -92,6 +185,11 @@ int srv_setup(srv *s) {
 
 void srv_teardown(srv *s) {
     srv_audio_teardown(s);
+    osp_prefix_free(s->pc); /* writes what is only in memory (a clean shutdown) */
+    s->pc = NULL;
+    osp_spec_free(s->spec);
+    osp_model_free(s->draft);
+    s->spec = NULL, s->draft = NULL;
     osp_session_free(s->session);
     free(s->slots);
     free(s->logits);

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "engine/spec.h"
+#include "kv/prefix.h"
 #include "server/server_internal.h"
 
 /* ---- events ---- */
@@ -156,6 +158,7 @@ struct srv_slot {
     int32_t done_prompt;
     int32_t next;       /* the token a decoding row feeds next */
     int decoding;
+    int looked_up;      /* the prefix cache was asked (when its prefill began) */
     int64_t reserved;   /* KV bytes held for it */
     long long seq;      /* admission order */
 };
@@ -170,8 +173,26 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
         gp.top_logprobs = j->top_logprobs;
     }
     sl->done_prompt = 0;
+    sl->looked_up = 0;
+    if (s->spec) osp_spec_reset_row(s->spec, sl->row);
     sl->decoding = 0; /* its row is empty: slot_end resets it */
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
+}
+
+/* The prefix cache inside the KV budget: what the rows' reservations leave. */
+static void prefix_fit(srv *s) {
+    if (!s->pc || s->kv_budget <= 0) return;
+    pthread_mutex_lock(&s->qmu);
+    int64_t room = s->kv_budget - s->kv_reserved;
+    pthread_mutex_unlock(&s->qmu);
+    osp_prefix_shrink(s->pc, room);
+}
+
+void srv_prefix_freed(void *srv_) {
+    srv *s = srv_;
+    pthread_mutex_lock(&s->qmu);
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
 }
 
 /* The job's end: its END event, its row's KV back, its reservation released. */
@@ -180,6 +201,21 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
     osp_gen_stats st = {0};
     if (sl->st) st = *osp_stream_stats(sl->st);
     int cancelled = atomic_load(&j->cancel) || st.finish == OSP_FINISH_CANCELLED;
+    /* the prompt and its reply, for a next turn (only where the reply's KV, computed by decode steps, is what a
+     * prefill would compute: chunk-invariant rows) */
+    if (!cancelled && rc == OSP_OK && s->pc && j->cache_prompt && sl->st && !s->pc_grid) {
+        int32_t nt, pos = osp_session_row_pos(s->session, sl->row);
+        const int32_t *toks = osp_stream_tokens(sl->st, &nt);
+        if (pos > 0 && pos <= nt && osp_prefix_insert(s->pc, toks, pos, osp_session_kv(s->session), sl->row) != OSP_OK)
+            OSP_LOG(1, "osprey serve: prefix cache: %s", osp_last_error());
+    }
+    atomic_fetch_add(&s->c_requests, 1);
+    atomic_fetch_add(cancelled ? &s->c_cancelled : rc != OSP_OK ? &s->c_failed : &s->c_ok, 1);
+    atomic_fetch_add(&s->c_prompt_tokens, st.n_prompt);
+    atomic_fetch_add(&s->c_cached_tokens, st.n_cached);
+    atomic_fetch_add(&s->c_gen_tokens, st.n_generated);
+    atomic_fetch_add(&s->c_draft, st.n_draft);
+    atomic_fetch_add(&s->c_draft_accepted, st.n_draft_accepted);
     if (cancelled) {
         OSP_LOG(2, "osprey serve: %s cancelled (client gone) after %d tokens", j->id, st.n_generated);
         srv_job_end(j, 499, "cancelled", &st);
@@ -202,6 +238,7 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
     sl->j = NULL;
     pthread_cond_broadcast(&s->qcv);
     pthread_mutex_unlock(&s->qmu);
+    prefix_fit(s);
 }
 
 int64_t srv_kv_need(srv *s, int32_t n_prompt, int32_t max_tokens) {
@@ -219,7 +256,14 @@ static int admit(srv *s, srv_job **out, int64_t *need_out, int max) {
         srv_job *j = s->head;
         int64_t need = j->kv_need;
         int gone = atomic_load(&j->cancel), never = s->kv_budget > 0 && need > s->kv_budget;
-        if (!gone && !never && s->kv_budget > 0 && s->kv_reserved + need > s->kv_budget) break;
+        if (!gone && !never && s->kv_budget > 0) {
+            int64_t cached = s->pc ? osp_prefix_bytes(s->pc) : 0;
+            if (s->kv_reserved + need + cached > s->kv_budget && cached > 0) { /* cached prefixes make room */
+                osp_prefix_shrink(s->pc, s->kv_budget - s->kv_reserved - need);
+                cached = osp_prefix_bytes(s->pc); /* entries being written count until they are */
+            }
+            if (s->kv_reserved + need + cached > s->kv_budget) break;
+        }
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         s->n_queued--;
@@ -244,9 +288,12 @@ static void *worker_main(void *arg) {
     srv_slot **batch = malloc(sizeof(srv_slot *) * P);
     srv_job **fresh = malloc(sizeof(srv_job *) * P);
     int64_t *need = malloc(sizeof(int64_t) * P);
-    if (!rows || !ids || !batch || !fresh || !need) {
+    osp_stream **streams = malloc(sizeof(osp_stream *) * P);
+    int *use = malloc(sizeof(int) * P), *more = malloc(sizeof(int) * P);
+    osp_status *rcs = malloc(sizeof(osp_status) * P);
+    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs) {
         OSP_LOG(0, "osprey serve: out of memory starting the scheduler");
-        free(rows), free(ids), free(batch), free(fresh), free(need);
+        free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
         return NULL;
     }
     for (;;) {
@@ -293,6 +340,16 @@ static void *worker_main(void *arg) {
             srv_slot *sl = &s->slots[i];
             if (sl->j && !sl->decoding && (!pf || sl->seq < pf->seq)) pf = sl;
         }
+        if (pf && !pf->looked_up) { /* its prefill begins: the longest cached prefix of its prompt */
+            pf->looked_up = 1;
+            if (s->pc && pf->j->cache_prompt) {
+                int32_t u = osp_prefix_restore(s->pc, pf->j->prompt, pf->j->n_prompt, osp_session_kv(s->session), pf->row);
+                pf->done_prompt = u;
+                osp_stream_set_cached(pf->st, u);
+                if (u) OSP_LOG(2, "osprey serve: %s: %d of %d prompt tokens from the prefix cache", pf->j->id, u,
+                               pf->j->n_prompt);
+            }
+        }
         if (pf) {
             int32_t left = pf->j->n_prompt - pf->done_prompt, n = left < s->prefill_step ? left : s->prefill_step;
             int last = n == left;
@@ -303,6 +360,12 @@ static void *worker_main(void *arg) {
                 slot_end(s, pf, rc);
             } else if (last) {
                 int more = osp_stream_next(pf->st, s->logits, osp_session_row_pos(s->session, pf->row), &pf->next, &rc);
+                if (s->pc && pf->j->cache_prompt) { /* the prompt alone, for requests sharing it (after the first
+                                                      token: its time to first token does not wait for the copy) */
+                    if (osp_prefix_insert(s->pc, pf->j->prompt, pf->j->n_prompt, osp_session_kv(s->session), pf->row) != OSP_OK)
+                        OSP_LOG(1, "osprey serve: prefix cache: %s", osp_last_error());
+                    prefix_fit(s);
+                }
                 if (more) pf->decoding = 1;
                 else slot_end(s, pf, rc);
             }
@@ -319,6 +382,20 @@ static void *worker_main(void *arg) {
             }
         }
         if (!nb) continue;
+        if (s->spec) { /* a speculative round: each row's drafts verified in one exact chunk (engine/spec.h) */
+            for (int b = 0; b < nb; b++) streams[b] = batch[b]->st, use[b] = batch[b]->j->speculative;
+            osp_status rc = osp_spec_step(s->spec, s->session, rows, nb, streams, use, ids, more, rcs);
+            for (int b = 0; b < nb; b++) {
+                srv_slot *sl = batch[b];
+                if (nb > sl->j->batch_max) sl->j->batch_max = nb;
+                if (rc == OSP_OK && rcs[b] == OSP_OK && more[b]) {
+                    sl->next = ids[b];
+                    continue;
+                }
+                slot_end(s, sl, rc != OSP_OK ? rc : rcs[b]);
+            }
+            continue;
+        }
         osp_status rc = osp_forward_rows(s->session, rows, nb, ids, 1, 0, s->logits);
         for (int b = 0; b < nb; b++) {
             srv_slot *sl = batch[b];
@@ -331,7 +408,7 @@ static void *worker_main(void *arg) {
             slot_end(s, sl, src);
         }
     }
-    free(rows), free(ids), free(batch), free(fresh), free(need);
+    free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
     return NULL;
 }
 

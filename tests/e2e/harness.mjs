@@ -1,5 +1,7 @@
 // Starts the real `osprey serve` binary on a free port and stops it cleanly.
 import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -8,9 +10,15 @@ export const ROOT = path.resolve(here, '..', '..');
 export const BIN = process.env.OSPREY_BIN || path.join(ROOT, 'build', 'osprey');
 export const MODEL = process.env.OSPREY_TEST_MODEL || path.join(ROOT, 'models', 'fortune');
 
-export async function startServer(args = [], { model = MODEL, timeoutMs = 60000 } = {}) {
+// The servers' cache folder (the prefix cache persists there): one per test
+// file, removed when it exits, so tests neither read nor leave a user's cache.
+export const CACHE_HOME = fs.mkdtempSync(path.join(os.tmpdir(), 'osp_e2e_cache_'));
+process.on('exit', () => fs.rmSync(CACHE_HOME, { recursive: true, force: true }));
+
+export async function startServer(args = [], { model = MODEL, timeoutMs = 60000, env = {} } = {}) {
   const proc = spawn(BIN, ['serve', model, '--host', '127.0.0.1', '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, XDG_CACHE_HOME: CACHE_HOME, ...env },
   });
   let log = '';
   const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));

@@ -396,3 +396,33 @@ test('10: --strict-model-name refuses another model name with a 404', async () =
     assert.equal((await s.stop()).code, 0, s.log());
   }
 });
+
+test('11: a request silent for longer than --timeout (queued behind others, or a long prefill) is kept alive, not cut', async () => {
+  // one row, an idle timeout of 1 s: the queued requests wait seconds with nothing to send
+  const s = await startServer(['-c', '2048', '-np', '1', '--timeout', '1']);
+  try {
+    const long = post_to(s, '/v1/completions', { prompt: 'Tell me a story.', max_tokens: 1200, temperature: 0, logit_bias: NO_EOS });
+    await new Promise((res) => setTimeout(res, 100));
+    const body = { prompt: 'Tell me a fortune.', max_tokens: 8, temperature: 0, logit_bias: NO_EOS };
+    const [a, streamed, plain] = await Promise.all([
+      long,
+      raw(s.base, '/v1/completions', { body: JSON.stringify({ ...body, stream: true }) }),
+      raw(s.base, '/v1/completions', { body: JSON.stringify(body) }),
+    ]);
+    assert.equal(a.status, 200);
+    assert.equal(streamed.status, 200);
+    assert.match(streamed.text, /: keep-alive\n\n/);
+    const ev = sseEvents(streamed.text);
+    assert.equal(ev.at(-1), '[DONE]');
+    assert.equal(plain.status, 200);
+    assert.equal(plain.json.choices[0].text, ev.filter((e) => e !== '[DONE]').map((e) => e.choices[0].text).join(''));
+    assert.ok(a.json.usage.completion_tokens === 1200);
+  } finally {
+    const r = await s.stop();
+    assert.equal(r.code, 0);
+  }
+});
+
+function post_to(s, route, body) {
+  return raw(s.base, route, { body: JSON.stringify(body) });
+}

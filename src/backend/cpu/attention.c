@@ -90,7 +90,7 @@ static void attn_task(void *p, int64_t task) {
         int32_t p = pos0 + t;
         int32_t lo = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
         int32_t n = p - lo + 1;
-        int32_t cend = p < pos0 ? p + 1 : pos0; /* cached positions are [lo, cend) */
+        int32_t cend = a->chunk_stored ? p : pos0; /* cached positions are [lo, cend) */
         int32_t j0 = cend > lo ? cend : lo;     /* this chunk's own positions [j0, p] */
         const float *kc = w->k + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D;
         const float *vc = w->v + ((int64_t)b * a->T + (j0 - pos0)) * Hkv * D + (int64_t)hk * D;

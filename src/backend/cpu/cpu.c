@@ -29,7 +29,7 @@ static void cpu_read(float *host, const osp_dbuf *src, int64_t n) { memcpy(host,
 
 static void *kv_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
 static void kv_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static const osp_kv_mem KV_MEM = {kv_alloc, osp_free, kv_copy};
+static const osp_kv_mem KV_MEM = {kv_alloc, osp_free, kv_copy, kv_copy, kv_copy};
 
 /* ---- sessions ---- */
 
@@ -61,7 +61,11 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
 
 static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 
-static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { s->per_token = s->fast && T == 1 && B > 1; }
+static void set_exact_tokens(osp_be_session *s, int on) { s->exact_tokens = on != 0; }
+
+static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) {
+    s->per_token = (s->fast && T == 1 && B > 1) || (s->exact_tokens && (int64_t)B * T > 1);
+}
 
 static osp_status status(osp_be_session *s) {
     (void)s;
@@ -225,6 +229,17 @@ static osp_status place(osp_weight *const *ws, int n, const void *const *keep, i
     return osp_cpu_place(ws, n, keep, n_keep, maps, n_maps, owned);
 }
 
+/* Production precision with every matmul weight on the int8 path (4-bit,
+ * repacked for VNNI): exact int32 sums in a fixed order per token, whatever
+ * the chunk; attention, norms and the rest are per row already. The f32
+ * kernels are not: n == 1, small n and GEMM tiles sum in different orders. */
+static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
+    if (!fast || n <= 0 || !osp_q8act_matmul_fast()) return 0;
+    for (int i = 0; i < n; i++)
+        if (!ws[i]->packed) return 0;
+    return 1;
+}
+
 static osp_backend CPU = {
     .device = OSP_DEVICE_CPU,
     .alloc = cpu_alloc,
@@ -235,6 +250,8 @@ static osp_backend CPU = {
     .read = cpu_read,
     .kv_mem = &KV_MEM,
     .place = place,
+    .chunk_invariant = chunk_invariant,
+    .set_exact_tokens = set_exact_tokens,
     .unplace = osp_cpu_unplace,
     .session_new = session_new,
     .session_free = session_free,

@@ -12,6 +12,7 @@ struct osp_be_session {
     const osp_ops *ops;
     int fast;      /* production precision: int8 activations for 4-bit weights */
     int per_token; /* this chunk is a batched decode step: each token through the one-token kernel */
+    int exact_tokens; /* every chunk's tokens through the one-token kernel (speculative verification) */
     void *q8mem;   /* int8 activation panels for q8cap tokens */
     size_t q8stride;
     int32_t q8cap;

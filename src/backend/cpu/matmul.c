@@ -37,9 +37,16 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
     }
-    if (c->per_token) {
-        for (int64_t k = 0; k < c->n; k++)
-            c->ops->matmul(w, c->x + k * w->cols, 1, y + k * w->rows + r0, w->rows, r0, r1);
+    if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
+                         * weights stream from memory once for all tokens (a row's numbers do not depend on
+                         * the range it is computed in) */
+        int64_t blk = (32 << 10) / (osp_weight_row_bytes(w) > 0 ? osp_weight_row_bytes(w) : 1);
+        blk = blk < 8 ? 8 : blk & ~(int64_t)7; /* whole groups of the one-token kernel's rows */
+        for (int64_t b0 = r0; b0 < r1; b0 += blk) {
+            int64_t b1 = b0 + blk < r1 ? b0 + blk : r1;
+            for (int64_t k = 0; k < c->n; k++)
+                c->ops->matmul(w, c->x + k * w->cols, 1, y + k * w->rows + b0, w->rows, b0, b1);
+        }
         return;
     }
     c->ops->matmul(w, c->x, c->n, y + r0, w->rows, r0, r1);

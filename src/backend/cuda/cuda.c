@@ -5,9 +5,12 @@
  *
  * Precisions: reference (f32 everywhere, the goldens' tier) and production
  * (set_fast): prefill chunks of one row with 16 or more tokens multiply on
- * the tensor cores through cuBLAS (bf16 operands, f32 accumulation). A
- * decode step uses the same kernels in both, whatever the number of rows,
- * so a row's numbers do not depend on its batch. */
+ * the tensor cores through cuBLAS (bf16 operands, f32 accumulation); other
+ * chunks (decode steps of any number of rows) through the backend's own
+ * tensor-core kernel for bf16 and 4/8-bit weights (bf16 operands, f32
+ * accumulation, the reduction order fixed by the weight's shape). Each
+ * precision uses the same kernels whatever the number of rows, so a row's
+ * numbers do not depend on its batch. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,7 +70,9 @@ static void *kv_alloc(size_t n) {
 
 static void kv_free(void *p) { cudaFree(p); }
 static void kv_copy(void *d, const void *s, size_t n) { cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0); }
-static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy};
+static void kv_to_host(void *h, const void *s, size_t n) { cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost); }
+static void kv_from_host(void *d, const void *h, size_t n) { cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }
+static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy, kv_to_host, kv_from_host};
 
 /* ---- weights ---- */
 
@@ -230,6 +235,8 @@ static void mm_exec(osp_be_session *s, const void *p) {
     const mm_args *a = p;
     if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
+    } else if (s->fast) {
+        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     }

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <utility>
 #include "kernels.h"
 
 #define WARP 32
@@ -400,6 +402,319 @@ extern "C" int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const flo
     return osp_cu_matmul_multi(st, &w, 1, x, n, &y, &ldy);
 }
 
+// ---- the production path's matmul: a skinny GEMM on the tensor cores ----
+//
+// mma.sync m16n8k16 (bf16 operands, f32 accumulation): 16 weight rows by 8
+// tokens per instruction. Activations are rounded to bf16 (round to nearest
+// even) as they are loaded; 4-bit and 8-bit codes become bf16 weights
+// s * c + b (an f32 fma, then rounded), as the production prefill's
+// dequantization does. A block takes 16 * MT rows of one weight and KS
+// warps split the columns into KS equal ranges of steps (KS from the
+// weight's shape: tc_ks); each warp's sum
+// runs over its steps in order and the block adds the warps' sums in warp
+// order. The column ranges depend on the weight's shape alone, and an mma's
+// output for one token depends on that token's column of the input alone
+// (a padded token is a column of zeros), so a token's numbers are the same
+// whatever the number of tokens in the call, MT or NT (batch invariance):
+// one token alone runs the same reduction as among 64.
+//
+// The k dimension of an mma need not follow the weight's column order, only
+// agree between the operands: in a step, thread t of a quad (lane = 4g + t)
+// loads one 16-byte chunk of rows g and g + 8 (chunk 4 * step + t), and each
+// 8 columns of it (a sub-chunk: 4 words of bf16 pairs) feed two mmas, words
+// 0-1 and 2-3 taking the k slots 2t..2t+1 and 2t+8..2t+9; the thread loads
+// token g's inputs at the same 8 columns.
+
+
+struct tc_set {
+    osp_cu_weight w[MV_MAXW];
+    float *y[MV_MAXW];
+    int64_t ldy[MV_MAXW], end[MV_MAXW]; // end: the last block + 1 of weight i in the concatenation
+    int nw;
+};
+
+// two floats as a bf16 pair (round to nearest even), lo in the low half
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float code_f(uint32_t word, int j) {
+    return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7540 + j)) - 8388608.0f;
+}
+
+// sub-chunk v (8 columns) of a 16-byte chunk as 4 bf16 pairs
+template <int KIND>
+__device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_t (&o)[4]) {
+    const uint32_t u[4] = {c.x, c.y, c.z, c.w};
+    if (KIND == 2) {
+        o[0] = u[0], o[1] = u[1], o[2] = u[2], o[3] = u[3];
+    } else if (KIND == 4) { // word v: byte j holds columns 2j (low nibble) and 2j + 1
+        const uint32_t lo = u[v] & 0x0f0f0f0fu, hi = (u[v] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = bf16x2(FMA(s, code_f(lo, j), b), FMA(s, code_f(hi, j), b));
+    } else { // words 2v, 2v + 1: a column a byte
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t word = u[2 * v + j / 2];
+            o[j] = bf16x2(FMA(s, code_f(word, (j & 1) * 2), b), FMA(s, code_f(word, (j & 1) * 2 + 1), b));
+        }
+    }
+}
+
+// Programmatic dependent launch: a matmul may start while the kernel before
+// it runs, issue its weights' first loads (never written by a kernel), and
+// wait for that kernel's results (griddepcontrol.wait) before it reads its
+// input or writes anything; the kernels before a matmul let it start early
+// (pdl_trigger). In a kernel launched without it both are no-ops.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight
+template <int KIND, int KS, int MT, int NT, int U, int MINB>
+__global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
+                                                           const float *__restrict__ x, int64_t n) {
+    constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
+    constexpr int V = CH / 8;                               // sub-chunks per chunk
+    __shared__ float red[KS][NT][4][WARP];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    int64_t tile = blockIdx.x;
+    int wi = 0;
+    while (wi < set.nw - 1 && tile >= set.end[wi]) wi++;
+    if (wi) tile -= set.end[wi - 1];
+    const osp_cu_weight &w = set.w[wi];
+    float *__restrict__ y = set.y[wi];
+    const int64_t ldy = set.ldy[wi], rows = w.rows, cols = w.cols, nch = cols / CH, nsteps = (nch + 3) / 4;
+    const int64_t s_lo = nsteps * warp / KS, s_hi = nsteps * (warp + 1) / KS;
+    const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
+    const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
+    const int64_t row0 = tile * 16 * MT;
+    const uint4 *rp[MT][2];
+    bool rok[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = row0 + 16 * m + g + 8 * h;
+            rok[m][h] = r < rows;
+            rp[m][h] = (const uint4 *)((const unsigned char *)w.data + (rok[m][h] ? r : 0) * row_bytes);
+        }
+    // the first steps' weights on their way before the previous kernel ends
+    for (int u = 0; u < U && s_lo + u < s_hi; u++) {
+        const int64_t ch = (s_lo + u) * 4 + t;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (ch < nch && rok[m][h]) prefetch_l2(rp[m][h] + ch);
+    }
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
+        for (int64_t s = s_lo; s < s_hi; s += U) {
+            // U steps of weights and inputs in flight together
+            uint4 a[U][MT][2];
+            float sc[U][MT][2], bi[U][MT][2];
+            uint32_t b[U][V][NT][4];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t ch = (s + u) * 4 + t;
+                const bool live = s + u < s_hi && ch < nch;
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const bool ok = live && rok[m][h];
+                        a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
+                        sc[u][m][h] = bi[u][m][h] = 0.0f;
+                        if (KIND != 2 && ok) {
+                            const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                            sc[u][m][h] = load_float(w.scales, w.sdtype, gi);
+                            bi[u][m][h] = load_float(w.biases, w.sdtype, gi);
+                        }
+                    }
+#pragma unroll
+                for (int v = 0; v < V; v++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const int64_t tok = t0 + 8 * j + g;
+                        b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
+                        if (live && tok < n) {
+                            const float *xp = x + tok * cols + ch * CH + 8 * v;
+                            const float4 p = ld4(xp), q = ld4(xp + 4);
+                            b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
+                            b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (s + u >= s_hi) break;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    uint32_t A[MT][2][4];
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        if (t0 + 8 * j >= n) break; // no token in this tile
+#pragma unroll
+                        for (int m = 0; m < MT; m++) {
+                            const uint32_t *bb = b[u][v][j];
+                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
+                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
+                        }
+                    }
+                }
+            }
+        }
+        // the warps' sums added in warp order, a row tile at a time
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) red[warp][j][c][lane] = acc[m][j][c];
+            __syncthreads();
+            const float *rf = &red[0][0][0][0];
+            constexpr int PER = NT * 4 * WARP;
+            for (int e = threadIdx.x; e < PER; e += KS * WARP) {
+                float v = rf[e];
+#pragma unroll
+                for (int k = 1; k < KS; k++) v = ADD(v, rf[k * PER + e]);
+                const int l = e % WARP, c = (e / WARP) % 4, j = e / (4 * WARP);
+                const int64_t row = row0 + 16 * m + (l >> 2) + 8 * (c >> 1), tok = t0 + 8 * j + 2 * (l & 3) + (c & 1);
+                if (row < rows && tok < n) y[tok * ldy + row] = v;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+static int pdl_on() {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("OSP_CUDA_PDL");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+// launch with programmatic dependent launch allowed (the kernel begins with pdl_wait)
+template <typename... K, typename... A>
+static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = (cudaStream_t)st;
+    cfg.attrs = at, cfg.numAttrs = pdl_on() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
+
+template <int KIND, int KS, int MT, int NT, int U, int MINB>
+static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
+    for (int i = 0; i < set.nw; i++) {
+        const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
+        set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
+    }
+    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1]), dim3(KS * WARP), 0, st, set,
+               x, n);
+}
+
+// Tiles by the number of tokens (the numbers do not depend on them): a
+// token tile of 8 for up to 8 tokens, with the most loads in flight that
+// leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
+// 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
+template <int KIND, int KS> static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
+    if (n <= 8) {
+        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n);
+        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n);
+        else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n);
+    } else if constexpr (KS == 16) { // 128 registers a thread at most
+        tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n);
+    } else {
+        tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n);
+    }
+}
+
+// The warps splitting a weight's columns, from its shape alone: 16 for a
+// long row (at least 8 steps a warp) in few row tiles (under 256: too few
+// blocks of 8 warps to fill the GPU), else 8.
+static int tc_ks(const osp_cu_weight *w) {
+    const int ch = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 8;
+    const int64_t nsteps = (w->cols / ch + 3) / 4;
+    return w->rows < 16 * 256 && nsteps >= 16 * 8 ? 16 : 8;
+}
+
+template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
+    if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x, n);
+    else tc_tiles<KIND, 8>(st, set, x, n);
+}
+
+// the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
+static int tc_kind(const osp_cu_weight *w) {
+    if (((uintptr_t)w->data & 15) != 0) return -1;
+    if (!w->qbits) return w->dtype == 2 && w->cols % 8 == 0 ? 2 : -1;
+    const int ch = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 0;
+    if (!ch || w->cols % ch || w->group <= 0 || w->group % ch || w->cols % w->group) return -1;
+    return w->qbits;
+}
+
+extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                      int64_t n, float *const *ys, const int64_t *ldys) {
+    if (n <= 0) return 0;
+    // the kernel is chosen by the weight alone; others take the f32 kernels
+    for (int i0 = 0; i0 < nw;) {
+        const int kind = tc_kind(ws[i0]);
+        if (kind < 0) {
+            int e = osp_cu_matmul_multi(st, ws + i0, 1, x, n, ys + i0, ldys + i0);
+            if (e) return e;
+            i0++;
+            continue;
+        }
+        tc_set set;
+        set.nw = 0;
+        int64_t rows = 0;
+        int i = i0;
+        for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
+               tc_ks(ws[i]) == tc_ks(ws[i0]);
+             i++) {
+            set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
+            rows += ws[i]->rows;
+            set.nw++;
+        }
+        i0 = i;
+        if (rows <= 0) continue;
+        switch (kind) {
+        case 2: tc_launch<2>(st, set, x, n); break;
+        case 4: tc_launch<4>(st, set, x, n); break;
+        default: tc_launch<8>(st, set, x, n); break;
+        }
+    }
+    return launch_status();
+}
+
 // ---- the read-bandwidth probe: every byte of the buffer read once ----
 
 __global__ void read_kernel(const uint4 *__restrict__ p, int64_t n, unsigned *out) {
@@ -462,12 +777,62 @@ __device__ float block_max(float v, float *sh) {
 
 // One block per row. x += t first when t is given (the residual add fused
 // with the next norm); float4 accesses when d allows, several in flight.
+// Rows of up to NORM_VEC * 4 * blockDim floats keep their values (and the
+// norm's weight, loaded before the previous kernel ends) in registers.
+#define NORM_VEC 4
 __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
     __shared__ float sh[32];
+    const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * blockDim.x;
+    float4 wv[NORM_VEC];
+    if (vec) {
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            wv[k] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (w && i < d / 4) {
+                wv[k] = ld4(w + 4 * i);
+                if (add_one) wv[k].x += 1.0f, wv[k].y += 1.0f, wv[k].z += 1.0f, wv[k].w += 1.0f;
+            }
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     float *xr = x + blockIdx.x * d;
     const float *tr = t ? t + blockIdx.x * d : NULL;
     float *yr = y + blockIdx.x * d;
     float ss = 0.0f;
+    if (vec) {
+        float4 xv[NORM_VEC];
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            xv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < d / 4) {
+                xv[k] = ld4(xr + 4 * i);
+                if (tr) {
+                    const float4 u = ld4(tr + 4 * i);
+                    xv[k].x = __fadd_rn(xv[k].x, u.x), xv[k].y = __fadd_rn(xv[k].y, u.y);
+                    xv[k].z = __fadd_rn(xv[k].z, u.z), xv[k].w = __fadd_rn(xv[k].w, u.w);
+                    reinterpret_cast<float4 *>(xr)[i] = xv[k];
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) { // the same order as the loop below: a thread's elements in index order
+            ss = __fmaf_rn(xv[k].x, xv[k].x, ss), ss = __fmaf_rn(xv[k].y, xv[k].y, ss);
+            ss = __fmaf_rn(xv[k].z, xv[k].z, ss), ss = __fmaf_rn(xv[k].w, xv[k].w, ss);
+        }
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) {
+            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            if (i < d / 4)
+                reinterpret_cast<float4 *>(yr)[i] = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
+                                                                xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
+        }
+        return;
+    }
     if ((d & 3) == 0) {
         const int64_t d4 = d / 4;
         for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
@@ -500,7 +865,7 @@ extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const fl
     int th = d >= 1024 ? 256 : d >= 256 ? 128 : 64;
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        rmsnorm_kernel<<<(unsigned)k, th, 0, st>>>(y + r0 * d, x + r0 * d, t ? t + r0 * d : NULL, w, d, eps, add_one);
+        pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d, t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one);
     }
     return launch_status();
 }
@@ -511,6 +876,8 @@ extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const 
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
@@ -532,6 +899,8 @@ __global__ void mul_vec_kernel(float *y, const float *v, float a, int64_t n, int
 
 __global__ void act_mul_kernel(int act, float *y, const float *g, const float *u, int64_t n, int64_t d,
                                int64_t ld_u) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * d) return;
     int64_t r = i / d, j = i % d;
@@ -552,7 +921,7 @@ __global__ void softcap_kernel(float *x, int64_t n, float cap) {
 #define EW 256
 
 extern "C" int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n) {
-    if (n > 0) add_kernel<<<blocks_for(n, EW), EW, 0, st>>>(y, x, n);
+    if (n > 0) pdl_launch(add_kernel, dim3(blocks_for(n, EW)), dim3(EW), 0, st, y, x, n);
     return launch_status();
 }
 
@@ -573,7 +942,7 @@ extern "C" int osp_cu_mul_vec(osp_cu_stream st, float *y, const float *v, float 
 
 extern "C" int osp_cu_act_mul(osp_cu_stream st, int act, float *y, const float *g, const float *u, int64_t n,
                               int64_t d, int64_t ld_u) {
-    if (n * d > 0) act_mul_kernel<<<blocks_for(n * d, EW), EW, 0, st>>>(act, y, g, u, n, d, ld_u);
+    if (n * d > 0) pdl_launch(act_mul_kernel, dim3(blocks_for(n * d, EW)), dim3(EW), 0, st, act, y, g, u, n, d, ld_u);
     return launch_status();
 }
 
@@ -585,6 +954,8 @@ extern "C" int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap) 
 // one thread per (row, head, pair) of x1 then of x2 (q and k in one launch)
 __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_t T, int32_t D, const float *inv,
                             const int32_t *pos, int64_t n1, int64_t total) {
+    pdl_wait();
+    pdl_trigger();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     float *x = x1;
@@ -605,7 +976,7 @@ __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_
 extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,
                             int32_t D, const float *inv, const int32_t *pos) {
     int64_t n1 = (int64_t)B * T * h1 * (D / 2), total = n1 + (x2 ? (int64_t)B * T * h2 * (D / 2) : 0);
-    if (total > 0) rope_kernel<<<blocks_for(total, EW), EW, 0, st>>>(x1, h1, x2, h2, T, D, inv, pos, n1, total);
+    if (total > 0) pdl_launch(rope_kernel, dim3(blocks_for(total, EW)), dim3(EW), 0, st, x1, h1, x2, h2, T, D, inv, pos, n1, total);
     return launch_status();
 }
 
@@ -700,6 +1071,8 @@ __device__ void quantize_group(const float *x, int group, int bits, uint8_t *cod
 // a block per (batch row i, token t, head h); thread 0 quantizes (exactness over speed: a KV vector is small)
 __global__ void kv_write_kernel(osp_cu_kvlayer L, const osp_cu_kvrow *rows, int32_t T, int32_t t0, const float *k,
                                 const float *v) {
+    pdl_wait();
+    pdl_trigger();
     const int32_t i = blockIdx.x, t = t0 + blockIdx.y, h = blockIdx.z;
     const osp_cu_kvrow R = rows[i];
     const int64_t H = L.n_kv_heads, D = L.head_dim, cap = R.cap;
@@ -742,7 +1115,7 @@ extern "C" int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const 
     int32_t t0 = L->sliding && T > L->ring ? T - L->ring : 0; // older ones would be overwritten anyway
     if (nb <= 0 || T - t0 <= 0) return 0;
     dim3 grid((unsigned)nb, (unsigned)(T - t0), (unsigned)L->n_kv_heads);
-    kv_write_kernel<<<grid, 64, 0, st>>>(*L, rows, T, t0, k, v);
+    pdl_launch(kv_write_kernel, grid, dim3(64), 0, st, *L, rows, T, t0, k, v);
     return launch_status();
 }
 
@@ -788,6 +1161,8 @@ __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const os
 // GM: the query heads per KV head rounded up to a power of two (loops unroll to it)
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
+    pdl_wait();
+    pdl_trigger();
     extern __shared__ float sm[];
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
     float *qs = sm;                        // [G][D]
@@ -930,6 +1305,8 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 // out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), over the
 // query's own splits in order
 __global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t nsplit) {
+    pdl_wait();
+    pdl_trigger();
     const int64_t row = blockIdx.x;
     const int32_t h = blockIdx.y, D = a.L.head_dim;
     const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
@@ -964,14 +1341,14 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
     if (shm > 48 * 1024) return (int)cudaErrorInvalidValue;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    if (G <= 1) attn_split_kernel<1><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 2) attn_split_kernel<2><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 4) attn_split_kernel<4><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else if (G <= 8) attn_split_kernel<8><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
-    else attn_split_kernel<16><<<grid, ATT_S, shm, st>>>(*a, part, nsplit);
+    if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
     if (nsplit > 1) {
         dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
-        attn_combine_kernel<<<g2, D < 128 ? 64 : 128, 0, st>>>(*a, part, nsplit);
+        pdl_launch(attn_combine_kernel, g2, dim3(D < 128 ? 64 : 128), 0, st, *a, (const float *)part, nsplit);
     }
     return launch_status();
 }

@@ -32,6 +32,13 @@ int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int6
 int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                         float *const *ys, const int64_t *ldys);
 
+/* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
+ * on the tensor cores (activations and dequantized weights rounded to bf16,
+ * f32 accumulation), others as osp_cu_matmul_multi; a token's numbers do
+ * not depend on n. */
+int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
+                           float *const *ys, const int64_t *ldys);
+
 /* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */
 int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n);
 int osp_cu_weight_to_bf16(osp_cu_stream st, const osp_cu_weight *w, uint16_t *dst);

@@ -1,0 +1,104 @@
+/* server/stats: the server's counters, as JSON (GET /stats) and in
+ * Prometheus' text format (GET /metrics): requests by outcome, tokens
+ * (prompt, of which cached, generated), the queue, rows in use, the KV
+ * budget and the prefix cache. */
+#include <stdio.h>
+#include "kv/prefix.h"
+#include "server/server_internal.h"
+
+typedef struct srv_counts {
+    long long requests, ok, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
+    int queued, running, parallel;
+    long long kv_budget, kv_reserved;
+    int have_pc;
+    osp_prefix_stats pc;
+} srv_counts;
+
+static void gather(srv *s, srv_counts *c) {
+    c->requests = atomic_load(&s->c_requests), c->ok = atomic_load(&s->c_ok), c->failed = atomic_load(&s->c_failed);
+    c->cancelled = atomic_load(&s->c_cancelled), c->prompt_tokens = atomic_load(&s->c_prompt_tokens);
+    c->cached_tokens = atomic_load(&s->c_cached_tokens), c->gen_tokens = atomic_load(&s->c_gen_tokens);
+    c->draft = atomic_load(&s->c_draft), c->draft_accepted = atomic_load(&s->c_draft_accepted);
+    pthread_mutex_lock(&s->qmu);
+    c->queued = s->n_queued, c->running = s->busy, c->kv_reserved = s->kv_reserved;
+    pthread_mutex_unlock(&s->qmu);
+    c->parallel = s->parallel;
+    c->kv_budget = s->kv_budget;
+    c->have_pc = s->pc != NULL;
+    if (s->pc) osp_prefix_get_stats(s->pc, &c->pc);
+}
+
+json_t *srv_stats_json(srv *s) {
+    srv_counts c = {0};
+    gather(s, &c);
+    json_t *o = json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I}, s:i, s:i, s:i, s:{s:I, s:I}}",
+                          "requests", "total", c.requests, "ok", c.ok, "failed", c.failed, "cancelled", c.cancelled,
+                          "tokens", "prompt", c.prompt_tokens, "prompt_cached", c.cached_tokens, "generated",
+                          c.gen_tokens, "queued", c.queued, "rows_in_use", c.running, "rows", c.parallel, "kv",
+                          "budget_bytes", c.kv_budget, "reserved_bytes", c.kv_reserved);
+    if (!o) return NULL;
+    if (c.have_pc) {
+        const osp_prefix_stats *p = &c.pc;
+        json_t *pc = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}",
+                               "lookups", (json_int_t)p->lookups, "hits", (json_int_t)p->hits, "misses",
+                               (json_int_t)p->misses, "tokens_reused", (json_int_t)p->tokens_reused, "entries",
+                               (json_int_t)p->entries, "bytes", (json_int_t)p->bytes, "disk_entries",
+                               (json_int_t)p->disk_entries, "disk_bytes", (json_int_t)p->disk_bytes, "inserts",
+                               (json_int_t)p->inserts, "evictions", (json_int_t)p->evictions, "disk_writes",
+                               (json_int_t)p->disk_writes, "disk_loads", (json_int_t)p->disk_loads, "disk_rejects",
+                               (json_int_t)p->disk_rejects, "disk_deletes", (json_int_t)p->disk_deletes, "dir",
+                               s->pc_dir);
+        json_object_set_new(pc, "lookup_seconds", json_real(p->lookup_s));
+        json_object_set_new(pc, "insert_seconds", json_real(p->insert_s));
+        json_object_set_new(o, "prompt_cache", pc);
+    } else {
+        json_object_set_new(o, "prompt_cache", json_null());
+    }
+    json_object_set_new(o, "speculative", s->spec ? json_pack("{s:I, s:I, s:f}", "drafted", c.draft, "accepted",
+                                                              c.draft_accepted, "acceptance",
+                                                              c.draft ? (double)c.draft_accepted / c.draft : 0.0)
+                                                  : json_null());
+    json_object_set_new(o, "model_identity", s->identity[0] ? json_string(s->identity) : json_null());
+    return o;
+}
+
+static int metric(srv_buf *b, const char *name, const char *type, const char *help, long long v) {
+    return srv_buf_addf(b, "# HELP osprey_%s %s\n# TYPE osprey_%s %s\nosprey_%s %lld\n", name, help, name, type, name, v);
+}
+
+int srv_metrics_text(srv *s, srv_buf *b) {
+    srv_counts c = {0};
+    gather(s, &c);
+    int e = 0;
+    e |= srv_buf_addf(b, "# HELP osprey_requests_total Generation requests finished, by outcome.\n"
+                         "# TYPE osprey_requests_total counter\n"
+                         "osprey_requests_total{outcome=\"ok\"} %lld\nosprey_requests_total{outcome=\"failed\"} %lld\n"
+                         "osprey_requests_total{outcome=\"cancelled\"} %lld\n", c.ok, c.failed, c.cancelled);
+    e |= metric(b, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", c.prompt_tokens);
+    e |= metric(b, "prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", c.cached_tokens);
+    e |= metric(b, "generated_tokens_total", "counter", "Tokens generated.", c.gen_tokens);
+    e |= metric(b, "draft_tokens_total", "counter", "Tokens drafted by speculative decoding.", c.draft);
+    e |= metric(b, "draft_tokens_accepted_total", "counter", "Drafted tokens accepted.", c.draft_accepted);
+    e |= metric(b, "queue_length", "gauge", "Requests waiting for a row.", c.queued);
+    e |= metric(b, "rows_in_use", "gauge", "Rows of the batch generating.", c.running);
+    e |= metric(b, "rows", "gauge", "Rows of the batch (--parallel).", c.parallel);
+    e |= metric(b, "kv_budget_bytes", "gauge", "The KV budget.", c.kv_budget);
+    e |= metric(b, "kv_reserved_bytes", "gauge", "KV bytes reserved by running requests.", c.kv_reserved);
+    if (c.have_pc) {
+        const osp_prefix_stats *p = &c.pc;
+        e |= metric(b, "prompt_cache_lookups_total", "counter", "Prefix cache lookups.", p->lookups);
+        e |= metric(b, "prompt_cache_hits_total", "counter", "Prefix cache lookups that reused a prefix.", p->hits);
+        e |= metric(b, "prompt_cache_misses_total", "counter", "Prefix cache lookups that found nothing.", p->misses);
+        e |= metric(b, "prompt_cache_tokens_reused_total", "counter", "Prompt tokens reused.", p->tokens_reused);
+        e |= metric(b, "prompt_cache_entries", "gauge", "Prefix cache entries in memory.", p->entries);
+        e |= metric(b, "prompt_cache_bytes", "gauge", "Prefix cache bytes in memory.", p->bytes);
+        e |= metric(b, "prompt_cache_disk_entries", "gauge", "Prefix cache entries on disk.", p->disk_entries);
+        e |= metric(b, "prompt_cache_disk_bytes", "gauge", "Prefix cache bytes on disk.", p->disk_bytes);
+        e |= metric(b, "prompt_cache_evictions_total", "counter", "Entries that left memory.", p->evictions);
+        e |= metric(b, "prompt_cache_disk_writes_total", "counter", "Entries written to disk.", p->disk_writes);
+        e |= metric(b, "prompt_cache_disk_loads_total", "counter", "Entries loaded from disk.", p->disk_loads);
+        e |= metric(b, "prompt_cache_disk_rejects_total", "counter", "Files skipped as corrupt or foreign.",
+                    p->disk_rejects);
+    }
+    return e ? -1 : 0;
+}

@@ -68,6 +68,19 @@ expect convert-option "unknown option '--bits'" "$OSPREY" convert $G "$T/c6" --b
 for d in c1 c2 c3 c4 c5 c6; do
     if ls -d "$T/$d"* >/dev/null 2>&1; then echo "FAIL convert left $T/$d behind"; fails=$((fails + 1)); fi
 done
+# Whisper: audio that is not audio, empty, missing; a model that is not Whisper
+W=data/goldens/whisper
+printf 'not audio at all' >"$T/a.wav"
+expect mel-not-audio "not a readable audio file" "$OSPREY" mel "$T/a.wav" --output "$T/m.safetensors"
+printf 'RIFF\044\000\000\000WAVEfmt \020\000\000\000\001\000\001\000\200\076\000\000\000\175\000\000\002\000\020\000data\000\000\000\000' >"$T/empty.wav"
+expect mel-empty "the audio is empty" "$OSPREY" mel "$T/empty.wav" --output "$T/m.safetensors"
+expect mel-missing "no such audio file" "$OSPREY" mel "$T/nope.wav" --output "$T/m.safetensors"
+expect transcribe-not-whisper "not a Whisper model" "$OSPREY" transcribe $W/audio.wav --model $G
+expect transcribe-no-tokenizer "no tokenizer.json" "$OSPREY" transcribe $W/audio.wav --model $W
+expect logits-whisper-bad-audio "not a readable audio file" "$OSPREY" logits --model $W --audio "$T/a.wav" \
+    --input $W/golden.safetensors --output "$T/o.safetensors"
+expect logits-whisper-no-ids "decoder_ids" "$OSPREY" logits --model $W --audio $W/audio.wav \
+    --input $G/golden.safetensors --output "$T/o.safetensors"
 
 echo "$fails failed"
 [ "$fails" -eq 0 ]

@@ -5,6 +5,8 @@
 #ifndef OSP_CLI_H
 #define OSP_CLI_H
 
+#include <stdint.h>
+
 int osp_cmd_inspect(int argc, char **argv);
 int osp_cmd_logits(int argc, char **argv);
 int osp_cmd_generate(int argc, char **argv);
@@ -16,6 +18,12 @@ int osp_cmd_template(int argc, char **argv);   /* cli/cmd_template.c */
 int osp_cmd_chat(int argc, char **argv);
 int osp_cmd_serve(int argc, char **argv);     /* cli/cmd_serve.c */
 int osp_cmd_convert(int argc, char **argv);   /* cli/cmd_convert.c */
+int osp_cmd_mel(int argc, char **argv);       /* cli/cmd_mel.c */
+int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
+/* cli/whisper_tools.c: Whisper in synth and bench */
+int osp_whisper_preset_known(const char *name);
+int osp_whisper_synth(const char *preset, const char *dtype, const char *out, uint64_t seed);
+int osp_whisper_bench(const char *model, int n_tokens, int as_json);
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);

@@ -28,6 +28,9 @@ static int usage(FILE *f) {
             "  --allowed-origins LIST   CORS origins, comma-separated; '*' = any (default), '' = none\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (except /health)\n"
             "  --max-body BYTES         request body limit (default 8388608); larger bodies get a 413\n"
+            "  --audio-model M          a Whisper model folder for POST /v1/audio/transcriptions and /translations\n"
+            "  --audio-tokenizer PATH   its tokenizer.json or .tiktoken rank file, when the folder has none\n"
+            "  --max-audio-body BYTES   upload limit of the audio routes (default 26214400)\n"
             "  --log-level LEVEL        ERROR, WARNING, INFO or DEBUG (default WARNING)\n"
             "  -np, --parallel N        requests decoded together (continuous batching; default 4;\n"
             "                           alias --decode-concurrency)\n"
@@ -160,6 +163,9 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--allowed-origins")) c.allowed_origins = v;
         else if (IS("--api-key")) c.api_key = v;
         else if (IS("--max-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_body = (size_t)d; }
+        else if (IS("--audio-model")) c.audio_model = v;
+        else if (IS("--audio-tokenizer")) c.audio_tokenizer = v;
+        else if (IS("--max-audio-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_audio_body = (size_t)d; }
         else if (IS("-np") || IS("--parallel") || IS("--decode-concurrency")) { if (NUM(1, 256)) return 2; c.parallel = (int)d; }
         else if (IS("--prefill-step-size") || IS("-ub") || IS("--ubatch-size")) { if (NUM(1, 1 << 16)) return 2; c.prefill_step = (int)d; }
         else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }

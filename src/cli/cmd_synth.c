@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "cli.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "model/arch.h"
@@ -438,6 +439,7 @@ static void synth_usage(FILE *f) {
             "                    [--dtype bf16|q2|q3|q4|q5|q6|q8] [--seed S] [--threads N]\n"
             "Writes DIR/config.json and DIR/model.safetensors with random weights.\n"
             "presets: llama-3.2-1b, qwen3-0.6b, gemma-3-1b, gemma-4-e2b, gemma-4-26b-a4b,\n"
+            "         whisper-tiny, whisper-base, whisper-small, whisper-large-v3 (bf16),\n"
             "         tiny-llama\n"
             "--dtype defaults to bf16 (or to the quantization of --config's file);\n"
             "quantized models use MLX affine quantization, group size 64.\n");
@@ -557,6 +559,7 @@ int osp_cmd_synth(int argc, char **argv) {
     synth_args a = {0};
     int rc = synth_parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : 2;
+    if (a.preset && osp_whisper_preset_known(a.preset)) return osp_whisper_synth(a.preset, a.dtype, a.out, a.seed);
 
     json_t *cfg = NULL;
     if (a.preset) {

@@ -23,6 +23,9 @@ static const char *USAGE =
     "  detokenize --model M --ids 1,2,3   text of token ids\n"
     "  template --model M --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--var NAME=JSON]\n"
     "                                the model's chat template rendered\n"
+    "  mel FILE [--n-mels 80|128] --output OUT.safetensors   Whisper's log-mel spectrogram (first 30 s)\n"
+    "  transcribe FILE... --model WHISPER [--language L] [--task translate] [-f txt|json|verbose_json|srt|vtt]\n"
+    "                                speech to text (osprey transcribe --help lists the flags)\n"
     "\n"
     "Without --model, serve/generate/chat/bench use the bundled model (models/fortune).\n"
     "MODEL is a Hugging Face model folder (config.json + safetensors) or a cache repo folder (models--ORG--NAME).\n";
@@ -46,7 +49,8 @@ int main(int argc, char **argv) {
         {"inspect", osp_cmd_inspect}, {"logits", osp_cmd_logits}, {"generate", osp_cmd_generate},
         {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},       {"tokenize", osp_cmd_tokenize},
         {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template}, {"chat", osp_cmd_chat},
-        {"serve", osp_cmd_serve},     {"convert", osp_cmd_convert},
+        {"serve", osp_cmd_serve},     {"convert", osp_cmd_convert},   {"mel", osp_cmd_mel},
+        {"transcribe", osp_cmd_transcribe},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

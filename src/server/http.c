@@ -10,6 +10,7 @@
  *   POST /v1/completions, /completions
  *   POST /tokenize, /detokenize, /apply-template
  *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
+ *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
  *   OPTIONS *                            CORS preflight
  * Anything else is a 404; a known route with the wrong method a 405.
  *
@@ -32,6 +33,7 @@ typedef struct req_ctx {
     int refused;      /* 401: the body is read and dropped, then this is the answer */
     int counted;      /* in srv.active until the response is sent */
     double t_start;   /* when the head arrived: the body's deadline counts from here */
+    size_t limit;     /* body limit of the route: --max-body, or --max-audio-body for audio uploads */
 } req_ctx;
 
 /* ---- responses ---- */
@@ -215,7 +217,8 @@ static int check_framing(struct MHD_Connection *c, const char **msg) {
     return 0;
 }
 
-enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS };
+enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
+       R_TRANSCRIBE, R_TRANSLATE };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -227,6 +230,8 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/tokenize", R_TOKENIZE, 1},      {"/detokenize", R_DETOKENIZE, 1},
         {"/apply-template", R_TEMPLATE, 1},
         {"/stats", R_STATS, 0},            {"/metrics", R_METRICS, 0},
+        {"/v1/audio/transcriptions", R_TRANSCRIBE, 1}, {"/audio/transcriptions", R_TRANSCRIBE, 1},
+        {"/v1/audio/translations", R_TRANSLATE, 1}, {"/audio/translations", R_TRANSLATE, 1},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--;
@@ -281,10 +286,11 @@ static enum MHD_Result on_head(srv *s, req_ctx *rq, struct MHD_Connection *c, co
     int is_post = 0;
     const char *arg = NULL;
     int route = route_of(url, &is_post, &arg);
+    rq->limit = route == R_TRANSCRIBE || route == R_TRANSLATE ? s->cfg.max_audio_body : s->cfg.max_body;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
     unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
-    int absurd = n / 16 > s->cfg.max_body;
+    int absurd = n / 16 > rq->limit;
     if (strcmp(method, "OPTIONS") && route != R_HEALTH && !check_key(s, c)) {
         /* decided now, before any body: nothing of it is kept. Without a body (or with an absurd one) the
          * answer goes at once; otherwise once the body is read and dropped (or --body-timeout), so that a
@@ -293,11 +299,11 @@ static enum MHD_Result on_head(srv *s, req_ctx *rq, struct MHD_Connection *c, co
         rq->refused = 401;
         return MHD_YES;
     }
-    if (n > s->cfg.max_body) {
+    if (n > rq->limit) {
         rq->too_large = 1; /* read and drop the body, then answer 413: a client still writing would */
         if (absurd) { /* miss an early answer; absurd sizes: at once */
             char m[128];
-            snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
+            snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", rq->limit);
             return srv_send_error(s, c, 413, m);
         }
     }
@@ -325,7 +331,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return srv_send_error(s, c, 408, "the request body did not arrive within --body-timeout");
         }
         if (!rq->too_large && !rq->refused) {
-            if (rq->body.len + *upload_size > s->cfg.max_body) {
+            if (rq->body.len + *upload_size > rq->limit) {
                 rq->too_large = 1;
                 srv_buf_free(&rq->body);
             } else if (srv_buf_add(&rq->body, upload, *upload_size)) {
@@ -351,7 +357,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (rq->refused) return srv_send_error(s, c, 401, "invalid or missing API key");
     if (rq->too_large) {
         char m[128];
-        snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", s->cfg.max_body);
+        snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", rq->limit);
         return srv_send_error(s, c, 413, m);
     }
     int is_post = 0;
@@ -390,6 +396,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return srv_queue_response(s, c, 200, r, "text/plain; version=0.0.4; charset=utf-8");
     }
     if (atomic_load(&s->draining)) return srv_send_error(s, c, 503, "the server is shutting down");
+    if (route == R_TRANSCRIBE || route == R_TRANSLATE) { /* multipart, not JSON */
+        atomic_fetch_add(&s->active, 1);
+        rq->counted = 1;
+        return srv_audio_respond(s, c, rq->body.p, rq->body.len, route == R_TRANSLATE);
+    }
 
     json_error_t je;
     json_t *body = json_loadb(rq->body.p ? rq->body.p : "", rq->body.len, JSON_REJECT_DUPLICATES, &je);

@@ -20,6 +20,7 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->top_k = -1;
     c->allowed_origins = "*";
     c->max_body = 8u << 20;
+    c->max_audio_body = 25u << 20;
     c->log_level = 1;
     c->parallel = 4;
     c->prefill_step = 512;

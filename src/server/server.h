@@ -56,6 +56,9 @@ typedef struct osp_serve_config {
     int spec_ngram;             /* speculative decoding with n-gram lookup (when no draft model) */
     int draft_max, draft_min;   /* tokens drafted per round (0 = defaults 4 and 1) */
     int spec_batch_tokens;      /* most tokens one verification pass computes for all rows (-1 = default 8; 0 = no cap) */
+    const char *audio_model;    /* Whisper model folder for the /v1/audio routes, or NULL */
+    const char *audio_tokenizer;/* its tokenizer (tokenizer.json or .tiktoken) when not in the folder */
+    size_t max_audio_body;      /* upload limit of the audio routes (default 25 MiB) */
 } osp_serve_config;
 
 void osp_serve_config_defaults(osp_serve_config *c);

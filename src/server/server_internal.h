@@ -172,12 +172,23 @@ typedef struct srv {
     struct sockaddr_storage *conn_addr;
     struct MHD_Connection **conn_of;
     int n_conn;
+
+    /* the audio model (audio.c): read-only after setup; one transcription at a time */
+    struct osp_whisper *audio;
+    osp_tokenizer *audio_tok;
+    pthread_mutex_t audio_mu;
+    int audio_mu_init;
 } srv;
 
 /* setup.c */
 int srv_setup(srv *s);    /* model, tokenizer, template, session, budget; 0 ok (else osp_last_error) */
 void srv_teardown(srv *s);
 void srv_model_name(const char *path, char *out, size_t cap); /* the id clients see */
+
+/* audio.c: --audio-model (0 ok, else osp_last_error) and its routes */
+int srv_audio_setup(srv *s);
+void srv_audio_teardown(srv *s);
+enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *body, size_t len, int translate);
 
 /* http.c */
 struct MHD_Daemon *srv_http_start(srv *s);

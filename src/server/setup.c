@@ -178,11 +178,14 @@ int srv_setup(srv *s) {
             osp_reply_format_name(s->fmt), osp_now_s() - t0, c->parallel,
             have_cfg ? "per kv_config.json" : so.kv_bits == 16 ? "bf16" : so.kv_bits ? (so.kv_bits == 4 ? "4-bit" : "8-bit") : "f32",
             so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
+    if (srv_audio_setup(s)) return -1;
+    if (s->audio) OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations", c->audio_model);
     return 0;
 }
 
 
 void srv_teardown(srv *s) {
+    srv_audio_teardown(s);
     osp_prefix_free(s->pc); /* writes what is only in memory (a clean shutdown) */
     s->pc = NULL;
     osp_spec_free(s->spec);

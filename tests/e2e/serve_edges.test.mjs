@@ -398,8 +398,8 @@ test('10: --strict-model-name refuses another model name with a 404', async () =
 });
 
 test('11: a request silent for longer than --timeout (queued behind others, or a long prefill) is kept alive, not cut', async () => {
-  // one row, an idle timeout of 1 s: the queued requests wait seconds with nothing to send
-  const s = await startServer(['-c', '2048', '-np', '1', '--timeout', '1']);
+  // one row, an idle timeout of 2 s: the queued requests wait seconds with nothing to send
+  const s = await startServer(['-c', '2048', '-np', '1', '--timeout', '2']);
   try {
     const long = post_to(s, '/v1/completions', { prompt: 'Tell me a story.', max_tokens: 1200, temperature: 0, logit_bias: NO_EOS });
     await new Promise((res) => setTimeout(res, 100));

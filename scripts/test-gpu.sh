@@ -39,7 +39,7 @@ run() {
 cd tests
 run test_cuda "$(bin test_cuda)"
 for t in test_parity test_shapes test_batch test_fast_path test_kv_quant test_generate test_fortune \
-    test_mixed_quant test_gemma4_layouts test_prefix_cache; do
+    test_mixed_quant test_gemma4_layouts test_prefix_cache test_spec; do
     run "$t" "$(bin "$t")"
 done
 # eager steps only (no CUDA graphs): the same numbers

@@ -182,6 +182,12 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
 }
 
 static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
+
+/* Exact tokens: a chunk's tokens go through the decode kernels (which give a
+ * row the same numbers among any number of rows), never cuBLAS, and its
+ * attention reads earlier positions from the cache (the model stores the
+ * chunk first). */
+static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
 static void flush(osp_be_session *s);
 static osp_status status(osp_be_session *s) {
@@ -195,7 +201,7 @@ static osp_status status(osp_be_session *s) {
  * depend on that row's chunk alone) with enough tokens to fill the tensor
  * cores. */
 static int use_gemm(osp_be_session *s, int64_t n) {
-    if (!s->fast || s->T < 2 || s->B != 1 || n < 16 || s->mode != STEP_EAGER) return 0;
+    if (!s->fast || s->exact || s->T < 2 || s->B != 1 || n < 16 || s->mode != STEP_EAGER) return 0;
     if (!s->blas_tried) {
         s->blas_tried = 1;
         s->blas = osp_cublas_new(s->st);
@@ -474,6 +480,7 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     if (!c->rows) return;
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
     c->scale = a->scale, c->softcap = a->softcap;
+    c->chunk_stored = a->chunk_stored;
     c->q = CD(a->q), c->k = CD(a->k), c->v = CD(a->v), c->out = D(a->out);
     /* splits: enough for the longest range. A decode step (a graph's
      * candidate) sizes them by the rows' KV capacity rounded up to a power
@@ -725,6 +732,7 @@ static osp_backend CUDA = {
     .session_new = session_new,
     .session_free = session_free,
     .set_fast = set_fast,
+    .set_exact_tokens = set_exact_tokens,
     .begin_chunk = begin_chunk,
     .status = status,
     .matmul = matmul,

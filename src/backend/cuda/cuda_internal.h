@@ -35,6 +35,7 @@ typedef struct graph_slot {
 struct osp_be_session {
     cudaStream_t st;
     int fast;
+    int exact;               /* exact tokens (speculative verification): no GEMM, chunks as decode steps */
     int err;                 /* the first CUDA error, until status() reports it */
     char err_where[96];
     int32_t B, T;            /* the chunk in progress */

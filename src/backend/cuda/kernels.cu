@@ -1139,21 +1139,23 @@ __device__ __forceinline__ void kv_span(const osp_cu_attn &a, int32_t pos0, int3
     lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
 }
 
-// value d of K/V row j of a query's row: cached (j < pos0) or from this chunk
+// value d of K/V row j of a query's row: cached (j < cend) or from this chunk
+// (cend: the chunk's start, or, when the chunk is already stored (exact
+// tokens), the query's own position)
 __device__ __forceinline__ float kv_at(const osp_cu_attn &a, const osp_cu_kvrow &R, int which, int32_t b, int32_t hk,
-                                       int32_t j, int32_t d) {
+                                       int32_t j, int32_t d, int32_t cend) {
     const osp_cu_kvlayer &L = a.L;
-    if (j < R.pos) return kv_value(L, R, which, hk, kv_slot(L, j), d);
+    if (j < cend) return kv_value(L, R, which, hk, kv_slot(L, j), d);
     const float *src = which ? a.v : a.k;
     return src[(((int64_t)b * a.T + (j - R.pos)) * L.n_kv_heads + hk) * L.head_dim + d];
 }
 
 // a K row (f32 in the cache or the chunk): 16-byte loads
 __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const osp_cu_kvrow &R, int32_t b, int32_t hk,
-                                                  int32_t j) {
+                                                  int32_t j, int32_t cend) {
     const osp_cu_kvlayer &L = a.L;
     const int64_t D = L.head_dim;
-    if (j >= R.pos) return a.k + (((int64_t)b * a.T + (j - R.pos)) * L.n_kv_heads + hk) * D;
+    if (j >= cend) return a.k + (((int64_t)b * a.T + (j - R.pos)) * L.n_kv_heads + hk) * D;
     if (L.bits != 0) return NULL;
     return (const float *)R.mem + ((int64_t)hk * R.cap + kv_slot(L, j)) * D;
 }
@@ -1174,6 +1176,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     const osp_cu_kvrow R = a.rows[b];
     int32_t lo, p;
     kv_span(a, R.pos, t, lo, p);
+    const int32_t cend = a.chunk_stored ? p : R.pos; // positions before it come from the cache
     const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1);
     const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z; // + g * nsplit
     if (j0 > p) return; // an empty split: the combine reads a query's own splits only
@@ -1188,7 +1191,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 #pragma unroll
     for (int g = 0; g < GM; g++) sc[g] = 0.0f;
     if (j < j1) {
-        const float *kr = k_row_f32(a, R, b, hk, j);
+        const float *kr = k_row_f32(a, R, b, hk, j, cend);
         if (kr && (D & 3) == 0) {
             for (int d = 0; d < D; d += 4) {
                 const float4 kv = *reinterpret_cast<const float4 *>(kr + d);
@@ -1201,7 +1204,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
             }
         } else {
             for (int d = 0; d < D; d++) {
-                const float kv = kv_at(a, R, 0, b, hk, j, d);
+                const float kv = kv_at(a, R, 0, b, hk, j, d, cend);
 #pragma unroll
                 for (int g = 0; g < GM; g++)
                     if (g < G) sc[g] = __fmaf_rn(qs[g * D + d], kv, sc[g]);
@@ -1252,7 +1255,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
                 const int32_t jj = jb + u * nsub, jp = j0 + jj;
                 v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (jj >= nj) continue;
-                if (jp >= R.pos)
+                if (jp >= cend)
                     v[u] = ld4(a.v + (((int64_t)b * a.T + (jp - R.pos)) * Hkv + hk) * D + d4);
                 else if (f32)
                     v[u] = ld4((const float *)R.mem + ((int64_t)(Hkv + hk) * R.cap + kv_slot(a.L, jp)) * D + d4);

@@ -90,6 +90,7 @@ typedef struct osp_cu_attn {
     float scale, softcap;
     const float *q, *k, *v; /* [nb*T, heads*D] */
     float *out;
+    int32_t chunk_stored;   /* the chunk is in the cache already: a query reads only its own position from k/v */
 } osp_cu_attn;
 
 /* Attention of a chunk's queries, positions cut into nsplit splits of 128

@@ -398,25 +398,35 @@ test('10: --strict-model-name refuses another model name with a 404', async () =
 });
 
 test('11: a request silent for longer than --timeout (queued behind others, or a long prefill) is kept alive, not cut', async () => {
-  // one row, an idle timeout of 2 s: the queued requests wait seconds with nothing to send
+  // one row, an idle timeout of 2 s (keep-alive after 500 ms): two long requests go first, so the queued ones wait
+  // seconds with nothing to send
   const s = await startServer(['-c', '2048', '-np', '1', '--timeout', '2']);
   try {
-    const long = post_to(s, '/v1/completions', { prompt: 'Tell me a story.', max_tokens: 1200, temperature: 0, logit_bias: NO_EOS });
+    const longBody = { prompt: 'Tell me a story.', max_tokens: 1900, temperature: 0, logit_bias: NO_EOS };
+    const longs = [post_to(s, '/v1/completions', longBody), post_to(s, '/v1/completions', longBody)];
     await new Promise((res) => setTimeout(res, 100));
     const body = { prompt: 'Tell me a fortune.', max_tokens: 8, temperature: 0, logit_bias: NO_EOS };
-    const [a, streamed, plain] = await Promise.all([
-      long,
-      raw(s.base, '/v1/completions', { body: JSON.stringify({ ...body, stream: true }) }),
-      raw(s.base, '/v1/completions', { body: JSON.stringify(body) }),
-    ]);
-    assert.equal(a.status, 200);
-    assert.equal(streamed.status, 200);
-    assert.match(streamed.text, /: keep-alive\n\n/);
-    const ev = sseEvents(streamed.text);
+    const t0 = Date.now();
+    let firstData = 0;
+    const streamed = (async () => {
+      const r = await fetch(`${s.base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ ...body, stream: true }) });
+      let text = '';
+      for await (const chunk of r.body) {
+        text += Buffer.from(chunk).toString();
+        if (!firstData && text.includes('data: ')) firstData = Date.now() - t0;
+      }
+      return { status: r.status, text };
+    })();
+    const [a, b, st, plain] = await Promise.all([...longs, streamed, raw(s.base, '/v1/completions', { body: JSON.stringify(body) })]);
+    for (const x of [a, b]) assert.equal(x.status, 200), assert.equal(x.json.usage.completion_tokens, 1900);
+    assert.equal(st.status, 200);
+    // silent for over twice the keep-alive interval before its first token: it must have been kept alive
+    if (firstData > 1000) assert.match(st.text, /: keep-alive\n\n/);
+    const ev = sseEvents(st.text);
     assert.equal(ev.at(-1), '[DONE]');
     assert.equal(plain.status, 200);
     assert.equal(plain.json.choices[0].text, ev.filter((e) => e !== '[DONE]').map((e) => e.choices[0].text).join(''));
-    assert.ok(a.json.usage.completion_tokens === 1200);
   } finally {
     const r = await s.stop();
     assert.equal(r.code, 0);

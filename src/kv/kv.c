@@ -9,6 +9,23 @@ static const osp_kv_mem HOST = {host_alloc, osp_free, host_copy, host_copy, host
 
 static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
 
+/* The first m slots of every plane of a block of capacity sc into a block of
+ * capacity dc: K then V, each 1 (f32, bf16) or 3 (codes, scales, biases)
+ * planes [Hkv, cap, x]. */
+static void copy_planes(const osp_kv_mem *mem, const osp_kv_layer *l, unsigned char *dst, int32_t dc,
+                        const unsigned char *src, int32_t sc, int32_t m) {
+    int64_t H = l->n_kv_heads, per[3] = {l->bits ? l->cb : l->slot_bytes, 2 * l->ng, 2 * l->ng};
+    int n_planes = l->bits ? 3 : 1; /* bf16: scales and biases planes of 0 bytes */
+    for (int which = 0; which < 2; which++)
+        for (int p = 0; p < n_planes; p++) {
+            if (sc == dc && m == sc) mem->copy(dst, src, (size_t)(H * sc * per[p]));
+            else
+                for (int64_t h = 0; h < H; h++) mem->copy(dst + h * dc * per[p], src + h * sc * per[p], (size_t)(m * per[p]));
+            src += H * sc * per[p];
+            dst += H * dc * per[p];
+        }
+}
+
 static void free_row_mem(osp_kv *kv, int32_t row) {
     for (int i = 0; i < kv->n_layers; i++) {
         osp_kv_layer *l = &kv->layers[i];
@@ -142,18 +159,8 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
         if (c <= old) continue;
         unsigned char *nm = kv->mem->alloc((size_t)block_bytes(l, c));
         if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory growing the KV cache to %d positions", n);
-        if (l->mem[row]) { /* K then V, each 1 (f32) or 3 (codes, scales, biases) planes [Hkv, cap, x] */
-            int64_t H = l->n_kv_heads, per[3] = {l->bits ? l->cb : l->slot_bytes, 2 * l->ng, 2 * l->ng};
-            int n_planes = l->bits ? 3 : 1;
-            const unsigned char *src = l->mem[row];
-            unsigned char *dst = nm;
-            for (int which = 0; which < 2; which++)
-                for (int p = 0; p < n_planes; p++) {
-                    for (int64_t h = 0; h < H; h++)
-                        kv->mem->copy(dst + h * c * per[p], src + h * old * per[p], (size_t)(old * per[p]));
-                    src += H * old * per[p];
-                    dst += H * c * per[p];
-                }
+        if (l->mem[row]) {
+            copy_planes(kv->mem, l, nm, c, l->mem[row], old, old);
             kv->mem->free(l->mem[row]);
         }
         kv->bytes += block_bytes(l, c) - block_bytes(l, old);
@@ -264,19 +271,7 @@ static osp_status copy_slots(osp_kv *dst, int32_t dr, const osp_kv *src, int32_t
         if (m > dc) m = dc;
         unsigned char *nm = dst->mem->alloc((size_t)block_bytes(d, dc));
         if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory copying a KV row");
-        int64_t H = s->n_kv_heads, per[3] = {s->bits ? s->cb : s->slot_bytes, 2 * s->ng, 2 * s->ng};
-        int n_planes = s->bits ? 3 : 1;
-        const unsigned char *sp = s->mem[sr];
-        unsigned char *dp = nm;
-        for (int which = 0; which < 2; which++)
-            for (int p = 0; p < n_planes; p++) {
-                if (sc == dc && m == sc) dst->mem->copy(dp, sp, (size_t)(H * sc * per[p]));
-                else
-                    for (int64_t h = 0; h < H; h++)
-                        dst->mem->copy(dp + h * dc * per[p], sp + h * sc * per[p], (size_t)(m * per[p]));
-                sp += H * sc * per[p];
-                dp += H * dc * per[p];
-            }
+        copy_planes(dst->mem, s, nm, dc, s->mem[sr], sc, m);
         d->mem[dr] = nm;
         d->cap[dr] = dc;
         dst->bytes += block_bytes(d, dc);

@@ -334,11 +334,12 @@ static void pump(srv_resp *r) {
     free(end);
 }
 
-/* Silence on a connection longer than libmicrohttpd's idle timeout closes
- * it, and a long prefill, or a wait in the queue behind other requests, can
- * be that long: a response with nothing to say for a quarter of it says
- * something that changes nothing (an SSE comment; a newline before a JSON
- * body, which then starts as 200 chunked, as after a half-close). */
+/* Silence on a started response longer than libmicrohttpd's idle timeout
+ * closes its connection, and a long prefill, or a wait in the queue behind
+ * other requests, can be that long: an SSE stream with nothing to say for a
+ * quarter of it sends a comment. (A body response is not started until the
+ * answer is whole: its connection's thread waits in the handler, where no
+ * idle timeout is counted.) */
 static int keepalive_ms(const srv_resp *r) {
     int t = r->s->limits.idle_timeout * 250; /* a quarter: room for a loaded machine's scheduling delays */
     return t < 250 ? 250 : t;
@@ -437,11 +438,10 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
             else srv_buf_add(&r->out, "\n", 1);
             continue;
         }
-        int w = wait_news(r, keepalive_ms(r));
+        int w = wait_news(r, r->mode == MODE_SSE ? keepalive_ms(r) : -1);
         if (w < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (w > 0) {
-            if (r->mode == MODE_SSE) srv_buf_add(&r->out, ": keep-alive\n\n", 14);
-            else srv_buf_add(&r->out, "\n", 1);
+            srv_buf_add(&r->out, ": keep-alive\n\n", 14);
             continue;
         }
         pump(r);
@@ -483,9 +483,8 @@ enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
             return MHD_NO; /* the client is gone: close */
         }
         if (w == 0) pump(r);
-        if (!r->ended && (r->eof || w > 0)) { /* answer now (200, chunked), probe or keep alive, go on in the reader */
+        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on in the reader */
             r->mode = MODE_BODY_CHUNKED;
-            if (w > 0) srv_buf_add(&r->out, "\n", 1);
             return queue_stream(s, c, r, "application/json");
         }
     }

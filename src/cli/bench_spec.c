@@ -4,7 +4,6 @@
  * (plain, speculative, plain, speculative), each row prefilled alone first.
  * Reports both decode speeds, their ratio, the acceptance, and whether the
  * tokens were identical (greedy speculation must not change them). */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,32 +11,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "osprey.h"
-#include "text/chat_template.h"
 #include "text/tokenizer.h"
-
-int osp_cli_prompt_ids(const char *dir, const osp_tokenizer *tok, const char *prompt, int chat, int32_t **ids,
-                       int *n) {
-    size_t nn = 0;
-    osp_status rc;
-    *ids = NULL;
-    if (chat) {
-        osp_chat_template *ct;
-        if (osp_chat_template_load(dir, NULL, &ct) != OSP_OK) return -1;
-        json_t *msgs = json_array();
-        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
-        char *text = NULL;
-        size_t len = 0;
-        rc = osp_chat_template_render(ct, msgs, NULL, 1, NULL, NULL, &text, &len);
-        if (rc == OSP_OK) rc = osp_tokenizer_encode_alloc(tok, text, len, 0, ids, &nn);
-        osp_free(text);
-        json_decref(msgs);
-        osp_chat_template_free(ct);
-    } else {
-        rc = osp_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 1, ids, &nn);
-    }
-    *n = (int)nn;
-    return rc == OSP_OK && nn > 0 ? 0 : -1;
-}
 
 typedef struct run_out {
     double secs;
@@ -103,7 +77,7 @@ int osp_bench_spec(const char *model, int device, int fast, int p, int n, int co
         tok = NULL;
     }
     if (prompt) {
-        if (osp_cli_prompt_ids(in->dir, tok, prompt, chat, &ids, &np) != 0) {
+        if (osp_cli_prompt_ids(in->dir, tok, NULL, prompt, chat, &ids, &np) != 0) {
             rc = osp_cli_fail("bench");
             goto done;
         }

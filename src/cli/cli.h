@@ -82,6 +82,14 @@ int osp_cli_decode(struct osp_session *s, struct osp_spec *sp, struct osp_stream
 int osp_bench_spec(const char *model, int device, int fast, int p, int n, int conc, const char *prompt, int chat,
                    const osp_cli_spec *spc, int json);
 
+struct osp_tokenizer;
+/* A prompt as token ids (osp_malloc'd into *ids): rendered through the
+ * model's chat template with chat (and a system turn when system is not
+ * NULL), else encoded with the tokenizer's special tokens. 0 ok, -1 with
+ * the library's message. */
+int osp_cli_prompt_ids(const char *dir, const struct osp_tokenizer *tok, const char *system, const char *prompt,
+                       int chat, int32_t **ids, int *n);
+
 /* Default model folder (bundled) when none is given, or NULL. */
 const char *osp_cli_default_model(void);
 

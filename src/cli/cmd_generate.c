@@ -2,7 +2,6 @@
  * --prompt TEXT encodes the text (with the tokenizer's special tokens, or
  * through the model's chat template with --chat); --ids gives token ids
  * directly and prints the generated ids. */
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +9,6 @@
 #include "core/core.h"
 #include "osprey.h"
 #include "engine/spec.h"
-#include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 static int usage(void) {
@@ -50,24 +48,6 @@ static int32_t *parse_ids(const char *s, int *n) {
         ids[(*n)++] = (int32_t)v;
     }
     return ids;
-}
-
-/* Encode `prompt` as a chat turn (with an optional system turn) through the template. */
-static osp_status chat_prompt(const char *dir, const osp_tokenizer *tok, const char *system, const char *prompt,
-                              int32_t **ids, size_t *n) {
-    osp_chat_template *ct;
-    OSP_TRY(osp_chat_template_load(dir, NULL, &ct));
-    json_t *msgs = json_array();
-    if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
-    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
-    char *text = NULL;
-    size_t len = 0;
-    osp_status rc = osp_chat_template_render(ct, msgs, NULL, 1, NULL, NULL, &text, &len);
-    if (rc == OSP_OK) rc = osp_tokenizer_encode_alloc(tok, text, len, 0, ids, n);
-    osp_free(text);
-    json_decref(msgs);
-    osp_chat_template_free(ct);
-    return rc;
 }
 
 int osp_cmd_generate(int argc, char **argv) {
@@ -133,15 +113,9 @@ int osp_cmd_generate(int argc, char **argv) {
             rc = 2;
             goto done;
         }
-    } else {
-        size_t nn = 0;
-        osp_status st = chat ? chat_prompt(in->dir, tok, system, prompt, &ids, &nn)
-                             : osp_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 1, &ids, &nn);
-        if (st != OSP_OK) {
-            rc = osp_cli_fail("generate");
-            goto done;
-        }
-        np = (int)nn;
+    } else if (osp_cli_prompt_ids(in->dir, tok, system, prompt, chat, &ids, &np) != 0) {
+        rc = osp_cli_fail("generate");
+        goto done;
     }
     osp_gen_params gp;
     osp_gen_defaults(m, tok, &gp, eos);

@@ -3,9 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <string.h>
+#include <jansson.h>
 #include "cli.h"
 #include "core/core.h"
 #include "osprey.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 #ifndef OSP_SOURCE_DIR
 #define OSP_SOURCE_DIR "."
@@ -75,4 +78,32 @@ int osp_cli_device_flag(const char *cmd, const char *f, const char *v, int *devi
         return -1;
     }
     return 1;
+}
+
+/* A prompt as token ids: through the model's chat template (with an optional
+ * system turn) or encoded with the tokenizer's special tokens. */
+int osp_cli_prompt_ids(const char *dir, const osp_tokenizer *tok, const char *system, const char *prompt, int chat,
+                       int32_t **ids, int *n) {
+    size_t nn = 0;
+    osp_status rc;
+    *ids = NULL;
+    if (chat) {
+        osp_chat_template *ct;
+        if (osp_chat_template_load(dir, NULL, &ct) != OSP_OK) return -1;
+        json_t *msgs = json_array();
+        if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+        char *text = NULL;
+        size_t len = 0;
+        rc = osp_chat_template_render(ct, msgs, NULL, 1, NULL, NULL, &text, &len);
+        if (rc == OSP_OK) rc = osp_tokenizer_encode_alloc(tok, text, len, 0, ids, &nn);
+        osp_free(text);
+        json_decref(msgs);
+        osp_chat_template_free(ct);
+    } else {
+        rc = osp_tokenizer_encode_alloc(tok, prompt, strlen(prompt), 1, ids, &nn);
+    }
+    *n = (int)nn;
+    if (rc == OSP_OK && nn == 0) osp_err(OSP_ERR_INVALID, "the prompt is empty");
+    return rc == OSP_OK && nn > 0 ? 0 : -1;
 }

@@ -53,18 +53,7 @@ int osp_cli_spec_open(const osp_cli_spec *c, const osp_model *target, int device
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
     if (c->batch_tokens >= 0) p.max_tokens = c->batch_tokens;
     p.ngram = c->ngram && !c->draft;
-    if (c->draft) {
-        osp_model_params mp = {.device = (osp_device)device, .place = 1};
-        if (osp_model_load_params(c->draft, &mp, draft) != OSP_OK) return -1;
-        osp_tokenizer *dt = NULL;
-        if (osp_tokenizer_load(osp_model_get_info(*draft)->dir, &dt) != OSP_OK) {
-            osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's", c->draft);
-            return -1;
-        }
-        osp_status rc = tok ? osp_spec_check_tokenizers(tok, dt) : OSP_OK;
-        osp_tokenizer_free(dt);
-        if (rc != OSP_OK) return -1;
-    }
+    if (c->draft && osp_spec_load_draft(c->draft, device, tok, draft) != OSP_OK) return -1;
     (void)target;
     return osp_spec_new(&p, *draft, s, sp) == OSP_OK ? 0 : -1;
 }

@@ -43,6 +43,18 @@ int osp_hf_snapshot(const char *repo, char *out, size_t n) {
     return found;
 }
 
+osp_status osp_resolve_model_dir(const char *path, char *out, size_t n) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", path);
+    if (osp_is_file(p)) {
+        snprintf(out, n, "%s", path);
+        return OSP_OK;
+    }
+    if (osp_hf_snapshot(path, out, n)) return OSP_OK;
+    if (!osp_is_dir(path)) return osp_err(OSP_ERR_IO, "%s: no such model folder", path);
+    return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder or Hugging Face cache repo)", path);
+}
+
 int osp_cache_dir(char *out, size_t n) {
     const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
     if (x && *x) snprintf(out, n, "%s/osprey", x);

@@ -3,6 +3,7 @@
 #define OSP_FS_H
 
 #include <stddef.h>
+#include "core/core.h"
 
 int osp_is_file(const char *path);
 int osp_is_dir(const char *path);
@@ -10,6 +11,10 @@ int osp_is_dir(const char *path);
  * named by refs/main (else the last one listed) to out and returns 1;
  * returns 0 when `repo` has no snapshots. */
 int osp_hf_snapshot(const char *repo, char *out, size_t n);
+
+/* A model folder (with config.json), or a Hugging Face cache repo folder
+ * resolved to its snapshot, into out; OSP_ERR_IO with a message otherwise. */
+osp_status osp_resolve_model_dir(const char *path, char *out, size_t n);
 
 /* osprey's cache folder: $XDG_CACHE_HOME/osprey, else $HOME/.cache/osprey
  * (0 when neither is set). */

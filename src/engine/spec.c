@@ -55,6 +55,22 @@ osp_status osp_spec_check_tokenizers(const osp_tokenizer *a, const osp_tokenizer
     return OSP_OK;
 }
 
+osp_status osp_spec_load_draft(const char *path, int device, const osp_tokenizer *tok, osp_model **out) {
+    *out = NULL;
+    osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    OSP_TRY(osp_model_load_params(path, &mp, out));
+    osp_tokenizer *dt = NULL;
+    osp_status rc = osp_tokenizer_load(osp_model_get_info(*out)->dir, &dt);
+    if (rc != OSP_OK) rc = osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's", path);
+    else if (tok) rc = osp_spec_check_tokenizers(tok, dt);
+    osp_tokenizer_free(dt);
+    if (rc != OSP_OK) {
+        osp_model_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 osp_status osp_spec_new(const osp_spec_params *p, const osp_model *draft, osp_session *target, osp_spec **out) {
     *out = NULL;
     if (p->draft_max < 1 || p->draft_max > 64 || p->draft_min < 1 || p->draft_min > p->draft_max)

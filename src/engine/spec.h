@@ -52,6 +52,10 @@ void osp_spec_free(osp_spec *sp);
 /* A clear error unless the two tokenizers map every id to the same text. */
 osp_status osp_spec_check_tokenizers(const osp_tokenizer *target, const osp_tokenizer *draft);
 
+/* Load the draft model at path on `device` (osp_device) and check that its
+ * tokenizer is tok's (a clear error when it has none, or another). */
+osp_status osp_spec_load_draft(const char *path, int device, const osp_tokenizer *tok, osp_model **out);
+
 /* A row begins a new generation (its draft state is forgotten). */
 void osp_spec_reset_row(osp_spec *sp, int32_t row);
 

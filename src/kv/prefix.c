@@ -86,6 +86,10 @@ void osp_prefix_namespace(const char *identity, const osp_kv *like, const char *
 
 /* ---- the array (under mu) ---- */
 
+/* A recency for an entry used now: above every file's mtime in seconds,
+ * which is what entries found on disk start with. */
+static uint64_t use_tick(osp_prefix *pc) { return ++pc->tick + ((uint64_t)1 << 40); }
+
 static int add_entry(osp_prefix *pc, pc_entry *e) {
     if (pc->n == pc->cap) {
         int32_t nc = pc->cap ? 2 * pc->cap : 64;
@@ -348,7 +352,7 @@ int32_t osp_prefix_restore(osp_prefix *pc, const int32_t *tokens, int32_t n, osp
             OSP_LOG(1, "osprey: prefix cache: %s", osp_last_error());
             break;
         }
-        best->tick = ++pc->tick + ((uint64_t)1 << 40);
+        best->tick = use_tick(pc);
         got = best_u;
         break;
     }
@@ -415,7 +419,7 @@ osp_status osp_prefix_insert(osp_prefix *pc, const int32_t *tokens, int32_t n, c
     for (int32_t i = 0; i < pc->n; i++) { /* one already covering it: used again, nothing new */
         pc_entry *e = pc->e[i];
         if (e->n >= n && common(tokens, n, e->tokens, e->n) == n && osp_kv_resumable(pc->like, e->n, n)) {
-            e->tick = ++pc->tick + ((uint64_t)1 << 40);
+            e->tick = use_tick(pc);
             pc->st.insert_s += osp_now_s() - t0;
             pthread_mutex_unlock(&pc->mu);
             return OSP_OK;
@@ -445,7 +449,7 @@ osp_status osp_prefix_insert(osp_prefix *pc, const int32_t *tokens, int32_t n, c
             drop_at(pc, i);
         }
     }
-    ne->tick = ++pc->tick + ((uint64_t)1 << 40);
+    ne->tick = use_tick(pc);
     if (add_entry(pc, ne)) {
         pthread_mutex_unlock(&pc->mu);
         entry_free(ne);

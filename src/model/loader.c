@@ -11,19 +11,6 @@
 #include "core/fs.h"
 #include "model.h"
 
-/* A model folder, or a Hugging Face cache repo folder resolved to its snapshot. */
-static osp_status resolve_dir(const char *path, char *out, size_t n) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/config.json", path);
-    if (osp_is_file(p)) {
-        snprintf(out, n, "%s", path);
-        return OSP_OK;
-    }
-    if (osp_hf_snapshot(path, out, n)) return OSP_OK;
-    if (!osp_is_dir(path)) return osp_err(OSP_ERR_IO, "%s: no such model folder", path);
-    return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder or Hugging Face cache repo)", path);
-}
-
 /* Weight-name prefix of the text model ("model." for text checkpoints). */
 static const char *PREFIXES[] = {"model.", "model.language_model.", "language_model.model."};
 static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head"};
@@ -169,7 +156,7 @@ osp_status osp_model_load_params(const char *path, const osp_model_params *p, os
     *out = NULL;
     osp_err_clear();
     char dir[4096], cfgp[4200];
-    OSP_TRY(resolve_dir(path, dir, sizeof dir));
+    OSP_TRY(osp_resolve_model_dir(path, dir, sizeof dir));
     osp_model *m = calloc(1, sizeof *m);
     if (!m) return osp_err(OSP_ERR_NOMEM, "out of memory");
     m->dir = strdup(dir);

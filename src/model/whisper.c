@@ -315,20 +315,9 @@ static osp_status read_config(osp_whisper *m) {
     return rc;
 }
 
-static osp_status resolve_dir(const char *path, char *out, size_t n) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/config.json", path);
-    if (osp_is_file(p)) {
-        snprintf(out, n, "%s", path);
-        return OSP_OK;
-    }
-    if (osp_hf_snapshot(path, out, n)) return OSP_OK;
-    return osp_err(OSP_ERR_IO, "%s: no config.json (not a model folder)", path);
-}
-
 int osp_whisper_detect(const char *dir) {
     char d[4096], p[4200];
-    if (resolve_dir(dir, d, sizeof d) != OSP_OK) {
+    if (osp_resolve_model_dir(dir, d, sizeof d) != OSP_OK) {
         osp_err_clear();
         return 0;
     }
@@ -440,7 +429,7 @@ osp_status osp_whisper_load(const char *dir, osp_whisper **out) {
     *out = NULL;
     osp_whisper *m = osp_calloc(OSP_POOL_MISC, sizeof *m);
     if (!m) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    osp_status rc = resolve_dir(dir, m->dir, sizeof m->dir);
+    osp_status rc = osp_resolve_model_dir(dir, m->dir, sizeof m->dir);
     if (rc == OSP_OK) {
         m->ops = osp_ops_get();
         rc = load(m);
@@ -654,6 +643,15 @@ static void fatt_task(void *p, int64_t t) {
     for (int64_t i = 0; i < ni; i++) memcpy(c->out + (i0 + i) * c->d + h * hd, ob + i * hd, sizeof(float) * hd);
 }
 
+/* The pre-LN MLP of a block, its residual added to x [n, d]: encoder and decoder alike. */
+static void mlp_block(const osp_whisper_state *s, const layer *L, float *x, int64_t n, int64_t d, int64_t ffn) {
+    layer_norm(&L->ln_mlp, x, s->h, n, d);
+    matmul(s, &L->fc1, s->h, n, L->b1, s->f);
+    gelu(s->f, n * ffn);
+    matmul(s, &L->fc2, s->f, n, L->b2, s->h);
+    add(x, s->h, n * d);
+}
+
 static void full_attention(const osp_whisper_state *s, const float *q, const float *kh, const float *vt, float *out,
                            int64_t n, int heads) {
     const int64_t d = s->m->cfg.d_model;
@@ -719,11 +717,7 @@ osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
         full_attention(s, s->q, kh, vt, s->a, A, c->enc_heads);
         matmul(s, &L->self.o, s->a, A, L->self.bo, s->h);
         add(x, s->h, A * d);
-        layer_norm(&L->ln_mlp, x, s->h, A, d);
-        matmul(s, &L->fc1, s->h, A, L->b1, s->f);
-        gelu(s->f, A * c->enc_ffn);
-        matmul(s, &L->fc2, s->f, A, L->b2, s->h);
-        add(x, s->h, A * d);
+        mlp_block(s, L, x, A, d, c->enc_ffn);
     }
     layer_norm(&m->enc_ln, x, s->enc_out, A, d);
     for (int l = 0; l < c->dec_layers; l++) { /* packed for full_attention */
@@ -864,11 +858,7 @@ static void decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
         full_attention(s, s->q, s->ck[l], s->cv[l], s->a, n, c->dec_heads);
         matmul(s, &L->cross.o, s->a, n, L->cross.bo, s->h);
         add(x, s->h, n * d);
-        layer_norm(&L->ln_mlp, x, s->h, n, d);
-        matmul(s, &L->fc1, s->h, n, L->b1, s->f);
-        gelu(s->f, n * c->dec_ffn);
-        matmul(s, &L->fc2, s->f, n, L->b2, s->h);
-        add(x, s->h, n * d);
+        mlp_block(s, L, x, n, d, c->dec_ffn);
     }
 }
 

@@ -100,17 +100,7 @@ static int spec_setup(srv *s) {
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
     if (c->spec_batch_tokens >= 0) p.max_tokens = c->spec_batch_tokens;
     p.ngram = !c->draft_model;
-    if (c->draft_model) {
-        osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
-        if (osp_model_load_params(c->draft_model, &mp, &s->draft) != OSP_OK) return -1;
-        osp_tokenizer *dt = NULL;
-        if (osp_tokenizer_load(osp_model_get_info(s->draft)->dir, &dt) != OSP_OK)
-            return osp_err(OSP_ERR_INVALID, "the draft model %s has no tokenizer: a draft must share the model's",
-                           c->draft_model), -1;
-        osp_status trc = osp_spec_check_tokenizers(s->tok, dt);
-        osp_tokenizer_free(dt);
-        if (trc != OSP_OK) return -1;
-    }
+    if (c->draft_model && osp_spec_load_draft(c->draft_model, c->device, s->tok, &s->draft) != OSP_OK) return -1;
     osp_status rc = osp_spec_new(&p, s->draft, s->session, &s->spec);
     if (rc == OSP_ERR_UNSUPPORTED) { /* the device cannot verify exactly: serve without it, and say so */
         OSP_LOG(0, "osprey serve: %s; serving without it", osp_last_error());

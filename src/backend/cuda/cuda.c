@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cuda/blas.h"
+#include "backend/ops.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels.h"
 #include "kv/kv.h"
@@ -584,17 +585,6 @@ static void head(osp_be_session *s, const osp_head_args *a) {
     s->pending = 0;
 }
 
-static void softmax_host(float *x, int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    float inv = 1.0f / sum;
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
-}
 
 typedef struct moe_io_args {
     float *dst;
@@ -633,7 +623,7 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
     note(s, cudaStreamSynchronize(s->st), "router");
     for (int64_t i = 0; i < N; i++) {
         float *p = probs + i * E;
-        softmax_host(p, E);
+        osp_ops_scalar()->softmax(p, E); /* the CPU reference's, on the host */
         int32_t *idx = a->top_idx + i * K;
         float *w = a->top_w + i * K, sum = 0;
         for (int64_t k = 0; k < K; k++) { /* top-k, ties to the lower index */

@@ -4,6 +4,8 @@
 #include <string.h>
 #include "engine/sampler.h"
 
+#define CATCH_UP 4 /* a draft row this many tokens behind catches up with the others (a chunk per lag) */
+
 struct osp_spec {
     osp_spec_params p;
     const osp_model *draft;
@@ -99,7 +101,9 @@ osp_status osp_spec_new(const osp_spec_params *p, const osp_model *draft, osp_se
     sp->drafts = malloc(sizeof(int32_t) * R * Km), sp->nd = calloc((size_t)R, sizeof(int32_t));
     sp->logits = malloc(sizeof(float) * (size_t)R * (Km + 1) * V);
     sp->ids = malloc(sizeof(int32_t) * R * (Km + 1)), sp->keep = calloc((size_t)R, sizeof(int32_t));
-    sp->hbuf = malloc(sizeof(int32_t) * ((size_t)sp->ctx + Km + 2));
+    size_t nhb = (size_t)sp->ctx + Km + 2; /* a history + drafts, or a catch-up chunk's ids */
+    if (nhb < (size_t)R * CATCH_UP) nhb = (size_t)R * CATCH_UP;
+    sp->hbuf = malloc(sizeof(int32_t) * nhb);
     sp->drows = malloc(sizeof(int32_t) * R), sp->dfeed = malloc(sizeof(int32_t) * R);
     int ok = sp->K && sp->kc && sp->dpos && sp->dsamp && sp->drafts && sp->nd && sp->logits && sp->ids && sp->keep && sp->hbuf &&
              sp->drows && sp->dfeed;
@@ -160,11 +164,28 @@ static int32_t draft_pick(osp_spec *sp, int32_t row, osp_stream *st, float *dl, 
     return osp_sampler_draw(ds, q_i);
 }
 
+/* The draft's first token for row i (batch index) from its logits dl. */
+static void draft_first(osp_spec *sp, int32_t i, int32_t row, osp_stream *st, float *dl, int *n_act) {
+    int32_t Km = sp->p.draft_max, V = sp->V, nh;
+    const int32_t *h = osp_stream_tokens(st, &nh);
+    memcpy(sp->hbuf, h, sizeof(int32_t) * (size_t)nh);
+    int32_t d = draft_pick(sp, row, st, dl, sp->hbuf, nh, sp->q + ((int64_t)i * Km) * V);
+    if (d < 0) {
+        sp->nd[i] = 0;
+        return;
+    }
+    sp->drafts[i * Km] = d;
+    sp->nd[i] = 1;
+    (*n_act)++;
+}
+
 /* Drafts from the draft model for the rows i with sp->nd[i] = -1 (to draft). */
 static osp_status draft_model(osp_spec *sp, const int32_t *rows, int32_t nb, osp_stream *const *st) {
     int32_t V = sp->V, Km = sp->p.draft_max;
     int32_t n_act = 0;
+    int32_t behind[nb > 0 ? nb : 1];
     for (int32_t i = 0; i < nb; i++) {
+        behind[i] = 0;
         if (sp->nd[i] != -1) continue;
         int32_t row = rows[i], nh;
         const int32_t *h = osp_stream_tokens(st[i], &nh);
@@ -177,22 +198,44 @@ static osp_status draft_model(osp_spec *sp, const int32_t *rows, int32_t nb, osp
             osp_session_reset_row(sp->ds, row);
             sp->dpos[row] = 0;
         }
-        /* catch up on what the target kept (at least the token it feeds next), in chunks */
+        behind[i] = nh - sp->dpos[row];
+        if (behind[i] <= CATCH_UP) continue;
+        /* far behind (a new row): its own chunks */
         for (int32_t at = sp->dpos[row]; at < nh;) {
             int32_t n = nh - at < sp->max_tok ? nh - at : sp->max_tok;
-            OSP_TRY(osp_forward_rows(sp->ds, &row, 1, h + at, n, 0, sp->dlogits + (int64_t)i * V));
+            OSP_TRY(osp_forward_rows(sp->ds, &row, 1, h + at, n, 0, sp->dlogits));
             at += n;
         }
         sp->dpos[row] = nh;
-        memcpy(sp->hbuf, h, sizeof(int32_t) * (size_t)nh);
-        int32_t d = draft_pick(sp, row, st[i], sp->dlogits + (int64_t)i * V, sp->hbuf, nh, sp->q + ((int64_t)i * Km) * V);
-        if (d < 0) {
-            sp->nd[i] = 0;
-            continue;
+        draft_first(sp, i, row, st[i], sp->dlogits, &n_act);
+    }
+    /* rows a token or a few behind (after a round): one chunk for the rows of each lag. Such a chunk runs
+     * in exact mode, so each row's numbers are those it would have alone (no row's drafts depend on the
+     * others': sampled outputs stay batch invariant), and it is the same small chunk every round (a GPU
+     * replays it as a graph). */
+    for (int32_t lag = 1; lag <= CATCH_UP; lag++) {
+        int32_t n = 0;
+        for (int32_t i = 0; i < nb; i++) {
+            if (sp->nd[i] != -1 || behind[i] != lag) continue;
+            int32_t nh;
+            const int32_t *h = osp_stream_tokens(st[i], &nh);
+            sp->drows[n] = rows[i];
+            memcpy(sp->hbuf + (int64_t)n * lag, h + nh - lag, sizeof(int32_t) * (size_t)lag);
+            n++;
         }
-        sp->drafts[i * Km] = d;
-        sp->nd[i] = 1;
-        n_act++;
+        if (!n) continue;
+        int exact = lag > 1 && osp_session_set_exact_tokens(sp->ds, 1) == 0;
+        osp_status rc = osp_forward_rows(sp->ds, sp->drows, n, sp->hbuf, lag, 0, sp->dlogits);
+        if (exact) osp_session_set_exact_tokens(sp->ds, 0);
+        OSP_TRY(rc);
+        for (int32_t i = 0, k = 0; i < nb && k < n; i++) {
+            if (sp->nd[i] != -1 || behind[i] != lag) continue;
+            int32_t nh;
+            osp_stream_tokens(st[i], &nh);
+            sp->dpos[rows[i]] = nh;
+            draft_first(sp, i, rows[i], st[i], sp->dlogits + (int64_t)k * V, &n_act);
+            k++;
+        }
     }
     /* then one token at a time, the drafting rows together */
     for (int32_t step = 1; step < Km && n_act > 0; step++) {

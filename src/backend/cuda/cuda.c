@@ -484,18 +484,19 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     c->chunk_stored = a->chunk_stored;
     c->q = CD(a->q), c->k = CD(a->k), c->v = CD(a->v), c->out = D(a->out);
     /* splits: enough for the longest range. A decode step (a graph's
-     * candidate) sizes them by the rows' KV capacity rounded up to a power
+     * candidate, or a short chunk) sizes them by the rows' KV capacity rounded up to a power
      * of two instead, so its arguments change rarely as the rows grow (the
      * combine reads a query's own splits only: the numbers are the same). */
     const osp_kv_layer *l = &a->kv->layers[a->layer];
     int32_t longest = 1;
+    int graph = a->T <= MAX_GRAPH_T; /* a graph's candidate: decode steps, verification chunks */
     for (int32_t i = 0; i < a->nb; i++) {
         int32_t r = a->rows[i], len = a->kv->pos[r] + a->T;
-        if (a->T == 1 && l->cap && l->cap[r] + 1 > len) len = l->cap[r] + 1;
+        if (graph && l->cap && l->cap[r] + a->T > len) len = l->cap[r] + a->T;
         if (len > longest) longest = len;
     }
     int32_t ns = (longest + OSP_CU_ATT_SPLIT - 1) / OSP_CU_ATT_SPLIT;
-    if (a->T == 1) {
+    if (graph) {
         int32_t p2 = 1;
         while (p2 < ns) p2 *= 2;
         ns = p2;

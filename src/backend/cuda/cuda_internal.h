@@ -12,6 +12,8 @@ enum { STEP_EAGER, STEP_CAPTURE, STEP_REPLAY };
 
 #define MAX_GRAPHS 64
 #define MAX_GRAPH_ROWS 256
+#define MAX_GRAPH_T 16    /* chunks of up to this many tokens a row can be graphs (exact or GEMM-free ones) */
+#define GRAPH_KEYS ((MAX_GRAPH_ROWS + 1) * MAX_GRAPH_T)
 #define OP_ARGS 192 /* bytes of one operation's arguments */
 
 /* An operation: a function launching kernels, and its arguments (a plain
@@ -24,7 +26,7 @@ typedef struct cu_op {
 } cu_op;
 
 typedef struct graph_slot {
-    int32_t B;
+    int32_t key;             /* the chunk's shape: B + (T - 1) * (MAX_GRAPH_ROWS + 1) */
     cudaGraphExec_t exec;
     int n_ops;
     size_t staged;
@@ -50,8 +52,9 @@ struct osp_be_session {
     cu_op *log;
     int log_cap;
     int cap_err;             /* a failure while capturing: the step falls back to eager */
-    size_t seen_staged[MAX_GRAPH_ROWS + 1]; /* decode steps of B rows run eagerly (0: none yet) */
-    unsigned char want[MAX_GRAPH_ROWS + 1];  /* a step of B rows matched no graph: capture the next */
+    int32_t key;             /* the chunk in progress's shape (graph_slot.key), -1: never a graph */
+    size_t seen_staged[GRAPH_KEYS]; /* staging of the eager chunks of a shape (0: none ran yet) */
+    unsigned char want[GRAPH_KEYS];  /* a chunk of that shape matched no graph: capture the next */
     graph_slot graphs[MAX_GRAPHS];
     int n_graphs;
     uint64_t steps;

@@ -12,7 +12,10 @@
  * staging copied up by one node at the graph's start), and later ones only
  * stage their data, record their operations and, at the head, replay the
  * graph whose fingerprint (every operation's function and argument bytes)
- * matches. When none matches, or the step needs the host mid-way (MoE
+ * matches. The same holds for short chunks of B rows of T tokens that
+ * never use cuBLAS (graph_key): a speculative verification chunk in exact
+ * mode, a draft's catch-up of a token or two; their graphs are kept per
+ * (B, T). When none matches, or the step needs the host mid-way (MoE
  * routing), or a capture fails, the recorded operations run eagerly: a
  * graph never runs a different computation, and no step is lost. */
 #include <stdio.h>
@@ -77,15 +80,26 @@ void osp_cu_step_free(osp_be_session *s) {
 static graph_slot *match(osp_be_session *s) {
     for (int i = 0; i < s->n_graphs; i++) {
         graph_slot *g = &s->graphs[i];
-        if (g->B == s->B && g->n_ops == s->n_ops && g->staged == s->stage_off && g->fp == s->fp) return g;
+        if (g->key == s->key && g->n_ops == s->n_ops && g->staged == s->stage_off && g->fp == s->fp) return g;
     }
     return NULL;
 }
 
-static int has_graph(osp_be_session *s, int32_t B) {
+static int has_graph(osp_be_session *s, int32_t key) {
     for (int i = 0; i < s->n_graphs; i++)
-        if (s->graphs[i].B == B) return 1;
+        if (s->graphs[i].key == key) return 1;
     return 0;
+}
+
+/* The graph key of a chunk of B rows of T tokens, or -1 when such chunks
+ * are not graphs: a chunk can be one when it issues the same operations
+ * every time for its shape, which rules out the production GEMM (a prefill
+ * chunk of one row, cuda.c's use_gemm, which never runs in a graph) and
+ * long chunks (prefills: positions move their attention's arguments). */
+static int32_t graph_key(const osp_be_session *s, int32_t B, int32_t T) {
+    if (B < 1 || B > MAX_GRAPH_ROWS || T < 1 || T > MAX_GRAPH_T) return -1;
+    if (T > 1 && !s->exact && s->fast && B == 1 && T >= 16) return -1; /* cuBLAS's chunk */
+    return B + (T - 1) * (MAX_GRAPH_ROWS + 1);
 }
 
 void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
@@ -99,11 +113,13 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
     s->fp = 0xcbf29ce484222325ULL;
     s->mode = STEP_EAGER;
     s->cap_err = 0;
-    if (!s->use_graphs || T != 1 || B > MAX_GRAPH_ROWS || s->err) return;
+    s->key = graph_key(s, B, T);
+    if (!s->use_graphs || s->key < 0 || s->err) return;
+    int32_t k = s->key;
     s->steps++;
-    int capture = s->seen_staged[B] && (s->want[B] || !has_graph(s, B));
+    int capture = s->seen_staged[k] && (s->want[k] || !has_graph(s, k));
     if (!capture) {
-        if (has_graph(s, B)) s->mode = STEP_REPLAY;
+        if (has_graph(s, k)) s->mode = STEP_REPLAY;
         return;
     }
     if (cudaStreamBeginCapture(s->st, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
@@ -113,7 +129,7 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
     }
     s->mode = STEP_CAPTURE;
     /* the graph's first node: the whole step's staging, as large as the eager step's was */
-    osp_cu_note(s, cudaMemcpyAsync(s->stage_d, s->stage_h, s->seen_staged[B], cudaMemcpyHostToDevice, s->st),
+    osp_cu_note(s, cudaMemcpyAsync(s->stage_d, s->stage_h, s->seen_staged[k], cudaMemcpyHostToDevice, s->st),
                 "staging");
 }
 
@@ -218,18 +234,18 @@ void *osp_cu_stage(osp_be_session *s, const void *src, size_t n) {
 }
 
 void osp_cu_step_end(osp_be_session *s) {
-    int32_t B = s->B;
+    int32_t k = s->key; /* the chunk's shape */
     if (s->mode == STEP_CAPTURE) {
         cudaGraph_t g = NULL;
         cudaGraphExec_t ex = NULL;
         int e = cudaStreamEndCapture(s->st, &g);
-        int fits = s->stage_off <= s->seen_staged[B];
+        int fits = s->stage_off <= s->seen_staged[k];
         if (e == cudaSuccess && !s->cap_err && fits) e = cudaGraphInstantiate(&ex, g, 0);
         if (g) cudaGraphDestroy(g);
         if (e != cudaSuccess || s->cap_err || !fits) {
             cudaGetLastError();
             if (fits) s->use_graphs = 0; /* capturing fails here: this session runs eagerly */
-            else s->seen_staged[B] = s->stage_off, s->want[B] = 1;
+            else s->seen_staged[k] = s->stage_off, s->want[k] = 1;
             s->cap_err = 0;
             run_log(s);
             return;
@@ -243,8 +259,8 @@ void osp_cu_step_end(osp_be_session *s) {
         } else {
             s->n_graphs++;
         }
-        s->graphs[slot] = (graph_slot){B, ex, s->n_ops, s->stage_off, s->fp, s->steps};
-        s->want[B] = 0;
+        s->graphs[slot] = (graph_slot){k, ex, s->n_ops, s->stage_off, s->fp, s->steps};
+        s->want[k] = 0;
         s->mode = STEP_EAGER;
         osp_cu_note(s, cudaGraphLaunch(ex, s->st), "launching a decode step's graph");
         s->pending = 1;
@@ -253,8 +269,8 @@ void osp_cu_step_end(osp_be_session *s) {
     if (s->mode == STEP_REPLAY) {
         graph_slot *g = match(s);
         if (!g) { /* another variant of a step of B rows: run it, capture it next time */
-            s->want[B] = 1;
-            if (s->stage_off > s->seen_staged[B]) s->seen_staged[B] = s->stage_off;
+            s->want[k] = 1;
+            if (s->stage_off > s->seen_staged[k]) s->seen_staged[k] = s->stage_off;
             run_log(s);
             return;
         }
@@ -264,8 +280,7 @@ void osp_cu_step_end(osp_be_session *s) {
         s->pending = 1;
         return;
     }
-    if (s->use_graphs && s->T == 1 && B <= MAX_GRAPH_ROWS && s->stage_off > s->seen_staged[B])
-        s->seen_staged[B] = s->stage_off;
+    if (s->use_graphs && k >= 0 && s->stage_off > s->seen_staged[k]) s->seen_staged[k] = s->stage_off;
 }
 
 osp_status osp_cu_step_status(osp_be_session *s) {

@@ -12,7 +12,7 @@ static int usage(FILE *f) {
             "usage: osprey serve [MODEL] [flags]\n"
             "  An OpenAI-compatible HTTP server (POST /v1/chat/completions, /v1/completions,\n"
             "  /tokenize, /detokenize, /apply-template; GET /v1/models, /health).\n"
-            "  With no MODEL it serves the bundled model (models/fortune).\n"
+            "  With no MODEL it serves the bundled model (models/fortune), unless --audio-model is given alone.\n"
             "\n"
             "  --model, -m MODEL        model folder (or Hugging Face cache repo folder)\n"
             "  --host HOST              address to listen on (default 127.0.0.1)\n"
@@ -28,7 +28,8 @@ static int usage(FILE *f) {
             "  --allowed-origins LIST   CORS origins, comma-separated; '*' = any (default), '' = none\n"
             "  --api-key KEY            require 'Authorization: Bearer KEY' (except /health)\n"
             "  --max-body BYTES         request body limit (default 8388608); larger bodies get a 413\n"
-            "  --audio-model M          a Whisper model folder for POST /v1/audio/transcriptions and /translations\n"
+            "  --audio-model M          a Whisper model folder for POST /v1/audio/transcriptions and /translations;\n"
+            "                           without --model the server transcribes only (no chat model is loaded)\n"
             "  --audio-tokenizer PATH   its tokenizer.json or .tiktoken rank file, when the folder has none\n"
             "  --max-audio-body BYTES   upload limit of the audio routes (default 26214400)\n"
             "  --log-level LEVEL        ERROR, WARNING, INFO or DEBUG (default WARNING)\n"
@@ -220,8 +221,8 @@ int osp_cmd_serve(int argc, char **argv) {
 #undef IS
 #undef NUM
     }
-    if (!c.model) c.model = osp_cli_default_model();
-    if (!c.model) {
+    if (!c.model && !c.audio_model) c.model = osp_cli_default_model(); /* with --audio-model alone: audio only */
+    if (!c.model && !c.audio_model) {
         fprintf(stderr, "osprey serve: no model given and the bundled model was not found\n");
         return 2;
     }

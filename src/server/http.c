@@ -34,7 +34,15 @@ typedef struct req_ctx {
     int counted;      /* in srv.active until the response is sent */
     double t_start;   /* when the head arrived: the body's deadline counts from here */
     size_t limit;     /* body limit of the route: --max-body, or --max-audio-body for audio uploads */
+    int audio;        /* an audio upload: too large is a 400 (a bad upload, as the audio API's other ones), else 413 */
 } req_ctx;
+
+static enum MHD_Result send_too_large(srv *s, struct MHD_Connection *c, const req_ctx *rq) {
+    char m[160];
+    snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes%s", rq->limit,
+             rq->audio ? " (--max-audio-body)" : "");
+    return srv_send_error(s, c, rq->audio ? 400 : 413, m);
+}
 
 /* ---- responses ---- */
 
@@ -93,7 +101,7 @@ static json_t *model_json(srv *s) {
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->created));
     json_object_set_new(m, "owned_by", json_string("osprey"));
-    json_object_set_new(m, "context_window", json_integer(s->ctx));
+    if (s->model) json_object_set_new(m, "context_window", json_integer(s->ctx));
     return m;
 }
 
@@ -286,7 +294,8 @@ static enum MHD_Result on_head(srv *s, req_ctx *rq, struct MHD_Connection *c, co
     int is_post = 0;
     const char *arg = NULL;
     int route = route_of(url, &is_post, &arg);
-    rq->limit = route == R_TRANSCRIBE || route == R_TRANSLATE ? s->cfg.max_audio_body : s->cfg.max_body;
+    rq->audio = route == R_TRANSCRIBE || route == R_TRANSLATE;
+    rq->limit = rq->audio ? s->cfg.max_audio_body : s->cfg.max_body;
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
     unsigned long long n = cl ? strtoull(cl, NULL, 10) : 0;
@@ -301,11 +310,7 @@ static enum MHD_Result on_head(srv *s, req_ctx *rq, struct MHD_Connection *c, co
     }
     if (n > rq->limit) {
         rq->too_large = 1; /* read and drop the body, then answer 413: a client still writing would */
-        if (absurd) { /* miss an early answer; absurd sizes: at once */
-            char m[128];
-            snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", rq->limit);
-            return srv_send_error(s, c, 413, m);
-        }
+        if (absurd) return send_too_large(s, c, rq); /* miss an early answer; absurd sizes: at once */
     }
     return MHD_YES;
 }
@@ -355,11 +360,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return srv_queue_response(s, c, 204, r, "text/plain");
     }
     if (rq->refused) return srv_send_error(s, c, 401, "invalid or missing API key");
-    if (rq->too_large) {
-        char m[128];
-        snprintf(m, sizeof m, "the request body is larger than the limit of %zu bytes", rq->limit);
-        return srv_send_error(s, c, 413, m);
-    }
+    if (rq->too_large) return send_too_large(s, c, rq);
     int is_post = 0;
     const char *arg = NULL;
     int route = route_of(url, &is_post, &arg);
@@ -401,6 +402,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         rq->counted = 1;
         return srv_audio_respond(s, c, rq->body.p, rq->body.len, route == R_TRANSLATE);
     }
+    if (!s->model) /* an audio-only server */
+        return srv_send_error(s, c, 404, "no chat model is served: this server transcribes audio only (start osprey "
+                                         "serve with --model M beside --audio-model for both)");
 
     json_error_t je;
     json_t *body = json_loadb(rq->body.p ? rq->body.p : "", rq->body.len, JSON_REJECT_DUPLICATES, &je);

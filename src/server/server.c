@@ -108,7 +108,7 @@ int osp_serve(const osp_serve_config *cfg) {
     s->cfg = *cfg;
     osp_log_level = cfg->log_level;
     s->created = (long long)time(NULL);
-    srv_model_name(cfg->model, s->model_name, sizeof s->model_name);
+    srv_model_name(cfg->model ? cfg->model : cfg->audio_model, s->model_name, sizeof s->model_name);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
@@ -135,7 +135,7 @@ int osp_serve(const osp_serve_config *cfg) {
         fprintf(stderr, "osprey serve: %s\n", osp_last_error());
         goto out;
     }
-    if (srv_worker_start(s)) {
+    if (s->model && srv_worker_start(s)) { /* (an audio-only server has no batch thread) */
         fprintf(stderr, "osprey serve: cannot start the worker thread\n");
         goto out;
     }

@@ -117,6 +117,12 @@ static int spec_setup(srv *s) {
 int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
+    if (!c->model) { /* audio only */
+        if (srv_audio_setup(s)) return -1;
+        OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations (no chat "
+                "model)", c->audio_model);
+        return 0;
+    }
     osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
     if (osp_model_load_params(c->model, &mp, &s->model) != OSP_OK) return -1;
     const osp_model_info *in = osp_model_get_info(s->model);

@@ -16,7 +16,7 @@ export const CACHE_HOME = fs.mkdtempSync(path.join(os.tmpdir(), 'osp_e2e_cache_'
 process.on('exit', () => fs.rmSync(CACHE_HOME, { recursive: true, force: true }));
 
 export async function startServer(args = [], { model = MODEL, timeoutMs = 60000, env = {} } = {}) {
-  const proc = spawn(BIN, ['serve', model, '--host', '127.0.0.1', '--port', '0', ...args], {
+  const proc = spawn(BIN, ['serve', ...(model ? [model] : []), '--host', '127.0.0.1', '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, XDG_CACHE_HOME: CACHE_HOME, ...env },
   });

@@ -81,7 +81,7 @@ test('translations and a detected language', async () => {
   assert.ok(d.language.length > 1);
 });
 
-test('bad uploads are 400s (not audio, truncated, 0 s) and too large a 413', async () => {
+test('bad uploads are 400s: not audio, truncated, 0 s, too large', async () => {
   const wav = fs.readFileSync(WAV);
   const empty = Buffer.from(wav.subarray(0, 44));
   empty.writeUInt32LE(36, 4);
@@ -98,7 +98,7 @@ test('bad uploads are 400s (not audio, truncated, 0 s) and too large a 413', asy
   }
   await assert.rejects(
     client.audio.transcriptions.create({ file: await toFile(Buffer.alloc(1200000), 'big.wav'), model: 'whisper-1' }),
-    (e) => e.status === 413);
+    (e) => e.status === 400 && /larger than the limit of 1000000 bytes/.test(e.message));
   await assert.rejects(
     client.audio.transcriptions.create({ file: fs.createReadStream(WAV), model: 'whisper-1', response_format: 'docx' }),
     (e) => e.status === 400);
@@ -111,4 +111,23 @@ test('chat is served beside audio', async () => {
   ]);
   assert.ok(chat.choices[0].message.content.length > 0);
   assert.ok(audio.text.length > 0);
+});
+
+test('--audio-model alone: an audio-only server (no chat model loaded)', async () => {
+  const a = await startServer(['--audio-model', WG, '--audio-tokenizer', path.join(tmp, 'multilingual.tiktoken')],
+                              { model: null });
+  try {
+    const c = new OpenAI({ baseURL: `${a.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 600000 });
+    const m = await c.models.list();
+    assert.deepEqual(m.data.map((x) => x.id), ['whisper']);
+    const t = await c.audio.transcriptions.create({ file: fs.createReadStream(WAV), model: 'whisper-1', language: 'en', temperature: 0.2 });
+    assert.ok(t.text.length > 0);
+    await assert.rejects(
+      c.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'hi' }], max_tokens: 4 }),
+      (e) => e.status === 404 && /audio only/.test(e.message));
+    assert.match(a.log(), /no chat model/);
+  } finally {
+    const r = await a.stop();
+    assert.equal(r.code, 0, a.log());
+  }
 });

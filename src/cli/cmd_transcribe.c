@@ -12,12 +12,13 @@ static int usage(void) {
             "usage: osprey transcribe FILE... --model WHISPER [--language L] [--task transcribe|translate]\n"
             "         [-f txt|text|json|verbose_json|srt|vtt] [--prompt TEXT] [--temperature T] [--no-fallback]\n"
             "         [--beam-size N] [--best-of N] [--no-timestamps] [--word-timestamps] [--no-context]\n"
-            "         [--tokenizer PATH] [--seed S]\n"
+            "         [--sample-len N] [--tokenizer PATH] [--seed S]\n"
             "         [-t THREADS] [-q]\n"
             "  FILE: WAV, FLAC, OGG or MP3 (any rate and channels); --language: a code or name (detected when\n"
             "  omitted); without -f, each segment as it is decoded: [00:00:00.000 --> 00:00:02.000]  text;\n"
             "  -f txt: one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
-            "  temperature 0, --best-of 5 samples above; -q: no progress on stderr\n");
+            "  temperature 0, --best-of 5 samples above; --sample-len: tokens a 30 s window at most (224);\n"
+            "  at the end of each file its time and real-time factor on stderr; -q: neither progress nor that\n");
     return 2;
 }
 
@@ -67,6 +68,7 @@ int osp_cmd_transcribe(int argc, char **argv) {
         else if (!strcmp(a, "--no-fallback")) o.no_fallback = 1;
         else if (!strcmp(a, "--best-of") && v) o.best_of = atoi(argv[++i]);
         else if (!strcmp(a, "--beam-size") && v) o.beam_size = atoi(argv[++i]);
+        else if (!strcmp(a, "--sample-len") && v) o.sample_len = atoi(argv[++i]);
         else if (!strcmp(a, "--no-timestamps")) o.timestamps = 0;
         else if (!strcmp(a, "--word-timestamps")) o.word_timestamps = 1;
         else if (!strcmp(a, "--no-context")) o.condition_on_previous_text = 0;
@@ -92,8 +94,9 @@ int osp_cmd_transcribe(int argc, char **argv) {
         return 2;
     }
     if (o.temperature < 0 || o.temperature > 2 || o.best_of < 1 || o.best_of > 16 || o.beam_size < 1 ||
-        o.beam_size > 16) {
-        fprintf(stderr, "osprey transcribe: --temperature must be in [0, 2], --best-of and --beam-size in [1, 16]\n");
+        o.beam_size > 16 || o.sample_len < 0 || o.sample_len > OSP_WHISPER_SAMPLE_LEN) {
+        fprintf(stderr, "osprey transcribe: --temperature must be in [0, 2], --best-of and --beam-size in [1, 16], "
+                        "--sample-len in [1, %d]\n", OSP_WHISPER_SAMPLE_LEN);
         return 2;
     }
     if (!osp_whisper_detect(model)) {
@@ -120,9 +123,18 @@ int osp_cmd_transcribe(int argc, char **argv) {
         char *txt = NULL;
         size_t len;
         pg.file = files[i];
-        if (osp_audio_load(files[i], &pcm, &n) != OSP_OK || osp_transcribe(m, tok, pcm, n, &o, &t) != OSP_OK) {
+        double t0 = osp_now_s(), t1 = t0;
+        if (osp_audio_load(files[i], &pcm, &n) != OSP_OK || (t1 = osp_now_s(),
+                                                             osp_transcribe(m, tok, pcm, n, &o, &t) != OSP_OK)) {
             rc = osp_cli_fail("transcribe");
         } else {
+            double t2 = osp_now_s();
+            int64_t nt = 0;
+            for (int32_t k = 0; k < t.n_segs; k++) nt += t.segs[k].n_tokens;
+            if (!pg.quiet && t.duration > 0)
+                fprintf(stderr, "%s: %.1f s of audio in %.2f s (decoding the file %.2f s): real-time factor %.4f; "
+                        "%lld tokens in %d segments\n", files[i], t.duration, t2 - t0, t1 - t0, (t2 - t0) / t.duration,
+                        (long long)nt, t.n_segs);
             if (!format) txt = NULL; /* printed already */
             else if (osp_transcript_format(&t, format, &txt, &len) != OSP_OK) rc = osp_cli_fail("transcribe");
             else fwrite(txt, 1, len, stdout);

@@ -104,6 +104,7 @@ typedef struct wctx {
     float *blogits;    /* [beam, vocab] */
     struct beam *beams; /* [4 · beam + 1] */
     struct cand *cands; /* [beam · (beam + 1)] */
+    int sample_len;    /* tokens a window at most */
 } wctx;
 
 static double next_uniform(uint64_t *s) {
@@ -178,7 +179,7 @@ static osp_status decode_once(wctx *c, float temperature, osp_wresult *r) {
     memcpy(c->seq, c->prefix, sizeof(int32_t) * c->n_prefix);
     int32_t n = c->n_prefix;
     int ended = 0;
-    for (int i = 0; i < OSP_WHISPER_SAMPLE_LEN; i++) {
+    for (int i = 0; i < c->sample_len; i++) {
         osp_whisper_filter_logits(w, c->timestamps, c->seq, n, c->n_prefix, c->logits);
         int32_t next;
         double lz = log_norm(c->logits, V, &next);
@@ -227,7 +228,7 @@ static osp_status decode_beam(wctx *c, osp_wresult *r) {
     cur[0].n = 0;
     cur[0].row = 0;
     cur[0].lp = 0;
-    for (int step = 0; step < OSP_WHISPER_SAMPLE_LEN; step++) {
+    for (int step = 0; step < c->sample_len; step++) {
         int32_t nc = 0;
         for (int32_t j = 0; j < n_cur; j++) {
             float *l = c->blogits + (int64_t)j * V;
@@ -646,7 +647,8 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
         }
         if (!o->timestamps) x->prefix[np++] = w->no_timestamps;
         wctx c = {m, tok, w, x->s, o->timestamps, o->best_of, x->prefix, np, n_prompt_part,
-                  x->logits, x->sot_logits, x->probs, x->seq, rng, beam, o->translate, x->blogits, x->beams, x->cands};
+                  x->logits, x->sot_logits, x->probs, x->seq, rng, beam, o->translate, x->blogits, x->beams, x->cands,
+                  o->sample_len > 0 && o->sample_len < OSP_WHISPER_SAMPLE_LEN ? o->sample_len : OSP_WHISPER_SAMPLE_LEN};
         osp_fallback_opts fb = o->fb;
         if (o->no_fallback) {
             fb.n_temps = 1;

@@ -138,6 +138,7 @@ typedef struct osp_transcribe_opts {
     int no_fallback;        /* 1: only `temperature` */
     int best_of;            /* samples per temperature > 0 (5) */
     int beam_size;          /* beam search at temperature 0 (5; 1: greedy), patience 1 */
+    int sample_len;         /* tokens sampled a window at most (openai-whisper's sample_len; 0: 224) */
     int condition_on_previous_text; /* 1 */
     uint64_t seed;
     int serial;             /* 1: on the calling thread only (osp_whisper_state_set_serial) */

@@ -55,6 +55,21 @@ for g in data/goldens/*/; do
             '$(bin golden_compare)' $g '$tmp/out.safetensors'"
     done
 done
+# Whisper on the GPU: its operations against double references, the goldens (reference precision, the
+# CPU's bound) in every mode, the production path (bf16 GEMMs) within the KL tier, the speech suites
+run test_encdec "$(bin test_encdec)"
+run test_whisper "$(bin test_whisper)"
+run test_transcribe "$(bin test_transcribe)"
+wg=data/goldens/whisper
+for mode in prefill decode chunk:7; do
+    run "logits whisper $mode" sh -c "'$(bin osprey)' logits --device cuda --model $wg --audio $wg/audio.wav \
+        --input $wg/golden.safetensors --output '$tmp/w.safetensors' --mode $mode && \
+        '$(bin tensor_compare)' $wg/golden.safetensors encoder_out '$tmp/w.safetensors' encoder_out && \
+        '$(bin tensor_compare)' $wg/golden.safetensors logits '$tmp/w.safetensors' logits"
+done
+run "logits whisper fast (KL tier)" sh -c "'$(bin osprey)' logits --device cuda --fast --model $wg \
+    --audio $wg/audio.wav --input $wg/golden.safetensors --output '$tmp/wf.safetensors' && \
+    '$(bin tensor_compare)' $wg/golden.safetensors logits '$tmp/wf.safetensors' logits --kl"
 # the server end to end with the real openai client, where node and the client are here
 if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
     for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges serve_cache; do

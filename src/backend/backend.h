@@ -95,6 +95,39 @@ typedef struct osp_moe_args {
     float *top_w, *row_w;        /* host [n * top_k] */
 } osp_moe_args;
 
+/* Columns of a 1-D convolution for one matmul (Whisper's conv1/conv2):
+ * col[t, ci·k + j] (k_major: col[t, j·C + ci]) = x at channel ci, frame
+ * stride·t + j - pad, 0 outside [0, t_in); x's (ci, f) is x[ci·ld_c + f·ld_f]. */
+typedef struct osp_im2col_args {
+    osp_dbuf *col;               /* [t_out, C·k] */
+    const osp_dbuf *x;
+    int64_t C, t_in, t_out, ld_c, ld_f;
+    int32_t k, stride, pad, k_major;
+} osp_im2col_args;
+
+/* Attention of n queries over all S keys of a fixed window, no mask (the
+ * encoder's self-attention, the decoder's cross-attention). */
+typedef struct osp_full_attn_args {
+    const osp_dbuf *q;           /* [n, ld]: head h at columns [h·hd, (h+1)·hd), already scaled */
+    const osp_dbuf *kh;          /* [heads][S][hd] (pack_kv) */
+    const osp_dbuf *vt;          /* [heads][hd][S] */
+    osp_dbuf *out;               /* [n, ld] */
+    int64_t n, S, ld;
+    int32_t heads, hd;
+} osp_full_attn_args;
+
+/* Causal attention of n tokens over per-row caches (a Whisper decoder's
+ * beams): token i, of row row[i] at position pos[i], sees positions
+ * [0, pos[i]] of its row, its own stored first (rows_store). */
+typedef struct osp_rows_attn_args {
+    const osp_dbuf *q;           /* [n, ld], already scaled */
+    const osp_dbuf *k, *v;       /* [rows][ctx][ld] */
+    osp_dbuf *out;               /* [n, ld] */
+    const int32_t *row, *pos;    /* host [n] */
+    int64_t n, ctx, ld;
+    int32_t heads, hd;
+} osp_rows_attn_args;
+
 /* A range of memory (a file mapping whose pages a placement may give back). */
 typedef struct osp_region {
     const void *p;
@@ -179,6 +212,33 @@ typedef struct osp_backend {
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T);
     void (*head)(osp_be_session *s, const osp_head_args *a);
     void (*moe)(osp_be_session *s, const osp_moe_args *a);
+
+    /* ---- encoder-decoder operations (model/whisper.c) ---- */
+    /* serial: operations on the calling thread only (the CPU's pool has
+     * another user); NULL where that does not apply */
+    void (*set_serial)(osp_be_session *s, int serial);
+    /* y[n, w->rows] = x[n, w->cols] · Wᵀ (+ bias [w->rows] unless NULL), for
+     * long inputs too (the encoder's 3000 frames) */
+    void (*linear)(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, int64_t n, const osp_dbuf *bias,
+                   osp_dbuf *y);
+    /* y = (x - mean) / sqrt(var + eps) * w + b, n rows of d (mean and variance in double) */
+    void (*layernorm)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, const osp_dbuf *b,
+                      int64_t n, int64_t d, float eps);
+    /* x = x/2 · (1 + erf(x/√2)) (the exact GELU) */
+    void (*gelu)(osp_be_session *s, osp_dbuf *x, int64_t n);
+    void (*im2col)(osp_be_session *s, const osp_im2col_args *a);
+    /* k, v [S, ld] (head h: columns [h·hd, (h+1)·hd)) -> kh [heads][S][hd], vt [heads][hd][S] */
+    void (*pack_kv)(osp_be_session *s, osp_dbuf *kh, osp_dbuf *vt, const osp_dbuf *k, const osp_dbuf *v, int64_t S,
+                    int64_t ld, int32_t heads, int32_t hd);
+    void (*full_attention)(osp_be_session *s, const osp_full_attn_args *a);
+    /* out[i, j] = q[i, head's columns] · kh[head][j]: n rows of S scores
+     * before the softmax (the alignment heads, for word timestamps) */
+    void (*full_scores)(osp_be_session *s, osp_dbuf *out, const osp_dbuf *q, const osp_dbuf *kh, int64_t n, int64_t S,
+                        int64_t ld, int32_t head, int32_t hd);
+    /* the caches' [row[i]][pos[i]] = k[i], v[i] (caches [rows][ctx][ld]; row, pos: host [n]) */
+    void (*rows_store)(osp_be_session *s, osp_dbuf *kc, osp_dbuf *vc, const osp_dbuf *k, const osp_dbuf *v,
+                       const int32_t *row, const int32_t *pos, int64_t n, int64_t ctx, int64_t ld);
+    void (*rows_attention)(osp_be_session *s, const osp_rows_attn_args *a);
 
     /* Are the rows of a chunk computed independently of the chunk's size
      * (one token alone, in a batch of 5 or of 500: the same bits) for these

@@ -23,7 +23,7 @@ int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
 /* cli/whisper_tools.c: Whisper in synth and bench */
 int osp_whisper_preset_known(const char *name);
 int osp_whisper_synth(const char *preset, const char *dtype, const char *out, uint64_t seed);
-int osp_whisper_bench(const char *model, int n_tokens, int as_json);
+int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int as_json);
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);

@@ -189,7 +189,7 @@ int osp_cmd_bench(int argc, char **argv) {
     if (!model || p < 1 || n < 1 || conc < 1 || conc > 256 || (kv_bits != 0 && kv_bits != 4 && kv_bits != 8 && kv_bits != 16))
         return usage();
     osp_set_threads(threads);
-    if (osp_whisper_detect(model)) return osp_whisper_bench(model, n, json); /* cli/whisper_tools.c */
+    if (osp_whisper_detect(model)) return osp_whisper_bench(model, device, fast, n, json); /* cli/whisper_tools.c */
     if (spc.draft || spc.ngram) return osp_bench_spec(model, device, fast, p, n, conc, prompt, chat, &spc, json);
     if (prompt) {
         fprintf(stderr, "osprey bench: --prompt is for speculation (--draft-model, --spec-ngram)\n");

@@ -16,7 +16,7 @@ static int usage(void) {
     fprintf(stderr, "usage: osprey logits --model MODEL --input IN.safetensors --output OUT.safetensors "
                     "[--mode prefill|decode|chunk:N] [-t THREADS] [--fast] [--device cpu|cuda|auto]\n"
                     "  Whisper models: --audio FILE too; IN holds decoder_ids I32 [T]; OUT gets mel, encoder_out\n"
-                    "          and the teacher-forced logits (reference precision, CPU)\n"
+                    "          and the teacher-forced logits\n"
                     "  --fast: the production path (int8 activations for 4/8-bit weights in decode) instead of\n"
                     "          reference precision\n");
     return 2;
@@ -38,7 +38,8 @@ static osp_status run(osp_model *m, const int32_t *ids, int32_t T, int chunk, in
 
 /* A Whisper model: mel of the audio's first window, encoder, then the
  * decoder over decoder_ids in chunks of `chunk` tokens. */
-static int whisper_logits(const char *model, const char *audio, const char *input, const char *output, int chunk) {
+static int whisper_logits(const char *model, const char *audio, const char *input, const char *output, int chunk,
+                          int device, int fast) {
     osp_st *st;
     if (osp_st_open_file(input, &st) != OSP_OK) return osp_cli_fail("logits");
     const osp_st_tensor *t = osp_st_find(st, "decoder_ids");
@@ -57,7 +58,7 @@ static int whisper_logits(const char *model, const char *audio, const char *inpu
     float *pcm = NULL, *spec = NULL, *logits = NULL;
     int64_t n = 0;
     int rc = 1;
-    if (!ids || osp_whisper_load(model, &m) != OSP_OK) goto fail;
+    if (!ids || osp_whisper_load_on(model, device, &m) != OSP_OK) goto fail;
     const osp_whisper_config *c = osp_whisper_get_config(m);
     spec = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)c->n_mels * OSP_MEL_FRAMES);
     logits = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)T * c->vocab);
@@ -66,9 +67,10 @@ static int whisper_logits(const char *model, const char *audio, const char *inpu
         goto fail;
     }
     if (osp_audio_load(audio, &pcm, &n) != OSP_OK || osp_mel_new(c->n_mels, &mel) != OSP_OK ||
-        osp_mel_compute(mel, pcm, n, spec) != OSP_OK || osp_whisper_state_new(m, &s) != OSP_OK ||
-        osp_whisper_encode(s, spec) != OSP_OK)
+        osp_mel_compute(mel, pcm, n, spec) != OSP_OK || osp_whisper_state_new(m, &s) != OSP_OK)
         goto fail;
+    osp_whisper_state_set_fast(s, fast);
+    if (osp_whisper_encode(s, spec) != OSP_OK) goto fail;
     for (int32_t t0 = 0; t0 < T; t0 += chunk) {
         int32_t k = T - t0 < chunk ? T - t0 : chunk;
         if (osp_whisper_decode(s, ids + t0, k, logits + (int64_t)t0 * c->vocab, NULL) != OSP_OK) goto fail;
@@ -124,11 +126,7 @@ int osp_cmd_logits(int argc, char **argv) {
             fprintf(stderr, "osprey logits: %s is a Whisper model: --audio FILE is needed\n", model);
             return 2;
         }
-        if (fast || device == OSP_DEVICE_CUDA) { /* model/whisper.c: reference precision on the CPU only, so far */
-            fprintf(stderr, "osprey logits: Whisper models run in reference precision on the CPU (no --fast, no cuda)\n");
-            return 2;
-        }
-        return whisper_logits(model, audio, input, output, chunk ? chunk : 1 << 30);
+        return whisper_logits(model, audio, input, output, chunk ? chunk : 1 << 30, device, fast);
     }
     if (audio) {
         fprintf(stderr, "osprey logits: --audio is for Whisper models\n");

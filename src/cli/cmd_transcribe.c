@@ -13,12 +13,14 @@ static int usage(void) {
             "         [-f txt|text|json|verbose_json|srt|vtt] [--prompt TEXT] [--temperature T] [--no-fallback]\n"
             "         [--beam-size N] [--best-of N] [--no-timestamps] [--word-timestamps] [--no-context]\n"
             "         [--sample-len N] [--tokenizer PATH] [--seed S]\n"
-            "         [-t THREADS] [-q]\n"
+            "         [-t THREADS] [-q] [--device cpu|cuda|auto] [--fast]\n"
             "  FILE: WAV, FLAC, OGG or MP3 (any rate and channels); --language: a code or name (detected when\n"
             "  omitted); without -f, each segment as it is decoded: [00:00:00.000 --> 00:00:02.000]  text;\n"
             "  -f txt: one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
             "  temperature 0, --best-of 5 samples above; --sample-len: tokens a 30 s window at most (224);\n"
-            "  at the end of each file its time and real-time factor on stderr; -q: neither progress nor that\n");
+            "  at the end of each file its time and real-time factor on stderr; -q: neither progress nor that;\n"
+            "  --device: where the model runs (auto: the CPU for Whisper until its GPU path has been verified on\n"
+            "  a GPU; cuda asks for the GPU); --fast: the GPU's production precision (bf16 GEMMs)\n");
     return 2;
 }
 
@@ -52,7 +54,7 @@ static void progress(void *ctx, double done, double total) {
 int osp_cmd_transcribe(int argc, char **argv) {
     const char *model = NULL, *tokenizer = NULL, *format = NULL, *task = "transcribe";
     const char *files[256];
-    int n_files = 0, threads = 0;
+    int n_files = 0, threads = 0, device = OSP_DEVICE_AUTO, dr;
     osp_transcribe_opts o;
     osp_transcribe_defaults(&o);
     prog pg = {0, 0, NULL};
@@ -75,6 +77,11 @@ int osp_cmd_transcribe(int argc, char **argv) {
         else if (!strcmp(a, "--seed") && v) o.seed = strtoull(argv[++i], NULL, 10);
         else if ((!strcmp(a, "-t") || !strcmp(a, "--threads")) && v) threads = atoi(argv[++i]);
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) pg.quiet = 1;
+        else if (!strcmp(a, "--fast")) o.fast = 1;
+        else if ((dr = osp_cli_device_flag("transcribe", a, v, &device)) != 0) {
+            if (dr < 0) return 2;
+            i++;
+        }
         else if (a[0] != '-' && n_files < 256) files[n_files++] = a;
         else return usage();
     }
@@ -106,7 +113,7 @@ int osp_cmd_transcribe(int argc, char **argv) {
     osp_set_threads(threads);
     osp_whisper *m = NULL;
     osp_tokenizer *tok = NULL;
-    if (osp_whisper_load(model, &m) != OSP_OK ||
+    if (osp_whisper_load_on(model, device, &m) != OSP_OK ||
         osp_whisper_tokenizer_load(model, tokenizer, osp_whisper_get_config(m)->vocab, &tok) != OSP_OK) {
         int rc = osp_cli_fail("transcribe");
         osp_whisper_free(m);

@@ -275,9 +275,9 @@ static double decoder_bytes(const osp_whisper_config *c, int elt) {
            4.0 * c->dec_layers * 2 * c->n_audio_ctx * d;
 }
 
-int osp_whisper_bench(const char *model, int n_tokens, int as_json) {
+int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int as_json) {
     osp_whisper *m;
-    if (osp_whisper_load(model, &m) != OSP_OK) return osp_cli_fail("bench");
+    if (osp_whisper_load_on(model, device, &m) != OSP_OK) return osp_cli_fail("bench");
     const osp_whisper_config *c = osp_whisper_get_config(m);
     osp_whisper_state *s = NULL;
     float *mel = osp_malloc(OSP_POOL_MISC, sizeof(float) * c->n_mels * 3000);
@@ -296,6 +296,7 @@ int osp_whisper_bench(const char *model, int n_tokens, int as_json) {
         osp_cli_fail("bench");
         goto done;
     }
+    osp_whisper_state_set_fast(s, fast);
     for (int64_t i = 0; i < 16000 * 30; i++) pcm[i] = (float)(0.1 * sin(i * 0.05) + 0.05 * sin(i * 0.31));
     for (int64_t i = 0; i < tr.n; i++) tr.a[i] = tr.b[i] = tr.c[i] = 1;
     /* front end and encoder: best of 3 windows after a warm-up */
@@ -333,6 +334,8 @@ int osp_whisper_bench(const char *model, int n_tokens, int as_json) {
         }
     }
     {
+        /* the CPU computes Whisper in reference precision either way */
+        const char *prec = fast && strncmp(osp_whisper_device_name(m), "cpu", 3) ? "fast" : "precise";
         double peak = gemm_peak_gflops();
         double flops = encoder_flops(c), gflops = flops / t_enc / 1e9;
         double tok_s = n_tokens / t_dec, dec_gbps = decoder_bytes(c, 2) * tok_s / 1e9;
@@ -340,18 +343,18 @@ int osp_whisper_bench(const char *model, int n_tokens, int as_json) {
         double rtf11 = (t_mel + t_enc + 11.0 * 3 / tok_s) / 11.0;
         double rtf300 = (10 * (t_mel + t_enc) + 300.0 * 3 / tok_s) / 300.0;
         if (as_json)
-            printf("{\"model\":\"%s\",\"threads\":%d,\"mel_s\":%.4f,\"encoder_s\":%.4f,\"encoder_gflops\":%.2f,"
+            printf("{\"model\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"mel_s\":%.4f,\"encoder_s\":%.4f,\"encoder_gflops\":%.2f,"
                    "\"gemm_peak_gflops\":%.2f,\"encoder_efficiency\":%.3f,"
                    "\"decode_tok_s\":%.2f,\"decode_gbps\":%.2f,\"mem_bw_gbps\":%.2f,\"bw_ratio\":%.3f,"
                    "\"rtf_11s\":%.4f,\"rtf_5min\":%.4f}\n",
-                   model, osp_threads_count(), t_mel, t_enc, gflops, peak, peak > 0 ? gflops / peak : 0, tok_s,
+                   model, osp_whisper_device_name(m), prec, osp_threads_count(), t_mel, t_enc, gflops, peak, peak > 0 ? gflops / peak : 0, tok_s,
                    dec_gbps, bw, bw > 0 ? dec_gbps / bw : 0, rtf11, rtf300);
         else
-            printf("%s: %d threads\n  mel %.1f ms/window, encoder %.3f s/window (%.1f GFLOP/s, %.2f of the %.1f GFLOP/s of\n"
+            printf("%s: %s, %s, %d threads\n  mel %.1f ms/window, encoder %.3f s/window (%.1f GFLOP/s, %.2f of the %.1f GFLOP/s of\n"
                    "  this run's best f32 GEMM)\n"
                    "  decoder %.1f tok/s, %.2f GB/s of weights and cross K/V vs %.2f GB/s triad (ratio %.3f)\n"
                    "  real-time factor (model time, 3 tokens per s of speech): %.4f for 11 s, %.4f for 5 min\n",
-                   model, osp_threads_count(), t_mel * 1e3, t_enc, gflops, peak > 0 ? gflops / peak : 0, peak, tok_s,
+                   model, osp_whisper_device_name(m), prec, osp_threads_count(), t_mel * 1e3, t_enc, gflops, peak > 0 ? gflops / peak : 0, peak, tok_s,
                    dec_gbps, bw,
                    bw > 0 ? dec_gbps / bw : 0, rtf11, rtf300);
     }

@@ -1,40 +1,44 @@
-/* model/whisper.c: the Whisper encoder-decoder (see whisper.h for the math).
+/* model/whisper.c: the Whisper encoder-decoder (see whisper.h for the math),
+ * written as osp_backend operations (backend/backend.h), so that it runs on
+ * any backend: the model code never touches activation memory.
  *
  * Layout: every linear weight stays as stored in the mmapped safetensors
- * (osp_weight: dense or MLX-quantized); vectors (biases, LayerNorm
- * parameters) and the position tables are converted to f32 at load, in the
- * weights pool. Activations are [tokens, features] row-major f32. Heads are
- * column ranges of d_model (head h: columns [h·hd, (h+1)·hd)).
+ * (osp_weight: dense or MLX-quantized), placed with the backend's `place`
+ * where the device cannot read the mapping (the GPU); vectors (biases,
+ * LayerNorm parameters) and the encoder positions are converted to f32 at
+ * load and handed to the backend (adopt_vec); the decoder positions stay on
+ * the host, where a step's input rows (embedding + position) are made and
+ * written. Activations are [tokens, features] row-major f32 osp_dbufs.
+ * Heads are column ranges of d_model (head h: columns [h·hd, (h+1)·hd)).
  *
  * A state's buffers are sized at creation for the largest case (the
- * encoder's 3000 frames, the decoder's n_text_ctx tokens) and reused.
+ * encoder's 3000 frames, the decoder's n_text_ctx tokens) and reused; the
+ * decoder's logits buffer grows to the largest teacher-forced chunk.
  */
 #include "whisper.h"
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include "backend/ops.h"
+#include "backend/backend.h"
 #include "core/fs.h"
 #include "core/json_get.h"
-#include "core/threadpool.h"
 #include "model/safetensors.h"
 #include "tensor/tensor.h"
 
 #define N_FRAMES 3000 /* mel frames of a 30 s window */
 #define LN_EPS 1e-5f
-#define ATT_Q 16           /* queries per attention task */
-#define ATT_MAX_KEYS 4096  /* keys one query attends over, at most (scores on the stack) */
+#define ATT_MAX_KEYS 4096  /* decoder positions, at most (the backends' bound) */
 #define ATT_MAX_HD 256     /* head size, at most (Whisper's is 64) */
-#define ATT_FULL_KEYS 1500 /* keys of the full (non-causal) attentions: the window */
 
 typedef struct ln {
-    float *w, *b; /* [d] */
+    osp_dbuf *w, *b; /* [d] */
 } ln;
 
 typedef struct attn {
-    osp_weight q, k, v, o; /* [d, d] */
-    float *bq, *bv, *bo;   /* [d]; k has no bias */
+    osp_weight q, k, v, o;  /* [d, d] */
+    osp_dbuf *bq, *bv, *bo; /* [d]; k has no bias */
 } attn;
 
 typedef struct layer {
@@ -42,7 +46,7 @@ typedef struct layer {
     attn self, cross; /* cross: decoder only */
     osp_weight fc1;   /* [ffn, d] */
     osp_weight fc2;   /* [d, ffn] */
-    float *b1, *b2;   /* [ffn], [d] */
+    osp_dbuf *b1, *b2; /* [ffn], [d] */
 } layer;
 
 /* Tensor names of a layout: Hugging Face's (model.encoder.layers.N.self_attn.q_proj)
@@ -65,16 +69,17 @@ struct osp_whisper {
     const names *nm;
     osp_whisper_config cfg;
     osp_st *st;
-    const osp_ops *ops;
+    const osp_backend *be;
+    void *placed;     /* the backend's placement of the linear weights, or NULL */
     osp_weight conv1; /* [d, n_mels·3] (PyTorch's [out, in, k] flattened) */
     osp_weight conv2; /* [d, d·3] */
-    float *conv1_b, *conv2_b; /* [d] */
-    float *enc_pos;           /* [n_audio_ctx, d] */
+    osp_dbuf *conv1_b, *conv2_b; /* [d] */
+    osp_dbuf *enc_pos;           /* [n_audio_ctx, d] */
     layer *enc, *dec;
     ln enc_ln, dec_ln;
-    osp_weight embed;   /* [vocab, d] tokens */
+    osp_weight embed;   /* [vocab, d] tokens (rows gathered on the host) */
     osp_weight head;    /* [vocab, d]: proj_out, or embed when tied */
-    float *dec_pos;     /* [n_text_ctx, d] */
+    float *dec_pos;     /* host [n_text_ctx, d] */
     int32_t *align;     /* alignment heads, (layer, head) pairs: generation_config.json's, else every head of
                            the last half of the decoder layers (openai-whisper's default) */
     int32_t n_align;
@@ -82,23 +87,29 @@ struct osp_whisper {
 
 struct osp_whisper_state {
     const osp_whisper *m;
+    const osp_backend *be;
+    osp_be_session *bs;
     int32_t n_rows;     /* decoder sequences (beams) sharing the window */
     int32_t *pos;       /* [n_rows]: tokens in each row's self-attention cache */
-    int32_t *tok_row, *tok_pos; /* [max rows of a step]: each token's row and position */
+    int32_t *tok_row, *tok_pos; /* [max tokens of a step]: each token's row and position */
     int encoded;
-    int serial;         /* run every task on the calling thread (not the process pool) */
     /* cross-attention capture (word timestamps): heads [n_qk] as (layer, head) pairs; q·k (scaled, before
-     * the softmax) of each decoded token against every audio position, [n_qk][qk_max_tok][A] */
+     * the softmax) of each decoded token against every audio position, [n_qk][qk_max_tok][A] (host) */
     const int32_t *qk_heads;
     int32_t n_qk, qk_max_tok;
     float *qk_out;
-    float *enc_out;     /* [A, d] */
-    float **ck, **cv;   /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
-    float **sk, **sv;   /* per decoder layer [n_rows][n_text_ctx][d]: self K/V */
+    float *xin;         /* host [n_text_ctx, d]: a step's input rows */
+    float *enc_host;    /* host [A, d]: the encoder output, read back */
+    osp_dbuf *enc_out;  /* [A, d] */
+    osp_dbuf **ck, **cv; /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
+    osp_dbuf **sk, **sv; /* per decoder layer [n_rows][n_text_ctx][d]: self K/V */
     /* scratch, sized for max(3000 frames, A, n_text_ctx) rows */
-    float *col;         /* [3000, max(n_mels, d)·3]: im2col of a convolution */
-    float *x, *h, *q, *k, *v, *a; /* [rows, d] */
-    float *f;           /* [rows, max(ffn, d)] */
+    osp_dbuf *mel;      /* [n_mels, 3000] */
+    osp_dbuf *col;      /* [3000, max(n_mels, d)·3]: im2col of a convolution */
+    osp_dbuf *x, *h, *q, *k, *v, *a; /* [rows, d] */
+    osp_dbuf *f;        /* [rows, max(ffn, d)] */
+    osp_dbuf *logits;   /* [logits_cap / vocab, vocab] */
+    int64_t logits_cap;
 };
 
 /* ---------------- loading ---------------- */
@@ -177,25 +188,34 @@ static osp_status linear(osp_whisper *m, const char *path, int64_t rows, int64_t
     return OSP_OK;
 }
 
+/* The same, handed to the backend. */
+static osp_status bvec(osp_whisper *m, const char *name, int64_t rows, int64_t cols, osp_dbuf **out) {
+    float *v;
+    OSP_TRY(vec(m, name, rows, cols, &v));
+    *out = m->be->adopt_vec(v, (rows ? rows : 1) * cols);
+    if (!*out) return osp_err(OSP_ERR_NOMEM, "%s: out of device memory for '%s'", m->dir, name);
+    return OSP_OK;
+}
+
 static osp_status bind_ln(osp_whisper *m, const char *path, int64_t d, ln *l) {
     char n[512];
     snprintf(n, sizeof n, "%s.weight", path);
-    OSP_TRY(vec(m, n, 0, d, &l->w));
+    OSP_TRY(bvec(m, n, 0, d, &l->w));
     snprintf(n, sizeof n, "%s.bias", path);
-    return vec(m, n, 0, d, &l->b);
+    return bvec(m, n, 0, d, &l->b);
 }
 
 static osp_status bind_attn(osp_whisper *m, const char *path, int64_t d, attn *a) {
     char n[512];
     const char *const *P = m->nm->proj;
     osp_weight *W[] = {&a->q, &a->k, &a->v, &a->o};
-    float **B[] = {&a->bq, NULL, &a->bv, &a->bo};
+    osp_dbuf **B[] = {&a->bq, NULL, &a->bv, &a->bo};
     for (int i = 0; i < 4; i++) {
         snprintf(n, sizeof n, "%s.%s", path, P[i]);
         OSP_TRY(linear(m, n, d, d, W[i]));
         if (!B[i]) continue;
         snprintf(n, sizeof n, "%s.%s.bias", path, P[i]);
-        OSP_TRY(vec(m, n, 0, d, B[i]));
+        OSP_TRY(bvec(m, n, 0, d, B[i]));
     }
     return OSP_OK;
 }
@@ -218,16 +238,16 @@ static osp_status bind_layer(osp_whisper *m, const char *path, int64_t d, int64_
     snprintf(n, sizeof n, "%s.%s", path, N->fc1);
     OSP_TRY(linear(m, n, ffn, d, &l->fc1));
     snprintf(n, sizeof n, "%s.%s.bias", path, N->fc1);
-    OSP_TRY(vec(m, n, 0, ffn, &l->b1));
+    OSP_TRY(bvec(m, n, 0, ffn, &l->b1));
     snprintf(n, sizeof n, "%s.%s", path, N->fc2);
     OSP_TRY(linear(m, n, d, ffn, &l->fc2));
     snprintf(n, sizeof n, "%s.%s.bias", path, N->fc2);
-    return vec(m, n, 0, d, &l->b2);
+    return bvec(m, n, 0, d, &l->b2);
 }
 
 /* A convolution weight as a dense [out, in·3] matrix: PyTorch's [out, in, 3]
  * (columns ci·3 + k), or MLX's [out, 3, in] (columns k·in + ci). */
-static osp_status bind_conv(osp_whisper *m, const char *path, int64_t out, int64_t in, osp_weight *w, float **bias) {
+static osp_status bind_conv(osp_whisper *m, const char *path, int64_t out, int64_t in, osp_weight *w, osp_dbuf **bias) {
     char n[512];
     const osp_st_tensor *t;
     int64_t shape[3] = {out, m->mlx ? 3 : in, m->mlx ? in : 3};
@@ -239,7 +259,7 @@ static osp_status bind_conv(osp_whisper *m, const char *path, int64_t out, int64
     w->cols = in * 3;
     w->data = t->data;
     snprintf(n, sizeof n, "%s.bias", path);
-    return vec(m, n, 0, out, bias);
+    return bvec(m, n, 0, out, bias);
 }
 
 static osp_status read_config(osp_whisper *m) {
@@ -376,6 +396,28 @@ static osp_status load_alignment_heads(osp_whisper *m) {
     return OSP_OK;
 }
 
+/* The linear weights into the backend's memory (the GPU cannot read the
+ * mapping); the token embedding's rows are still gathered from the mapping
+ * on the host (a tied head is its struct copy, placed as the head). */
+static osp_status place(osp_whisper *m) {
+    const osp_whisper_config *c = &m->cfg;
+    int n = 0, cap = 3 + 6 * c->enc_layers + 10 * c->dec_layers;
+    osp_weight **ws = osp_malloc(OSP_POOL_MISC, sizeof *ws * (size_t)cap);
+    if (!ws) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    ws[n++] = &m->conv1, ws[n++] = &m->conv2, ws[n++] = &m->head;
+    for (int i = 0; i < c->enc_layers + c->dec_layers; i++) {
+        int dec = i >= c->enc_layers;
+        layer *L = dec ? &m->dec[i - c->enc_layers] : &m->enc[i];
+        attn *A[] = {&L->self, &L->cross};
+        for (int k = 0; k < 1 + dec; k++) ws[n++] = &A[k]->q, ws[n++] = &A[k]->k, ws[n++] = &A[k]->v, ws[n++] = &A[k]->o;
+        ws[n++] = &L->fc1, ws[n++] = &L->fc2;
+    }
+    const void *keep[] = {m->embed.data};
+    osp_status rc = m->be->place(ws, n, keep, 1, NULL, 0, &m->placed);
+    osp_free(ws);
+    return rc;
+}
+
 static osp_status load(osp_whisper *m) {
     OSP_TRY(read_config(m));
     char n[4200];
@@ -396,11 +438,13 @@ static osp_status load(osp_whisper *m) {
     OSP_TRY(bind_conv(m, x ? "encoder.conv2" : "model.encoder.conv2", d, d, &m->conv2, &m->conv2_b));
     if (x) {
         if (d % 2 || d < 4) return osp_err(OSP_ERR_FORMAT, "%s: n_audio_state %lld is not even", m->dir, (long long)d);
-        m->enc_pos = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * c->n_audio_ctx * d);
-        if (!m->enc_pos) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", m->dir);
-        osp_whisper_sinusoids(c->n_audio_ctx, d, m->enc_pos);
+        float *pos = osp_malloc(OSP_POOL_WEIGHTS, sizeof(float) * c->n_audio_ctx * d);
+        if (!pos) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", m->dir);
+        osp_whisper_sinusoids(c->n_audio_ctx, d, pos);
+        if (!(m->enc_pos = m->be->adopt_vec(pos, c->n_audio_ctx * d)))
+            return osp_err(OSP_ERR_NOMEM, "%s: out of device memory", m->dir);
     } else {
-        OSP_TRY(vec(m, "model.encoder.embed_positions.weight", c->n_audio_ctx, d, &m->enc_pos));
+        OSP_TRY(bvec(m, "model.encoder.embed_positions.weight", c->n_audio_ctx, d, &m->enc_pos));
     }
     m->enc = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->enc_layers);
     m->dec = osp_calloc(OSP_POOL_WEIGHTS, sizeof(layer) * c->dec_layers);
@@ -422,18 +466,24 @@ static osp_status load(osp_whisper *m) {
     m->head = m->embed;
     if (!x && (osp_st_find(m->st, "proj_out.weight") || osp_st_find(m->st, "proj_out.scales")))
         OSP_TRY(linear(m, "proj_out", c->vocab, d, &m->head));
-    return OSP_OK;
+    return m->be->needs_place ? place(m) : OSP_OK;
 }
 
-osp_status osp_whisper_load(const char *dir, osp_whisper **out) {
+osp_status osp_whisper_load(const char *dir, osp_whisper **out) { return osp_whisper_load_on(dir, 0, out); }
+
+osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out) {
     *out = NULL;
+    /* Whisper's CUDA path (backend/cuda/encdec.c) was written without a GPU to run it on: until it has
+     * passed the GPU suite, AUTO means the CPU; --device cuda or OSP_DEVICE=cuda asks for the GPU */
+    const char *env = getenv("OSP_DEVICE");
+    if (device == OSP_DEVICE_AUTO && !(env && !strcmp(env, "cuda"))) device = OSP_DEVICE_CPU;
+    const osp_backend *be = osp_backend_get((osp_device)device);
+    if (!be) return OSP_ERR_UNSUPPORTED;
     osp_whisper *m = osp_calloc(OSP_POOL_MISC, sizeof *m);
     if (!m) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    m->be = be;
     osp_status rc = osp_resolve_model_dir(dir, m->dir, sizeof m->dir);
-    if (rc == OSP_OK) {
-        m->ops = osp_ops_get();
-        rc = load(m);
-    }
+    if (rc == OSP_OK) rc = load(m);
     if (rc != OSP_OK) {
         osp_whisper_free(m);
         return rc;
@@ -442,36 +492,41 @@ osp_status osp_whisper_load(const char *dir, osp_whisper **out) {
     return OSP_OK;
 }
 
-static void free_ln(ln *l) {
-    osp_free(l->w);
-    osp_free(l->b);
+static void free_vec(const osp_whisper *m, osp_dbuf *v) {
+    if (v) m->be->free_vec(v);
 }
 
-static void free_layer(layer *l) {
-    free_ln(&l->ln_self);
-    free_ln(&l->ln_cross);
-    free_ln(&l->ln_mlp);
+static void free_ln(const osp_whisper *m, ln *l) {
+    free_vec(m, l->w);
+    free_vec(m, l->b);
+}
+
+static void free_layer(const osp_whisper *m, layer *l) {
+    free_ln(m, &l->ln_self);
+    free_ln(m, &l->ln_cross);
+    free_ln(m, &l->ln_mlp);
     attn *A[] = {&l->self, &l->cross};
     for (int i = 0; i < 2; i++) {
-        osp_free(A[i]->bq);
-        osp_free(A[i]->bv);
-        osp_free(A[i]->bo);
+        free_vec(m, A[i]->bq);
+        free_vec(m, A[i]->bv);
+        free_vec(m, A[i]->bo);
     }
-    osp_free(l->b1);
-    osp_free(l->b2);
+    free_vec(m, l->b1);
+    free_vec(m, l->b2);
 }
 
 void osp_whisper_free(osp_whisper *m) {
     if (!m) return;
-    for (int i = 0; m->enc && i < m->cfg.enc_layers; i++) free_layer(&m->enc[i]);
-    for (int i = 0; m->dec && i < m->cfg.dec_layers; i++) free_layer(&m->dec[i]);
+    if (m->placed) m->be->unplace(m->placed);
+    for (int i = 0; m->enc && i < m->cfg.enc_layers; i++) free_layer(m, &m->enc[i]);
+    for (int i = 0; m->dec && i < m->cfg.dec_layers; i++) free_layer(m, &m->dec[i]);
     osp_free(m->enc);
     osp_free(m->dec);
-    free_ln(&m->enc_ln);
-    free_ln(&m->dec_ln);
-    osp_free(m->conv1_b);
-    osp_free(m->conv2_b);
-    osp_free(m->enc_pos);
+    free_ln(m, &m->enc_ln);
+    free_ln(m, &m->dec_ln);
+    free_vec(m, m->conv1_b);
+    free_vec(m, m->conv2_b);
+    free_vec(m, m->enc_pos);
     osp_free(m->dec_pos);
     osp_free(m->align);
     osp_st_close(m->st);
@@ -492,33 +547,45 @@ osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_
     *out = NULL;
     if (n_rows < 1 || n_rows > 64) return osp_err(OSP_ERR_INVALID, "whisper: %d decoder rows (1..64)", n_rows);
     const osp_whisper_config *c = &m->cfg;
+    const osp_backend *be = m->be;
     const int64_t d = c->d_model, A = c->n_audio_ctx, L = c->dec_layers;
     const int64_t rows = max64(N_FRAMES, c->n_text_ctx);
     osp_whisper_state *s = osp_calloc(OSP_POOL_MISC, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;
+    s->be = be;
     s->n_rows = n_rows;
+    osp_status rc = be->session_new(1, d, &s->bs);
+    if (rc != OSP_OK) {
+        osp_free(s);
+        return rc;
+    }
     s->pos = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * n_rows);
     s->tok_row = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
     s->tok_pos = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
-    s->ck = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
-    s->cv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
-    s->sk = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
-    s->sv = osp_calloc(OSP_POOL_KV, sizeof(float *) * L);
-    int ok = s->ck && s->cv && s->sk && s->sv && s->pos && s->tok_row && s->tok_pos;
+    s->xin = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * c->n_text_ctx * d);
+    s->enc_host = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * A * d);
+    s->ck = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
+    s->cv = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
+    s->sk = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
+    s->sv = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
+    int ok = s->ck && s->cv && s->sk && s->sv && s->pos && s->tok_row && s->tok_pos && s->xin && s->enc_host;
+    const osp_kv_mem *km = be->kv_mem;
     for (int64_t l = 0; ok && l < L; l++) {
-        s->ck[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
-        s->cv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * A * d);
-        s->sk[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * n_rows * c->n_text_ctx * d);
-        s->sv[l] = osp_malloc(OSP_POOL_KV, sizeof(float) * n_rows * c->n_text_ctx * d);
+        s->ck[l] = km->alloc(sizeof(float) * A * d);
+        s->cv[l] = km->alloc(sizeof(float) * A * d);
+        s->sk[l] = km->alloc(sizeof(float) * n_rows * c->n_text_ctx * d);
+        s->sv[l] = km->alloc(sizeof(float) * n_rows * c->n_text_ctx * d);
         ok = s->ck[l] && s->cv[l] && s->sk[l] && s->sv[l];
     }
-    float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->a};
-    for (int i = 0; ok && i < 6; i++) ok = (*bufs[i] = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * rows * d)) != NULL;
-    if (ok) s->enc_out = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * A * d);
-    if (ok) s->col = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * N_FRAMES * 3 * max64(c->n_mels, d));
-    if (ok) s->f = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * rows * max64(max64(c->enc_ffn, c->dec_ffn), d));
-    if (!ok || !s->enc_out || !s->col || !s->f) {
+    osp_dbuf **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->a};
+    for (int i = 0; ok && i < 6; i++) ok = (*bufs[i] = be->alloc((size_t)(rows * d))) != NULL;
+    if (ok) ok = (s->enc_out = be->alloc((size_t)(A * d))) != NULL;
+    if (ok) ok = (s->mel = be->alloc((size_t)c->n_mels * N_FRAMES)) != NULL;
+    if (ok) ok = (s->col = be->alloc((size_t)(N_FRAMES * 3 * max64(c->n_mels, d)))) != NULL;
+    /* f: the MLPs' hidden rows, and capture_qk's scores (a row of A per token) */
+    if (ok) ok = (s->f = be->alloc((size_t)(rows * max64(max64(max64(c->enc_ffn, c->dec_ffn), d), A)))) != NULL;
+    if (!ok) {
         osp_whisper_state_free(s);
         return osp_err(OSP_ERR_NOMEM, "out of memory for a Whisper state");
     }
@@ -528,149 +595,52 @@ osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_
 
 void osp_whisper_state_free(osp_whisper_state *s) {
     if (!s) return;
-    for (int l = 0; l < s->m->cfg.dec_layers; l++) {
-        if (s->ck) osp_free(s->ck[l]);
-        if (s->cv) osp_free(s->cv[l]);
-        if (s->sk) osp_free(s->sk[l]);
-        if (s->sv) osp_free(s->sv[l]);
+    const osp_backend *be = s->be;
+    const osp_kv_mem *km = be->kv_mem;
+    osp_dbuf **planes[] = {s->ck, s->cv, s->sk, s->sv};
+    for (int i = 0; i < 4; i++) {
+        for (int l = 0; planes[i] && l < s->m->cfg.dec_layers; l++)
+            if (planes[i][l]) km->free(planes[i][l]);
+        osp_free(planes[i]);
     }
-    osp_free(s->ck);
-    osp_free(s->cv);
-    osp_free(s->sk);
-    osp_free(s->sv);
     osp_free(s->pos);
     osp_free(s->tok_row);
     osp_free(s->tok_pos);
-    float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->col, s->f};
-    for (int i = 0; i < 9; i++) osp_free(bufs[i]);
+    osp_free(s->xin);
+    osp_free(s->enc_host);
+    osp_dbuf *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->mel, s->col, s->f, s->logits};
+    for (int i = 0; i < 11; i++)
+        if (bufs[i]) be->free(bufs[i]);
+    be->session_free(s->bs);
     osp_free(s);
 }
 
-/* ---------------- operations ---------------- */
-
-/* y[n, w->rows] = x[n, w->cols] · Wᵀ (+ bias), split over the thread pool
- * in blocks of 64 rows of W × 64 tokens (a row's numbers never depend on
- * the split). */
-typedef struct mm_ctx {
-    const osp_ops *ops;
-    const osp_weight *w;
-    const float *x, *bias;
-    float *y;
-    int64_t n, rblocks;
-} mm_ctx;
-
-#define MM_ROWS 64
-#define MM_TOKS 64
-
-static void mm_task(void *p, int64_t t) {
-    const mm_ctx *c = p;
-    int64_t rb = t % c->rblocks, tb = t / c->rblocks;
-    int64_t r0 = rb * MM_ROWS, r1 = r0 + MM_ROWS < c->w->rows ? r0 + MM_ROWS : c->w->rows;
-    int64_t t0 = tb * MM_TOKS, nt = c->n - t0 < MM_TOKS ? c->n - t0 : MM_TOKS;
-    float *y = c->y + t0 * c->w->rows + r0;
-    c->ops->matmul(c->w, c->x + t0 * c->w->cols, nt, y, c->w->rows, r0, r1);
-    if (c->bias)
-        for (int64_t i = 0; i < nt; i++)
-            for (int64_t r = r0; r < r1; r++) y[i * c->w->rows + r - r0] += c->bias[r];
+void osp_whisper_state_set_serial(osp_whisper_state *s, int serial) {
+    if (s->be->set_serial) s->be->set_serial(s->bs, serial);
 }
 
-static void par(const osp_whisper_state *s, int64_t n, osp_task_fn fn, void *ctx) {
-    if (s->serial)
-        for (int64_t t = 0; t < n; t++) fn(ctx, t);
-    else
-        osp_parallel_for(n, fn, ctx);
-}
+void osp_whisper_state_set_fast(osp_whisper_state *s, int fast) { s->be->set_fast(s->bs, fast); }
 
-static void matmul(const osp_whisper_state *s, const osp_weight *w, const float *x, int64_t n, const float *bias,
-                   float *y) {
-    mm_ctx c = {s->m->ops, w, x, bias, y, n, (w->rows + MM_ROWS - 1) / MM_ROWS};
-    par(s, c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), mm_task, &c);
-}
+const char *osp_whisper_device_name(const osp_whisper *m) { return m->be->name; }
 
-static void layer_norm(const ln *l, const float *x, float *y, int64_t n, int64_t d) {
-    for (int64_t t = 0; t < n; t++) {
-        const float *xi = x + t * d;
-        float *yi = y + t * d;
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < d; i++) mean += xi[i];
-        mean /= d;
-        for (int64_t i = 0; i < d; i++) var += (xi[i] - mean) * (xi[i] - mean);
-        float inv = (float)(1.0 / sqrt(var / d + LN_EPS));
-        for (int64_t i = 0; i < d; i++) yi[i] = (float)(xi[i] - mean) * inv * l->w[i] + l->b[i];
-    }
-}
-
-static void gelu(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
-}
-
-static void add(float *y, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
-/* Attention over all S keys of a window (the encoder's self-attention, the
- * decoder's cross-attention), with K as [heads][S][hd] and V transposed,
- * [heads][hd][S], so that a block of 16 queries is two matrix products on
- * the ops table's GEMM: scores = Q_blk K_hᵀ, out = P V_h (as Vᵀ_h rows).
- * Fewer than 16 queries: one query at a time (scores, softmax, dots). */
-typedef struct fatt_ctx {
-    const osp_ops *ops;
-    const float *q, *kh, *vt;
-    float *out;
-    int64_t n, S, d, hd, qblocks;
-} fatt_ctx;
-
-static void fatt_task(void *p, int64_t t) {
-    const fatt_ctx *c = p;
-    const int64_t hd = c->hd, S = c->S, h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q;
-    const int64_t ni = c->n - i0 < ATT_Q ? c->n - i0 : ATT_Q;
-    const float *K = c->kh + h * S * hd, *Vt = c->vt + h * hd * S;
-    float qb[ATT_Q * ATT_MAX_HD], ob[ATT_Q * ATT_MAX_HD], sc[ATT_Q * ATT_FULL_KEYS];
-    for (int64_t i = 0; i < ni; i++) memcpy(qb + i * hd, c->q + (i0 + i) * c->d + h * hd, sizeof(float) * hd);
-    if (ni == ATT_Q) {
-        osp_weight kw = {.dtype = OSP_DT_F32, .rows = S, .cols = hd, .data = K};
-        osp_weight vw = {.dtype = OSP_DT_F32, .rows = hd, .cols = S, .data = Vt};
-        c->ops->matmul(&kw, qb, ni, sc, S, 0, S);
-        for (int64_t i = 0; i < ni; i++) c->ops->softmax(sc + i * S, S);
-        c->ops->matmul(&vw, sc, ni, ob, hd, 0, hd);
-    } else {
-        for (int64_t i = 0; i < ni; i++) {
-            c->ops->scores(sc, qb + i * hd, K, S, hd, hd);
-            c->ops->softmax(sc, S);
-            for (int64_t j = 0; j < hd; j++) ob[i * hd + j] = c->ops->dot(sc, Vt + j * S, S);
-        }
-    }
-    for (int64_t i = 0; i < ni; i++) memcpy(c->out + (i0 + i) * c->d + h * hd, ob + i * hd, sizeof(float) * hd);
-}
+/* ---------------- blocks ---------------- */
 
 /* The pre-LN MLP of a block, its residual added to x [n, d]: encoder and decoder alike. */
-static void mlp_block(const osp_whisper_state *s, const layer *L, float *x, int64_t n, int64_t d, int64_t ffn) {
-    layer_norm(&L->ln_mlp, x, s->h, n, d);
-    matmul(s, &L->fc1, s->h, n, L->b1, s->f);
-    gelu(s->f, n * ffn);
-    matmul(s, &L->fc2, s->f, n, L->b2, s->h);
-    add(x, s->h, n * d);
+static void mlp_block(const osp_whisper_state *s, const layer *L, int64_t n, int64_t d, int64_t ffn) {
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
+    be->layernorm(bs, s->h, s->x, L->ln_mlp.w, L->ln_mlp.b, n, d, LN_EPS);
+    be->linear(bs, &L->fc1, s->h, n, L->b1, s->f);
+    be->gelu(bs, s->f, n * ffn);
+    be->linear(bs, &L->fc2, s->f, n, L->b2, s->h);
+    be->add(bs, s->x, s->h, n * d);
 }
 
-static void full_attention(const osp_whisper_state *s, const float *q, const float *kh, const float *vt, float *out,
-                           int64_t n, int heads) {
+static void full_attention(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t n, int heads) {
     const int64_t d = s->m->cfg.d_model;
-    fatt_ctx c = {s->m->ops, q, kh, vt, out, n, s->m->cfg.n_audio_ctx, d, d / heads, (n + ATT_Q - 1) / ATT_Q};
-    par(s, heads * c.qblocks, fatt_task, &c);
-}
-
-/* k, v [S, d] (heads as column ranges) → kh [heads][S][hd], vt [heads][hd][S]. */
-static void pack_kv(const float *k, const float *v, float *kh, float *vt, int64_t S, int64_t d, int heads) {
-    const int64_t hd = d / heads;
-    for (int64_t h = 0; h < heads; h++)
-        for (int64_t j = 0; j < S; j++) {
-            memcpy(kh + (h * S + j) * hd, k + j * d + h * hd, sizeof(float) * hd);
-            for (int64_t c = 0; c < hd; c++) vt[(h * hd + c) * S + j] = v[j * d + h * hd + c];
-        }
-}
-
-static void scale(float *x, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
+    osp_full_attn_args a = {.q = s->q, .kh = kh, .vt = vt, .out = s->a, .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d,
+                            .heads = heads, .hd = (int32_t)(d / heads)};
+    s->be->full_attention(s->bs, &a);
 }
 
 /* ---------------- encoder ---------------- */
@@ -678,58 +648,53 @@ static void scale(float *x, int64_t n, float s) {
 osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
     const int64_t d = c->d_model, A = c->n_audio_ctx, C = c->n_mels, hd = d / c->enc_heads;
     if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
     s->encoded = 0;
     memset(s->pos, 0, sizeof(int32_t) * s->n_rows);
+    be->begin_chunk(bs, 1, N_FRAMES);
+    be->write(s->mel, mel, C * N_FRAMES);
     /* conv1 (k 3, padding 1): col[t, ci·3 + j] (MLX: [t, j·C + ci]) = mel[ci, t + j - 1] */
-    for (int64_t t = 0; t < N_FRAMES; t++)
-        for (int64_t ci = 0; ci < C; ci++)
-            for (int j = 0; j < 3; j++) {
-                int64_t src = t + j - 1;
-                s->col[m->mlx ? t * C * 3 + j * C + ci : (t * C + ci) * 3 + j] =
-                    src >= 0 && src < N_FRAMES ? mel[ci * N_FRAMES + src] : 0.0f;
-            }
-    matmul(s, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
-    gelu(s->f, N_FRAMES * d);
+    osp_im2col_args i1 = {.col = s->col, .x = s->mel, .C = C, .t_in = N_FRAMES, .t_out = N_FRAMES,
+                          .ld_c = N_FRAMES, .ld_f = 1, .k = 3, .stride = 1, .pad = 1, .k_major = m->mlx};
+    be->im2col(bs, &i1);
+    be->linear(bs, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
+    be->gelu(bs, s->f, N_FRAMES * d);
     /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] (MLX: [t, j·d + ci]) = h1[2t + j - 1, ci] */
-    for (int64_t t = 0; t < A; t++)
-        for (int64_t ci = 0; ci < d; ci++)
-            for (int j = 0; j < 3; j++) {
-                int64_t src = 2 * t + j - 1;
-                s->col[m->mlx ? t * d * 3 + j * d + ci : (t * d + ci) * 3 + j] =
-                    src >= 0 && src < N_FRAMES ? s->f[src * d + ci] : 0.0f;
-            }
-    float *x = s->x;
-    matmul(s, &m->conv2, s->col, A, m->conv2_b, x);
-    gelu(x, A * d);
-    add(x, m->enc_pos, A * d);
+    osp_im2col_args i2 = {.col = s->col, .x = s->f, .C = d, .t_in = N_FRAMES, .t_out = A,
+                          .ld_c = 1, .ld_f = d, .k = 3, .stride = 2, .pad = 1, .k_major = m->mlx};
+    be->im2col(bs, &i2);
+    be->linear(bs, &m->conv2, s->col, A, m->conv2_b, s->x);
+    be->gelu(bs, s->x, A * d);
+    be->add(bs, s->x, m->enc_pos, A * d);
     const float qs = 1.0f / sqrtf((float)hd);
+    osp_dbuf *kh = s->col, *vt = osp_dbuf_at(s->col, A * d);
     for (int l = 0; l < c->enc_layers; l++) {
         const layer *L = &m->enc[l];
-        layer_norm(&L->ln_self, x, s->h, A, d);
-        matmul(s, &L->self.q, s->h, A, L->self.bq, s->q);
-        matmul(s, &L->self.k, s->h, A, NULL, s->k);
-        matmul(s, &L->self.v, s->h, A, L->self.bv, s->v);
-        scale(s->q, A * d, qs);
-        float *kh = s->col, *vt = s->col + A * d;
-        pack_kv(s->k, s->v, kh, vt, A, d, c->enc_heads);
-        full_attention(s, s->q, kh, vt, s->a, A, c->enc_heads);
-        matmul(s, &L->self.o, s->a, A, L->self.bo, s->h);
-        add(x, s->h, A * d);
-        mlp_block(s, L, x, A, d, c->enc_ffn);
+        be->layernorm(bs, s->h, s->x, L->ln_self.w, L->ln_self.b, A, d, LN_EPS);
+        be->linear(bs, &L->self.q, s->h, A, L->self.bq, s->q);
+        be->linear(bs, &L->self.k, s->h, A, NULL, s->k);
+        be->linear(bs, &L->self.v, s->h, A, L->self.bv, s->v);
+        be->scale(bs, s->q, qs, A * d);
+        be->pack_kv(bs, kh, vt, s->k, s->v, A, d, c->enc_heads, (int32_t)hd);
+        full_attention(s, kh, vt, A, c->enc_heads);
+        be->linear(bs, &L->self.o, s->a, A, L->self.bo, s->h);
+        be->add(bs, s->x, s->h, A * d);
+        mlp_block(s, L, A, d, c->enc_ffn);
     }
-    layer_norm(&m->enc_ln, x, s->enc_out, A, d);
+    be->layernorm(bs, s->enc_out, s->x, m->enc_ln.w, m->enc_ln.b, A, d, LN_EPS);
     for (int l = 0; l < c->dec_layers; l++) { /* packed for full_attention */
-        matmul(s, &m->dec[l].cross.k, s->enc_out, A, NULL, s->k);
-        matmul(s, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->v);
-        pack_kv(s->k, s->v, s->ck[l], s->cv[l], A, d, c->dec_heads);
+        be->linear(bs, &m->dec[l].cross.k, s->enc_out, A, NULL, s->k);
+        be->linear(bs, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->v);
+        be->pack_kv(bs, s->ck[l], s->cv[l], s->k, s->v, A, d, c->dec_heads, (int32_t)(d / c->dec_heads));
     }
+    OSP_TRY(be->status(bs));
+    be->read(s->enc_host, s->enc_out, A * d);
     s->encoded = 1;
     return OSP_OK;
 }
-
-void osp_whisper_state_set_serial(osp_whisper_state *s, int serial) { s->serial = serial; }
 
 osp_status osp_whisper_capture_qk(osp_whisper_state *s, const int32_t *heads, int32_t n_heads, float *out,
                                   int32_t max_tok) {
@@ -750,7 +715,7 @@ const int32_t *osp_whisper_alignment_heads(const osp_whisper *m, int32_t *n) {
     return m->align;
 }
 
-const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_out : NULL; }
+const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_host : NULL; }
 
 /* ---------------- decoder ---------------- */
 
@@ -776,90 +741,92 @@ osp_status osp_whisper_copy_row(osp_whisper_state *s, int32_t dst, int32_t src) 
     if (dst == src) return OSP_OK;
     const osp_whisper_config *c = &s->m->cfg;
     const int64_t row = (int64_t)c->n_text_ctx * c->d_model, n = (int64_t)s->pos[src] * c->d_model;
-    for (int l = 0; l < c->dec_layers; l++) {
-        memcpy(s->sk[l] + dst * row, s->sk[l] + src * row, sizeof(float) * n);
-        memcpy(s->sv[l] + dst * row, s->sv[l] + src * row, sizeof(float) * n);
+    if (n) {
+        for (int l = 0; l < c->dec_layers; l++) {
+            s->be->copy(s->bs, osp_dbuf_at(s->sk[l], dst * row), osp_dbuf_at(s->sk[l], src * row), n);
+            s->be->copy(s->bs, osp_dbuf_at(s->sv[l], dst * row), osp_dbuf_at(s->sv[l], src * row), n);
+        }
+        OSP_TRY(s->be->status(s->bs));
     }
     s->pos[dst] = s->pos[src];
     return OSP_OK;
 }
 
-/* Causal self-attention of n tokens, token i in row tok_row[i] at position
- * tok_pos[i] over its row's cache [0, tok_pos[i]]. One task per (head,
- * block of 16 tokens). */
-typedef struct datt_ctx {
-    const osp_ops *ops;
-    const float *q, *K, *V; /* K, V: the layer's [n_rows][ctx][d] */
-    float *out;
-    const int32_t *row, *pos;
-    int64_t n, d, hd, ctx, qblocks;
-} datt_ctx;
-
-static void datt_task(void *p, int64_t t) {
-    const datt_ctx *c = p;
-    int64_t h = t / c->qblocks, i0 = (t % c->qblocks) * ATT_Q, i1 = i0 + ATT_Q < c->n ? i0 + ATT_Q : c->n;
-    float sc[ATT_MAX_KEYS];
-    for (int64_t i = i0; i < i1; i++) {
-        const int64_t keys = c->pos[i] + 1, base = (int64_t)c->row[i] * c->ctx * c->d + h * c->hd;
-        float *o = c->out + i * c->d + h * c->hd;
-        c->ops->scores(sc, c->q + i * c->d + h * c->hd, c->K + base, keys, c->d, c->hd);
-        c->ops->softmax(sc, keys);
-        memset(o, 0, sizeof(float) * c->hd);
-        c->ops->wsum(o, sc, c->V + base, keys, c->d, c->hd);
-    }
-}
-
-static void capture_qk(const osp_whisper_state *s, int l, int32_t n) {
+/* The alignment heads' cross-attention scores of layer l's n tokens, to the
+ * host (rows past qk_max_tok are not kept). s->f is free here. */
+static osp_status capture_qk(const osp_whisper_state *s, int l, int32_t n) {
     const osp_whisper_config *c = &s->m->cfg;
     const int64_t d = c->d_model, hd = d / c->dec_heads, A = c->n_audio_ctx;
     for (int32_t k = 0; k < s->n_qk; k++) {
         if (s->qk_heads[2 * k] != l) continue;
-        const int64_t h = s->qk_heads[2 * k + 1];
-        for (int32_t i = 0; i < n && s->tok_pos[i] < s->qk_max_tok; i++)
-            s->m->ops->scores(s->qk_out + ((int64_t)k * s->qk_max_tok + s->tok_pos[i]) * A, s->q + i * d + h * hd,
-                              s->ck[l] + h * A * hd, A, hd, hd);
+        s->be->full_scores(s->bs, s->f, s->q, s->ck[l], n, A, d, s->qk_heads[2 * k + 1], (int32_t)hd);
+        OSP_TRY(s->be->status(s->bs));
+        for (int32_t i = 0; i < n; i++)
+            if (s->tok_pos[i] < s->qk_max_tok)
+                s->be->read(s->qk_out + ((int64_t)k * s->qk_max_tok + s->tok_pos[i]) * A, osp_dbuf_at(s->f, i * A), A);
     }
+    return OSP_OK;
 }
 
 /* The decoder over n tokens whose rows and positions are in s->tok_row /
- * s->tok_pos; the final hidden states (after layer_norm) go to s->h. */
-static void decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
+ * s->tok_pos; the final hidden states (before layer_norm) stay in s->x. */
+static osp_status decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
     const int64_t d = c->d_model, hd = d / c->dec_heads, ctx = c->n_text_ctx;
-    float *x = s->x;
     const float es = c->scale_embedding ? sqrtf((float)d) : 1.0f;
     for (int32_t i = 0; i < n; i++) {
-        osp_weight_row_f32(&m->embed, ids[i], x + i * d);
-        for (int64_t j = 0; j < d; j++) x[i * d + j] = x[i * d + j] * es + m->dec_pos[(int64_t)s->tok_pos[i] * d + j];
+        float *xi = s->xin + (int64_t)i * d;
+        osp_weight_row_f32(&m->embed, ids[i], xi);
+        for (int64_t j = 0; j < d; j++) xi[j] = xi[j] * es + m->dec_pos[(int64_t)s->tok_pos[i] * d + j];
     }
+    be->write(s->x, s->xin, n * d);
     const float qs = 1.0f / sqrtf((float)hd);
     for (int l = 0; l < c->dec_layers; l++) {
         const layer *L = &m->dec[l];
-        float *K = s->sk[l], *V = s->sv[l];
-        layer_norm(&L->ln_self, x, s->h, n, d);
-        matmul(s, &L->self.q, s->h, n, L->self.bq, s->q);
-        matmul(s, &L->self.k, s->h, n, NULL, s->k);
-        matmul(s, &L->self.v, s->h, n, L->self.bv, s->v);
-        for (int32_t i = 0; i < n; i++) {
-            int64_t at = ((int64_t)s->tok_row[i] * ctx + s->tok_pos[i]) * d;
-            memcpy(K + at, s->k + i * d, sizeof(float) * d);
-            memcpy(V + at, s->v + i * d, sizeof(float) * d);
-        }
-        scale(s->q, n * d, qs);
-        datt_ctx ac = {m->ops, s->q, K, V, s->a, s->tok_row, s->tok_pos, n, d, hd, ctx, (n + ATT_Q - 1) / ATT_Q};
-        par(s, c->dec_heads * ac.qblocks, datt_task, &ac);
-        matmul(s, &L->self.o, s->a, n, L->self.bo, s->h);
-        add(x, s->h, n * d);
-        layer_norm(&L->ln_cross, x, s->h, n, d);
-        matmul(s, &L->cross.q, s->h, n, L->cross.bq, s->q);
-        scale(s->q, n * d, qs);
-        if (s->qk_out) capture_qk(s, l, n);
-        full_attention(s, s->q, s->ck[l], s->cv[l], s->a, n, c->dec_heads);
-        matmul(s, &L->cross.o, s->a, n, L->cross.bo, s->h);
-        add(x, s->h, n * d);
-        mlp_block(s, L, x, n, d, c->dec_ffn);
+        be->layernorm(bs, s->h, s->x, L->ln_self.w, L->ln_self.b, n, d, LN_EPS);
+        be->linear(bs, &L->self.q, s->h, n, L->self.bq, s->q);
+        be->linear(bs, &L->self.k, s->h, n, NULL, s->k);
+        be->linear(bs, &L->self.v, s->h, n, L->self.bv, s->v);
+        be->rows_store(bs, s->sk[l], s->sv[l], s->k, s->v, s->tok_row, s->tok_pos, n, ctx, d);
+        be->scale(bs, s->q, qs, n * d);
+        osp_rows_attn_args ra = {.q = s->q, .k = s->sk[l], .v = s->sv[l], .out = s->a, .row = s->tok_row,
+                                 .pos = s->tok_pos, .n = n, .ctx = ctx, .ld = d, .heads = c->dec_heads,
+                                 .hd = (int32_t)hd};
+        be->rows_attention(bs, &ra);
+        be->linear(bs, &L->self.o, s->a, n, L->self.bo, s->h);
+        be->add(bs, s->x, s->h, n * d);
+        be->layernorm(bs, s->h, s->x, L->ln_cross.w, L->ln_cross.b, n, d, LN_EPS);
+        be->linear(bs, &L->cross.q, s->h, n, L->cross.bq, s->q);
+        be->scale(bs, s->q, qs, n * d);
+        if (s->qk_out) OSP_TRY(capture_qk(s, l, n));
+        full_attention(s, s->ck[l], s->cv[l], n, c->dec_heads);
+        be->linear(bs, &L->cross.o, s->a, n, L->cross.bo, s->h);
+        be->add(bs, s->x, s->h, n * d);
+        mlp_block(s, L, n, d, c->dec_ffn);
     }
+    return OSP_OK;
+}
+
+/* layer_norm and the vocabulary projection of n rows of x from row `first`,
+ * to host logits [n, vocab]. */
+static osp_status head(osp_whisper_state *s, int64_t first, int64_t n, float *logits) {
+    const osp_whisper *m = s->m;
+    const int64_t d = m->cfg.d_model, V = m->cfg.vocab;
+    const osp_backend *be = s->be;
+    if (n * V > s->logits_cap) {
+        if (s->logits) be->free(s->logits);
+        s->logits_cap = 0;
+        if (!(s->logits = be->alloc((size_t)(n * V)))) return osp_err(OSP_ERR_NOMEM, "out of memory for logits");
+        s->logits_cap = n * V;
+    }
+    be->layernorm(s->bs, s->h, osp_dbuf_at(s->x, first * d), m->dec_ln.w, m->dec_ln.b, n, d, LN_EPS);
+    be->linear(s->bs, &m->head, s->h, n, NULL, s->logits);
+    OSP_TRY(be->status(s->bs));
+    be->read(logits, s->logits, n * V);
+    return OSP_OK;
 }
 
 static osp_status check_ids(const osp_whisper_config *c, const int32_t *ids, int32_t n) {
@@ -872,7 +839,7 @@ static osp_status check_ids(const osp_whisper_config *c, const int32_t *ids, int
 osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
-    const int64_t d = c->d_model, p = s->pos[0];
+    const int64_t p = s->pos[0];
     if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
     if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
     if (p + n > c->n_text_ctx)
@@ -883,18 +850,18 @@ osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t 
         s->tok_row[i] = 0;
         s->tok_pos[i] = (int32_t)p + i;
     }
-    decoder_body(s, ids, n);
-    s->pos[0] += n;
-    float *x = s->x;
-    if (logits) {
-        layer_norm(&m->dec_ln, x, s->h, n, d);
-        matmul(s, &m->head, s->h, n, NULL, logits);
-        if (last) memcpy(last, logits + (int64_t)(n - 1) * c->vocab, sizeof(float) * c->vocab);
-    } else if (last) {
-        layer_norm(&m->dec_ln, x + (int64_t)(n - 1) * d, s->h, 1, d);
-        matmul(s, &m->head, s->h, 1, NULL, last);
+    s->be->begin_chunk(s->bs, 1, n);
+    osp_status rc = decoder_body(s, ids, n);
+    if (rc == OSP_OK && logits) {
+        rc = head(s, 0, n, logits);
+        if (rc == OSP_OK && last) memcpy(last, logits + (int64_t)(n - 1) * c->vocab, sizeof(float) * c->vocab);
+    } else if (rc == OSP_OK && last) {
+        rc = head(s, n - 1, 1, last);
+    } else if (rc == OSP_OK) {
+        rc = s->be->status(s->bs);
     }
-    return OSP_OK;
+    if (rc == OSP_OK) s->pos[0] += n;
+    return rc;
 }
 
 osp_status osp_whisper_decode_rows(osp_whisper_state *s, const int32_t *rows, int32_t nr, const int32_t *ids,
@@ -914,9 +881,9 @@ osp_status osp_whisper_decode_rows(osp_whisper_state *s, const int32_t *rows, in
         s->tok_row[i] = rows[i];
         s->tok_pos[i] = s->pos[rows[i]];
     }
-    decoder_body(s, ids, nr);
+    s->be->begin_chunk(s->bs, nr, 1);
+    OSP_TRY(decoder_body(s, ids, nr));
+    OSP_TRY(head(s, 0, nr, logits));
     for (int32_t i = 0; i < nr; i++) s->pos[rows[i]]++;
-    layer_norm(&m->dec_ln, s->x, s->h, nr, c->d_model);
-    matmul(s, &m->head, s->h, nr, NULL, logits);
     return OSP_OK;
 }

@@ -20,8 +20,8 @@
  * embed_tokens(ids) (· sqrt(d_model) when scale_embedding) + embed_positions
  * → blocks (causal self-attention over the cache, cross-attention over the
  * window, MLP) → layer_norm → logits tied to embed_tokens (or proj_out when
- * stored). Linear layers run on the ops table's matmul split over the
- * process thread pool; attention on its scores/softmax/wsum kernels.
+ * stored). Every step is an osp_backend operation (backend/backend.h), so
+ * the model runs on the device it was loaded on (the CPU, or a GPU).
  */
 #ifndef OSP_WHISPER_H
 #define OSP_WHISPER_H
@@ -55,8 +55,14 @@ void osp_whisper_sinusoids(int64_t len, int64_t ch, float *out);
  * architectures name WhisperForConditionalGeneration). */
 int osp_whisper_detect(const char *dir);
 
-/* Load a model folder (or a Hugging Face cache repo folder). */
+/* Load a model folder (or a Hugging Face cache repo folder) on a device
+ * (an osp_device; AUTO = the CPU for now: the CUDA path has not yet run on
+ * a GPU; OSP_DEVICE=cuda or CUDA asks for it). */
+osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out);
+/* The same on AUTO. */
 osp_status osp_whisper_load(const char *dir, osp_whisper **out);
+/* The backend it runs on ("cpu (avx512+vnni)", "cuda (NVIDIA H200)"). */
+const char *osp_whisper_device_name(const osp_whisper *m);
 void osp_whisper_free(osp_whisper *m);
 const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m);
 
@@ -70,6 +76,11 @@ void osp_whisper_state_free(osp_whisper_state *s);
  * process thread pool (whose calls must come from one thread at a time),
  * for callers beside another user of the pool (the server's audio route). */
 void osp_whisper_state_set_serial(osp_whisper_state *s, int serial);
+/* fast = 1: the backend's production precision (on the GPU, the encoder's
+ * and long chunks' matmuls on the tensor cores in bf16); reference
+ * precision (f32, the goldens' bound) otherwise, the default. The CPU
+ * computes both in reference precision. */
+void osp_whisper_state_set_fast(osp_whisper_state *s, int fast);
 
 /* Word timestamps: while set, each decoded token's cross-attention scores
  * (q·k scaled by head_dim^-0.5, before the softmax) for the n_heads (layer,

@@ -28,7 +28,7 @@ int srv_audio_setup(srv *s) {
         osp_err(OSP_ERR_INVALID, "%s: --audio-model is not a Whisper model folder", s->cfg.audio_model);
         return -1;
     }
-    if (osp_whisper_load(s->cfg.audio_model, &s->audio) != OSP_OK) return -1;
+    if (osp_whisper_load_on(s->cfg.audio_model, s->cfg.device, &s->audio) != OSP_OK) return -1;
     if (osp_whisper_tokenizer_load(s->cfg.audio_model, s->cfg.audio_tokenizer,
                                    osp_whisper_get_config(s->audio)->vocab, &s->audio_tok) != OSP_OK)
         return -1;

@@ -566,6 +566,7 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
     if (!x->blogits || !x->beams || !x->cands) return osp_err(OSP_ERR_NOMEM, "out of memory for beam search");
     OSP_TRY(osp_mel_new(cfg->n_mels, &x->mel));
     osp_whisper_state_set_serial(x->s, o->serial);
+    osp_whisper_state_set_fast(x->s, o->fast);
     osp_mel_set_serial(x->mel, o->serial);
     x->spec = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * cfg->n_mels * N_FRAMES);
     x->prefix = osp_malloc(OSP_POOL_SCRATCH, sizeof(int32_t) * ctx);

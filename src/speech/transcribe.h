@@ -142,6 +142,7 @@ typedef struct osp_transcribe_opts {
     int condition_on_previous_text; /* 1 */
     uint64_t seed;
     int serial;             /* 1: on the calling thread only (osp_whisper_state_set_serial) */
+    int fast;               /* 1: the device's production precision (osp_whisper_state_set_fast); 0 */
     int word_timestamps;    /* words with their times (speech/words.c) */
     osp_fallback_opts fb;   /* thresholds (osp_transcribe_defaults) */
     /* called after each window: seconds done, total */

@@ -276,6 +276,7 @@ static osp_backend CPU = {
 const osp_backend *osp_backend_cpu(void) {
     static char name[64];
     if (!CPU.name) {
+        osp_cpu_encdec_fill(&CPU);
         const osp_cpu_features *f = osp_cpu_features_get();
         snprintf(name, sizeof name, "cpu (%s%s)", osp_ops_get()->name, f->vnni ? "+vnni" : "");
         CPU.name = name;

@@ -13,6 +13,7 @@ struct osp_be_session {
     int fast;      /* production precision: int8 activations for 4-bit weights */
     int per_token; /* this chunk is a batched decode step: each token through the one-token kernel */
     int exact_tokens; /* every chunk's tokens through the one-token kernel (speculative verification) */
+    int serial;    /* the encoder-decoder operations on the calling thread (not the process pool) */
     void *q8mem;   /* int8 activation panels for q8cap tokens */
     size_t q8stride;
     int32_t q8cap;
@@ -24,6 +25,8 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
 void osp_cpu_attention(osp_be_session *s, const osp_attn_args *a);
 void osp_cpu_kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                       const osp_dbuf *k, const osp_dbuf *v, int32_t T);
+/* the encoder-decoder operations (encdec.c) into the table */
+void osp_cpu_encdec_fill(osp_backend *b);
 osp_status osp_cpu_place(osp_weight *const *ws, int n, const void *const *keep, int n_keep, const osp_region *maps,
                          int n_maps, void **owned);
 void osp_cpu_unplace(void *owned);

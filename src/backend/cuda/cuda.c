@@ -418,6 +418,15 @@ static void flush(osp_be_session *s) {
     else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
 }
 
+void osp_cu_flush(osp_be_session *s) { flush(s); }
+
+/* y = x · Wᵀ + bias: the matmul (cuBLAS for a long chunk in production precision) and the bias */
+static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, int64_t n, const osp_dbuf *bias,
+                   osp_dbuf *y) {
+    matmul(s, &w, 1, x, n, &y);
+    add_bias(s, y, bias, n, w->rows);
+}
+
 /* The rows are gathered on the host from the mapped table into the staging area. */
 static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_t *ids, int64_t n, osp_dbuf *x) {
     flush(s);
@@ -755,6 +764,8 @@ const osp_backend *osp_backend_cuda(void) {
         return NULL;
     }
     if (!CUDA.name) {
+        osp_cu_encdec_fill(&CUDA);
+        CUDA.linear = linear;
         struct cudaDeviceProp p;
         if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) snprintf(name, sizeof name, "cuda (%s)", p.name);
         else snprintf(name, sizeof name, "cuda");

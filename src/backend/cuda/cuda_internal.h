@@ -80,6 +80,12 @@ void osp_cu_note(osp_be_session *s, int e, const char *where);
  * while capturing or replaying). */
 int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem);
 
+/* Submit the operation cuda.c holds back to fuse with the next (a residual
+ * add before a norm): every operation of another file calls it first. */
+void osp_cu_flush(osp_be_session *s);
+/* The encoder-decoder operations (encdec.c) into the table. */
+void osp_cu_encdec_fill(osp_backend *b);
+
 /* ---- step.c ---- */
 osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes);
 void osp_cu_step_free(osp_be_session *s);

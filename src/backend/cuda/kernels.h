@@ -103,6 +103,27 @@ int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_
 int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,
                     const float *k, const float *v);
 
+/* ---- the encoder-decoder operations (kernels_encdec.cu; osp_backend's
+ * linear .. rows_attention, whose comments give the layouts) ---- */
+int osp_cu_layernorm(osp_cu_stream st, float *y, const float *x, const float *w, const float *b, int64_t n, int64_t d,
+                     float eps);
+int osp_cu_gelu(osp_cu_stream st, float *x, int64_t n);
+int osp_cu_im2col(osp_cu_stream st, float *col, const float *x, int64_t C, int64_t t_in, int64_t t_out, int64_t ld_c,
+                  int64_t ld_f, int k, int stride, int pad, int k_major);
+int osp_cu_pack_kv(osp_cu_stream st, float *kh, float *vt, const float *k, const float *v, int64_t S, int64_t ld,
+                   int heads, int hd);
+/* shared memory a block of the full attention needs (S keys, heads of hd) */
+int64_t osp_cu_full_attention_smem(int64_t S, int hd);
+int osp_cu_full_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out, int64_t n,
+                          int64_t S, int64_t ld, int heads, int hd);
+int osp_cu_full_scores(osp_cu_stream st, float *out, const float *q, const float *kh, int64_t n, int64_t S, int64_t ld,
+                       int head, int hd);
+/* row, pos: device [n] */
+int osp_cu_rows_store(osp_cu_stream st, float *kc, float *vc, const float *k, const float *v, const int32_t *row,
+                      const int32_t *pos, int64_t n, int64_t ctx, int64_t ld);
+int osp_cu_rows_attention(osp_cu_stream st, const float *q, const float *K, const float *V, float *out,
+                          const int32_t *row, const int32_t *pos, int64_t n, int64_t ctx, int64_t ld, int heads, int hd);
+
 #ifdef __cplusplus
 }
 #endif

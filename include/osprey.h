@@ -168,6 +168,10 @@ void osp_session_commit(osp_session *s);
  * 4-bit weights (int8 activations, exact integer sums); elsewhere matvec,
  * small-batch and GEMM kernels sum in different orders. */
 int osp_session_chunk_invariant(const osp_session *s);
+/* Tokens one chunk of all rows can hold at about the cost of a one-token step
+ * on this session's model, device and precision (the default budget of a
+ * speculative verification pass). */
+int32_t osp_session_pass_tokens(const osp_session *s);
 /* on: every token of later forward calls is computed exactly as a one-token
  * decode step computes it (speculative verification). -1 when the
  * session's device cannot promise that. */

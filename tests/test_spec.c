@@ -190,12 +190,16 @@ static void test_rings_and_quantized_kv(void **state) {
         run(m, ids, np, 2, 60, &p, NULL, 0, 1, bits, 512, spec, &st);
         same(plain, spec, 2, bits ? "8-bit KV" : "f32 KV");
         assert_true(st.n_draft > st.n_draft_accepted); /* some drafts were rolled back past position 256 */
-        /* itself as its draft: everything accepted */
+        /* itself as its draft */
         osp_spec_params pd = osp_spec_defaults();
         pd.max_tokens = 0;
         run(m, ids, np, 2, 60, &pd, m, 0, 1, bits, 512, spec, &st);
         same(plain, spec, 2, "self-draft");
-        assert_int_equal(st.n_draft, st.n_draft_accepted);
+        /* f32 KV: the draft computes what the target does, every draft is accepted. 8-bit KV: the draft
+         * catches up on the prompt and the first token in one chunk, whose attention reads the chunk's own
+         * positions in f32, while the target read that token's predecessors back quantized: nearly all */
+        if (!bits) assert_int_equal(st.n_draft, st.n_draft_accepted);
+        else assert_true(st.n_draft_accepted * 10 >= st.n_draft * 9);
     }
     free(ids);
     osp_model_free(m);

@@ -246,6 +246,11 @@ typedef struct osp_backend {
      * Then a prefix computed in any chunks can continue anywhere, bitwise
      * (the prefix cache, model/session.c). NULL = never. */
     int (*chunk_invariant)(const osp_weight *const *ws, int n, int fast);
+    /* Tokens a chunk of every row can hold at about the cost of a one-token
+     * step for these placed weights (speculative verification's default
+     * budget, engine/spec.h): past it a pass is bound by compute, not by
+     * streaming the weights. NULL = 8. */
+    int32_t (*pass_tokens)(const osp_weight *const *ws, int n, int fast);
 
     /* ---- measuring ---- */
     /* One trial of the device's read bandwidth in GB/s (a kernel that reads

@@ -51,7 +51,7 @@ int osp_cli_spec_open(const osp_cli_spec *c, const osp_model *target, int device
     if (c->draft_max) p.draft_max = c->draft_max;
     if (c->draft_min) p.draft_min = c->draft_min;
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
-    if (c->batch_tokens >= 0) p.max_tokens = c->batch_tokens;
+    p.max_tokens = c->batch_tokens >= 0 ? c->batch_tokens : osp_session_pass_tokens(s);
     p.ngram = c->ngram && !c->draft;
     if (c->draft && osp_spec_load_draft(c->draft, device, tok, draft) != OSP_OK) return -1;
     (void)target;

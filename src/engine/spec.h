@@ -34,7 +34,8 @@ typedef struct osp_spec_params {
     int32_t draft_min;  /* fewest (default 1) */
     int ngram;          /* n-gram lookup drafting (when there is no draft model) */
     int32_t ngram_max;  /* longest match tried (default 4); down to 1 */
-    int32_t max_tokens; /* most tokens a verification pass computes for all rows together (default 8): past
+    int32_t max_tokens; /* most tokens a verification pass computes for all rows together (default 8; the
+                           server and the CLI take osp_session_pass_tokens, 64 with AMX's bf16 path): past
                            it, checking drafts costs more compute than the bandwidth they save, so a larger
                            batch drafts fewer tokens a row, and none from this many rows on */
 } osp_spec_params;

@@ -140,7 +140,10 @@ static osp_status place(osp_model *m) {
     for (int i = 0; i < m->st->n_files; i++) maps[i] = (osp_region){m->st->files[i].map, m->st->files[i].size};
     osp_status rc = m->be->place(ws, c.n, keep, c.n_keep, maps, m->st->n_files, &m->placed);
     for (int f = 0; f < 2 && rc == OSP_OK; f++)
+    {
         m->chunk_invariant[f] = m->be->chunk_invariant ? m->be->chunk_invariant((const osp_weight *const *)ws, c.n, f) : 0;
+        m->pass_tokens[f] = m->be->pass_tokens ? m->be->pass_tokens((const osp_weight *const *)ws, c.n, f) : 8;
+    }
     if (rc != OSP_OK) {
         char why[256];
         snprintf(why, sizeof why, "%s", osp_last_error());

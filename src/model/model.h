@@ -68,6 +68,7 @@ struct osp_model {
     int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
     int chunk_invariant[2];    /* [fast]: the backend computes rows independently of chunk sizes (backend.h) */
+    int32_t pass_tokens[2];    /* [fast]: tokens a pass holds at about one token's cost (backend.h) */
 };
 
 /* Activations for forward calls of at most max_tok tokens in all rows, in

@@ -125,6 +125,7 @@ void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv
 struct osp_kv *osp_session_kv(osp_session *s) { return s->kv; }
 
 int osp_session_chunk_invariant(const osp_session *s) { return s->m->chunk_invariant[s->fast]; }
+int32_t osp_session_pass_tokens(const osp_session *s) { return s->m->pass_tokens[s->fast] > 0 ? s->m->pass_tokens[s->fast] : 8; }
 
 size_t osp_session_kv_bytes(const osp_session *s) { return osp_kv_bytes(s->kv); }
 

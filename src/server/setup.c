@@ -98,7 +98,7 @@ static int spec_setup(srv *s) {
     if (c->draft_max > 0) p.draft_max = c->draft_max;
     if (c->draft_min > 0) p.draft_min = c->draft_min;
     if (p.draft_min > p.draft_max) p.draft_min = p.draft_max;
-    if (c->spec_batch_tokens >= 0) p.max_tokens = c->spec_batch_tokens;
+    p.max_tokens = c->spec_batch_tokens >= 0 ? c->spec_batch_tokens : osp_session_pass_tokens(s->session);
     p.ngram = !c->draft_model;
     if (c->draft_model && osp_spec_load_draft(c->draft_model, c->device, s->tok, &s->draft) != OSP_OK) return -1;
     osp_status rc = osp_spec_new(&p, s->draft, s->session, &s->spec);

@@ -18,6 +18,8 @@ struct osp_be_session {
     size_t q8stride;
     int32_t q8cap;
     osp_q8act *q8acts; /* [q8cap / 8] panels */
+    uint16_t *bt;  /* bf16 activations packed for the AMX tiles (backend/cpu/amx.h): q8cap tokens, or NULL */
+    int64_t bt_cols;
 };
 
 void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/amx.h"
 #include "core/threadpool.h"
 
 #define MM_MAX_W 4
@@ -21,6 +22,8 @@ typedef struct mm_ctx {
     const osp_q8act *acts; /* fast path: the n prepared activations */
     osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
+    const uint16_t *bt;    /* fast path, bf16 weights on AMX: the n activations packed as tiles */
+    int64_t bt_cols;
     int nw, nt;
     const osp_weight *w[MM_MAX_W];
     float *y[MM_MAX_W];
@@ -35,6 +38,10 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
     float *y = c->y[i];
     if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
+        return;
+    }
+    if (c->bt && osp_bf16t_fits(w) && w->cols == c->bt_cols) { /* the same on the AMX tiles */
+        osp_bf16t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1);
         return;
     }
     if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
@@ -76,6 +83,17 @@ static void mm_task(void *p, int64_t t) {
         int64_t r0 = cur - c->first[i], r1 = r0 + take;
         mm_rows(c, i, r0, r1 < c->w[i]->rows ? r1 : c->w[i]->rows);
     }
+}
+
+typedef struct pack_ctx {
+    const float *x;
+    int64_t n, cols, nch, parts;
+    uint16_t *xp;
+} pack_ctx;
+
+static void pack_task(void *p, int64_t t) {
+    const pack_ctx *c = p;
+    osp_bf16t_pack_fast(c->x, c->n, c->cols, c->xp, t * c->nch / c->parts, (t + 1) * c->nch / c->parts);
 }
 
 typedef struct prep_ctx {
@@ -139,6 +157,26 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
      * activations cost them more accuracy, and their matvec is memory-bound
      * there already.) */
     c.per_token = s->per_token && n > 1;
+    /* bf16 weights in production precision on AMX tiles: the activations rounded to bf16 and packed once for
+     * every weight of the call; a token's numbers do not depend on n (so no per-token mode is needed) */
+    if (s->fast && s->bt && n <= s->q8cap && x) {
+        int any = 0;
+        for (int i = 0; i < nw; i++) any |= osp_bf16t_fits(ws[i]) && ws[i]->cols <= s->bt_cols;
+        if (any) {
+            const int64_t cols = ws[0]->cols;
+            int same = 1;
+            for (int i = 0; i < nw; i++) same &= ws[i]->cols == cols;
+            if (same && cols % OSP_BF16T_COLS == 0) {
+                pack_ctx pc = {x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
+                const int nt = osp_threads_count();
+                if (n * cols >= (1 << 16) && nt > 1) pc.parts = pc.nch < 4 * nt ? pc.nch : 4 * nt;
+                if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
+                else pack_task(&pc, 0);
+                c.bt = s->bt;
+                c.bt_cols = cols;
+            }
+        }
+    }
     int nt = osp_threads_count();
     int64_t work = 0;
     c.nt = nt;

@@ -1,0 +1,145 @@
+/* The bf16 weights' production path on AMX tiles (backend/cpu/amx.h): the
+ * AVX512-BF16 packing bitwise the scalar one's; the tile kernel against its
+ * scalar twin (TDPBF16PS's definition) within a few ulps of the terms' sum (the
+ * hardware's rounding inside a step is its own), for 1..40 tokens, row ranges
+ * that start and end anywhere on 16-row boundaries and a weight's last rows;
+ * a token's outputs the same alone and among any number (batch invariance);
+ * and the twin against the f64 product of the bf16 operands. Skipped (77)
+ * where the CPU or the kernel has no AMX; the twin's checks run everywhere. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/amx.h"
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+    return (uint32_t)(rs >> 32);
+}
+static float frand(void) { return (float)rnd() / 4294967296.0f * 2 - 1; }
+
+static float bf16f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct wcase {
+    osp_weight w;
+    uint16_t *data;
+    float *x;
+} wcase;
+
+static void make(wcase *c, int64_t rows, int64_t cols, int64_t n) {
+    memset(c, 0, sizeof *c);
+    c->data = malloc(sizeof(uint16_t) * rows * cols);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        float f = frand() * 0.5f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        c->data[i] = (uint16_t)(u >> 16);
+    }
+    c->x = malloc(sizeof(float) * n * cols);
+    for (int64_t i = 0; i < n * cols; i++) c->x[i] = frand() * 3;
+    c->w.dtype = OSP_DT_BF16, c->w.rows = rows, c->w.cols = cols, c->w.data = c->data;
+}
+
+static void drop(wcase *c) { free(c->data), free(c->x); }
+
+/* the scalar twin against the f64 sum of the same bf16 products */
+static void test_twin(void **state) {
+    (void)state;
+    wcase c;
+    const int64_t R = 40, C = 96, n = 5;
+    make(&c, R, C, n);
+    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C));
+    float *y = malloc(sizeof(float) * n * R);
+    osp_bf16t_pack(c.x, n, C, xp);
+    osp_bf16t_ref(&c.w, xp, n, y, R, 0, R);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < R; r++) {
+            double s = 0, a = 0;
+            for (int64_t k = 0; k < C; k++) {
+                uint32_t u;
+                memcpy(&u, &c.x[t * C + k], 4);
+                u += 0x7fffu + ((u >> 16) & 1); /* (no denormals or NaN here) */
+                double p = (double)bf16f((uint16_t)(u >> 16)) * bf16f(c.data[r * C + k]);
+                s += p, a += fabs(p);
+            }
+            if (fabs(y[t * R + r] - s) > 1e-6 * a + 1e-30) fail_msg("twin: token %ld row %ld: %g vs %g", (long)t, (long)r, y[t * R + r], s);
+        }
+    assert_true(osp_bf16t_fits(&c.w));
+    free(xp), free(y);
+    drop(&c);
+}
+
+static void test_tiles(void **state) {
+    (void)state;
+    if (!osp_amx_available()) skip();
+    const int64_t shapes[][2] = {{16, 32}, {45, 64}, {70, 256}, {128, 96}, {33, 2048}, {300, 512}};
+    const int64_t ns[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 40};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const int64_t R = shapes[si][0], C = shapes[si][1], nmax = 40;
+        wcase c;
+        make(&c, R, C, nmax);
+        c.x[3] = NAN, c.x[C + 5] = INFINITY, c.x[2 * C + 7] = 1e-40f, c.x[2 * C + 8] = -1e-40f; /* NaN, inf, denormals */
+        uint16_t *xp = malloc(osp_bf16t_packed_bytes(nmax, C)), *xq = malloc(osp_bf16t_packed_bytes(nmax, C));
+        float *y = malloc(sizeof(float) * nmax * R), *yr = malloc(sizeof(float) * nmax * R),
+              *y1 = malloc(sizeof(float) * R);
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            const int64_t n = ns[ni];
+            osp_bf16t_pack(c.x, n, C, xp);
+            memset(xq, 0xa5, osp_bf16t_packed_bytes(n, C));
+            osp_bf16t_pack_fast(c.x, n, C, xq, 0, C / 32 / 2);
+            osp_bf16t_pack_fast(c.x, n, C, xq, C / 32 / 2, C / 32);
+            size_t used = (size_t)((n + osp_bf16t_width(n) - 1) / osp_bf16t_width(n)) * osp_bf16t_width(n) * C * 2;
+            if (memcmp(xp, xq, used)) fail_msg("pack: %ld x %ld: the AVX512-BF16 packing differs", (long)n, (long)C);
+            /* whole rows, then ranges that start on 16-row boundaries */
+            for (int64_t r0 = 0; r0 < R; r0 += 48) {
+                int64_t r1 = r0 + 48 < R ? r0 + 48 : R;
+                if (r0 == 0) r1 = R;
+                for (int64_t i = 0; i < n * R; i++) y[i] = yr[i] = -7;
+                osp_bf16t_amx(&c.w, xp, n, y, R, r0, r1);
+                osp_bf16t_ref(&c.w, xp, n, yr, R, r0, r1);
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t r = 0; r < r1 - r0; r++) {
+                        float a = y[t * R + r], b = yr[t * R + r];
+                        /* the hardware rounds inside a tile step in its own way (measured: neither the
+                         * definition's sequential order nor a pair or 32-column sum rounded once): within a
+                         * few units in the last place of the terms' magnitude, not bitwise */
+                        double mag = 0;
+                        for (int64_t k = 0; k < C; k++) mag += fabs((double)bf16f(c.data[(r0 + r) * C + k]) * c.x[t * C + k]);
+                        if (isnan(a) != isnan(b) || (!isnan(a) && fabs((double)a - b) > 4e-7 * mag))
+                            fail_msg("tiles %ld x %ld, %ld tokens, rows %ld..%ld: token %ld row %ld: %.9g vs twin %.9g", (long)R,
+                                     (long)C, (long)n, (long)r0, (long)r1, (long)t, (long)(r0 + r), a, b);
+                    }
+            }
+            /* each token as alone */
+            osp_bf16t_amx(&c.w, xp, n, y, R, 0, R);
+            for (int64_t t = 0; t < n; t += n > 9 ? 7 : 1) {
+                uint16_t *x1 = malloc(osp_bf16t_packed_bytes(1, C));
+                osp_bf16t_pack_fast(c.x + t * C, 1, C, x1, 0, C / 32);
+                osp_bf16t_amx(&c.w, x1, 1, y1, R, 0, R);
+                if (memcmp(y1, y + t * R, sizeof(float) * R)) {
+                    int nan_eq = 1;
+                    for (int64_t r = 0; r < R; r++)
+                        if (!(isnan(y1[r]) && isnan(y[t * R + r])) && memcmp(&y1[r], &y[t * R + r], 4)) nan_eq = 0;
+                    if (!nan_eq) fail_msg("tiles %ld x %ld: token %ld differs alone and among %ld", (long)R, (long)C, (long)t, (long)n);
+                }
+                free(x1);
+            }
+        }
+        free(xp), free(xq), free(y), free(yr), free(y1);
+        drop(&c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_tiles)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -63,15 +63,34 @@ void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y,
             _tile_zero(2);
             _tile_zero(3);
             if (two && b2) {
-                for (int64_t j = 0; j < nch; j++) {
-                    _tile_loadd(4, A0 + j * 32, stride);
-                    _tile_loadd(5, A1 + j * 32, stride);
-                    _tile_loadd(6, B0 + j * ts, bs);
-                    _tile_loadd(7, B1 + j * ts, bs);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                /* (many tokens) a row tile at a time into 0 and 1, two token blocks, two steps in flight:
+                 * A in 4 and 5, the activations in 6, 7 and 2, 3 */
+                for (int half = 0; half < 2; half++) {
+                    const uint16_t *A = half ? A1 : A0;
+                    int64_t j = 0;
+                    for (; j + 1 < nch; j += 2) {
+                        _tile_loadd(4, A + j * 32, stride);
+                        _tile_loadd(6, B0 + j * ts, bs);
+                        _tile_loadd(7, B1 + j * ts, bs);
+                        _tile_loadd(5, A + (j + 1) * 32, stride);
+                        _tile_loadd(2, B0 + (j + 1) * ts, bs);
+                        _tile_loadd(3, B1 + (j + 1) * ts, bs);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(0, 5, 2);
+                        _tile_dpbf16ps(1, 5, 3);
+                    }
+                    if (j < nch) {
+                        _tile_loadd(4, A + j * 32, stride);
+                        _tile_loadd(6, B0 + j * ts, bs);
+                        _tile_loadd(7, B1 + j * ts, bs);
+                        _tile_dpbf16ps(0, 4, 6);
+                        _tile_dpbf16ps(1, 4, 7);
+                    }
+                    _tile_stored(0, c[2 * half], 64);
+                    _tile_stored(1, c[2 * half + 1], 64);
+                    _tile_zero(0);
+                    _tile_zero(1);
                 }
             } else if (two) {
                 /* (decode: 1-16 tokens) two steps in flight: the tiles are not renamed, so the next step's
@@ -111,10 +130,11 @@ void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y,
                     _tile_dpbf16ps(0, 4, 6);
                 }
             }
-            _tile_stored(0, c[0], 64);
-            if (b2) _tile_stored(1, c[1], 64);
-            if (two) _tile_stored(2, c[2], 64);
-            if (two && b2) _tile_stored(3, c[3], 64);
+            if (!(two && b2)) { /* (that case stored its tiles as it went) */
+                _tile_stored(0, c[0], 64);
+                if (b2) _tile_stored(1, c[1], 64);
+                if (two) _tile_stored(2, c[2], 64);
+            }
             const int64_t e0 = a + 16 < r1 ? a + 16 : r1;
             put(c[0], s0, a, e0, b, nbw, n, y, ldy, r0);
             if (b2) put(c[1], s0, a, e0, b + 1, nbw, n, y, ldy, r0);

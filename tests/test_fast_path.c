@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <string.h>
 #include "golden.h"
 #include "osprey.h"
 
@@ -64,6 +65,19 @@ static void test_fast(void **st) {
     }
 }
 
+/* bf16 weights in production precision: on a CPU with AMX their activations
+ * are rounded to bf16 (backend/cpu/amx.h); elsewhere the same f32 kernels
+ * as reference precision. Every bf16 golden, each shape. */
+static void test_fast_bf16(void **st) {
+    (void)st;
+    for (size_t i = 0; i < N_GOLDEN_MODELS; i++) {
+        if (strstr(GOLDEN_MODELS[i], "-q")) continue;
+        check_model(GOLDEN_MODELS[i], 1, 1, 0);
+        check_model(GOLDEN_MODELS[i], 4, 1, 0);
+        check_model(GOLDEN_MODELS[i], 1 << 20, 1, 0);
+    }
+}
+
 /* The 16-bit (bf16) KV cache, alone (reference-precision matmuls) and with
  * the fast path, on every golden of the parity suite: token by token (every
  * step attends over stored bf16 positions) and in chunks of 4. */
@@ -78,6 +92,7 @@ static void test_kv16(void **st) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fast), cmocka_unit_test(test_kv16)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fast), cmocka_unit_test(test_fast_bf16),
+                                       cmocka_unit_test(test_kv16)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,7 @@
 /* backend/cpu/amx: availability, the packed activation layout and the
  * scalar twin of the tile kernel (see amx.h; the kernel is amx_tiles.c). */
 #include "backend/cpu/amx.h"
+#include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +23,11 @@ static void amx_detect(void) {
     if (e && e[0] == '0') return;
     if (!osp_amx_tiles_built() || !osp_cpu_features_get()->avx512) return;
 #if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
-        !__builtin_cpu_supports("avx512bf16"))
-        return;
+    /* cpuid leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16; subleaf 1 EAX bit 5 AVX512-BF16 (by hand: older
+     * compilers' __builtin_cpu_supports do not know these names) */
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return;
     /* the kernel keeps a process's tile state only when asked (Linux 5.16+) */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
     amx_ok = 1;

@@ -132,18 +132,20 @@ static void test_goldens(void **state) {
     }
 }
 
-/* ---- cold == warm, bitwise, on the 4-bit production path ---- */
+/* ---- cold == warm, bitwise, on the chunk-invariant production paths: 4-bit weights (int8), bf16 weights
+ * on AMX tiles (where the CPU has them) ---- */
 
 static void test_bitwise_q4(void **state) {
     (void)state;
-    const char *models[] = {"data/goldens/llama3-q4", "data/goldens/gemma3-q4"};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *models[] = {"data/goldens/llama3-q4", "data/goldens/gemma3-q4", "data/goldens/llama3",
+                            "data/goldens/gemma3", "data/goldens/gemma4-e"};
+    for (int mi = 0; mi < 5; mi++) {
         golden g;
         assert_int_equal(golden_load(models[mi], &g), 0);
         osp_model *m;
         assert_int_equal(osp_model_load(models[mi], &m), OSP_OK);
         osp_session *s = mk(m, 64, 0, 1);
-        if (!osp_session_chunk_invariant(s)) { /* no int8 path on this CPU (the AVX2 tier) */
+        if (!osp_session_chunk_invariant(s)) { /* no int8 path (the AVX2 tier) or no AMX on this CPU */
             osp_session_free(s);
             osp_model_free(m);
             golden_free(&g);

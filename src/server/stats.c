@@ -48,6 +48,9 @@ json_t *srv_stats_json(srv *s) {
                                (json_int_t)p->disk_writes, "disk_loads", (json_int_t)p->disk_loads, "disk_rejects",
                                (json_int_t)p->disk_rejects, "disk_deletes", (json_int_t)p->disk_deletes, "dir",
                                s->pc_dir);
+        /* what may be reused: any prefix (the rows are chunk-invariant here), or prompts at multiples of align */
+        json_object_set_new(pc, "reuse", json_string(s->pc_grid ? "prompts on the prefill grid" : "any prefix"));
+        json_object_set_new(pc, "align", json_integer(s->pc_grid ? s->prefill_step : 1));
         json_object_set_new(pc, "lookup_seconds", json_real(p->lookup_s));
         json_object_set_new(pc, "insert_seconds", json_real(p->insert_s));
         json_object_set_new(o, "prompt_cache", pc);

@@ -53,9 +53,9 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     size_t panels = ((size_t)max_tok + OSP_Q8ACT_SLOTS - 1) / OSP_Q8ACT_SLOTS;
     s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * panels);
     s->q8acts = calloc(panels, sizeof *s->q8acts);
-    if (osp_amx_available() && max_cols % OSP_BF16T_COLS == 0) { /* bf16 weights' production path */
-        s->bt_cols = max_cols;
-        s->bt = osp_malloc(OSP_POOL_SCRATCH, osp_bf16t_packed_bytes(max_tok, max_cols));
+    if (osp_amx_available()) { /* bf16 weights' production path: any call whose columns fit */
+        s->bt_cols = (max_cols + OSP_BF16T_COLS - 1) / OSP_BF16T_COLS * OSP_BF16T_COLS;
+        s->bt = osp_malloc(OSP_POOL_SCRATCH, osp_bf16t_packed_bytes(max_tok, s->bt_cols));
     }
     if (!s->q8mem || !s->q8acts || (s->bt_cols && !s->bt)) {
         session_free(s);
@@ -236,13 +236,15 @@ static osp_status place(osp_weight *const *ws, int n, const void *const *keep, i
 }
 
 /* Production precision with every matmul weight on the int8 path (4-bit,
- * repacked for VNNI): exact int32 sums in a fixed order per token, whatever
- * the chunk; attention, norms and the rest are per row already. The f32
- * kernels are not: n == 1, small n and GEMM tiles sum in different orders. */
+ * repacked for VNNI: exact int32 sums in a fixed order per token, whatever
+ * the chunk) or on the AMX tiles (bf16: a token's sums do not depend on the
+ * call); attention, norms and the rest are per row already. The f32 kernels
+ * are not: n == 1, small n and GEMM tiles sum in different orders. */
 static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
-    if (!fast || n <= 0 || !osp_q8act_matmul_fast()) return 0;
+    if (!fast || n <= 0) return 0;
+    const int q8 = osp_q8act_matmul_fast() != NULL, amx = osp_amx_available();
     for (int i = 0; i < n; i++)
-        if (!ws[i]->packed) return 0;
+        if (!(q8 && ws[i]->packed) && !(amx && osp_bf16t_fits(ws[i]))) return 0;
     return 1;
 }
 

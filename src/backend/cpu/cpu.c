@@ -248,11 +248,11 @@ static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
     return 1;
 }
 
-/* Production precision with the bf16 weights on AMX tiles: a pass of up to
- * 64 tokens still streams the weights once at about a token's cost (the
- * tiles' compute is far from the bound; measured on the padded bundled
- * model: 8 rows of 5 tokens at 1.4x a plain 8-row step); otherwise the f32
- * and int8 kernels' compute grows with every token: 8. */
+/* Production precision with the bf16 weights on AMX tiles: a pass of tens
+ * of tokens still costs little more than streaming the weights once (the
+ * tiles' compute is far from its bound; on the padded bundled model 8
+ * speculating rows of up to 5 tokens run 1.5x plain 8-row decoding); the
+ * f32 and int8 kernels' compute grows with every token: 8. */
 static int32_t pass_tokens(const osp_weight *const *ws, int n, int fast) {
     if (!fast || n <= 0 || !osp_amx_available()) return 8;
     int64_t amx = 0, all = 0;

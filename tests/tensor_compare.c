@@ -11,27 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "golden.h"
 #include "model/safetensors.h"
 
-#define TOL 2e-5
-
-static double kl_row(const float *ref, const float *got, int64_t V) {
-    double mr = -1e300, mg = -1e300, zr = 0, zg = 0, k = 0;
-    for (int64_t i = 0; i < V; i++) mr = fmax(mr, ref[i]), mg = fmax(mg, got[i]);
-    for (int64_t i = 0; i < V; i++) zr += exp(ref[i] - mr), zg += exp(got[i] - mg);
-    for (int64_t i = 0; i < V; i++) {
-        double lp = ref[i] - mr - log(zr), lq = got[i] - mg - log(zg);
-        k += exp(lp) * (lp - lq);
-    }
-    return k > 0 ? k : 0;
-}
-
-static int64_t argmax_row(const float *x, int64_t n) {
-    int64_t b = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 static const osp_st_tensor *get(const osp_st *st, const char *file, const char *name) {
     const osp_st_tensor *t = osp_st_find(st, name);
@@ -72,10 +54,10 @@ int main(int argc, char **argv) {
     if (kl) {
         double sum = 0;
         for (int64_t i = 0; i < rows; i++) {
-            double k = kl_row(a + i * cols, b + i * cols, cols);
+            double k = golden_kl(a + i * cols, b + i * cols, (int32_t)cols);
             sum += k;
             worst = k > worst || isnan(k) ? k : worst;
-            bad += argmax_row(a + i * cols, cols) != argmax_row(b + i * cols, cols);
+            bad += argmax_f(a + i * cols, (int32_t)cols) != argmax_f(b + i * cols, (int32_t)cols);
         }
         printf("%s: KL mean %.2e, max %.2e; top-1 mismatches %lld of %lld\n", argv[2], sum / rows, worst,
                (long long)bad, (long long)rows);
@@ -91,7 +73,7 @@ int main(int argc, char **argv) {
             double e = fabs((double)a[i * ps + j * es] - b[i * ps + j * es]);
             if (!(e <= d)) d = e; /* NaN counts as the worst */
         }
-        double ratio = isnan(d) ? INFINITY : d / (TOL * mx);
+        double ratio = isnan(d) ? INFINITY : d / (GOLDEN_TOL * mx);
         if (ratio > worst) worst = ratio;
         if (!(d <= worst_abs)) worst_abs = d;
         if (!(ratio <= 1)) bad++;

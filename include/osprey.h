@@ -165,8 +165,10 @@ osp_status osp_session_rollback(osp_session *s, const int32_t *keep);
 void osp_session_commit(osp_session *s);
 /* 1 when a row's numbers do not depend on how its tokens are chunked (one
  * at a time, or any prefill chunks): true of the CPU's production path for
- * 4-bit weights (int8 activations, exact integer sums); elsewhere matvec,
- * small-batch and GEMM kernels sum in different orders. */
+ * 4-bit weights (int8 activations, exact integer sums) and for bf16 weights
+ * on AMX tiles, with an f32 KV cache (a chunk attends its own positions in
+ * f32, later queries read them as stored); elsewhere matvec, small-batch and
+ * GEMM kernels sum in different orders. */
 int osp_session_chunk_invariant(const osp_session *s);
 /* Tokens one chunk of all rows can hold at about the cost of a one-token step
  * on this session's model, device and precision (the default budget of a

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "audio/audio.h"
+#include "backend/cpu/amx.h"
 #include "backend/ops.h"
 #include "cli.h"
 #include "core/threadpool.h"
@@ -334,8 +335,10 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
         }
     }
     {
-        /* the CPU computes Whisper in reference precision either way */
-        const char *prec = fast && strncmp(osp_whisper_device_name(m), "cpu", 3) ? "fast" : "precise";
+        /* the CPU's production path for Whisper is its AMX tiles (bf16 weights); without them it computes in
+         * reference precision either way */
+        const char *prec = fast && (strncmp(osp_whisper_device_name(m), "cpu", 3) || osp_amx_available()) ? "fast"
+                                                                                                          : "precise";
         double peak = gemm_peak_gflops();
         double flops = encoder_flops(c), gflops = flops / t_enc / 1e9;
         double tok_s = n_tokens / t_dec, dec_gbps = decoder_bytes(c, 2) * tok_s / 1e9;

@@ -124,7 +124,16 @@ void osp_session_reset_row(osp_session *s, int32_t row) { osp_kv_reset_row(s->kv
 
 struct osp_kv *osp_session_kv(osp_session *s) { return s->kv; }
 
-int osp_session_chunk_invariant(const osp_session *s) { return s->m->chunk_invariant[s->fast]; }
+/* The matmuls' invariance (the backend's, per placed model) and an f32 KV
+ * cache: a chunk attends its own positions in f32 before storing them,
+ * while later queries read them back as stored, so with bf16 or quantized
+ * KV a row depends on how its tokens were chunked. */
+int osp_session_chunk_invariant(const osp_session *s) {
+    if (!s->m->chunk_invariant[s->fast]) return 0;
+    for (int32_t l = 0; l < s->kv->n_layers; l++)
+        if (s->kv->layers[l].bits) return 0;
+    return 1;
+}
 int32_t osp_session_pass_tokens(const osp_session *s) { return s->m->pass_tokens[s->fast] > 0 ? s->m->pass_tokens[s->fast] : 8; }
 
 size_t osp_session_kv_bytes(const osp_session *s) { return osp_kv_bytes(s->kv); }

@@ -555,7 +555,9 @@ osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_
     s->m = m;
     s->be = be;
     s->n_rows = n_rows;
-    osp_status rc = be->session_new(1, d, &s->bs);
+    /* chunks of 64 tokens of any linear's input (the CPU's production path packs them for its AMX tiles) */
+    const int64_t cols = max64(max64(max64(d, c->enc_ffn), max64(c->dec_ffn, 3 * d)), 3 * (int64_t)c->n_mels);
+    osp_status rc = be->session_new(64, cols, &s->bs);
     if (rc != OSP_OK) {
         osp_free(s);
         return rc;

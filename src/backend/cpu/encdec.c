@@ -7,6 +7,7 @@
  * the calling thread (a caller beside another user of the pool). */
 #include <math.h>
 #include <string.h>
+#include "backend/cpu/amx.h"
 #include "backend/cpu/cpu.h"
 #include "core/threadpool.h"
 
@@ -51,8 +52,43 @@ static void lin_task(void *p, int64_t t) {
             for (int64_t r = r0; r < r1; r++) y[i * c->w->rows + r - r0] += c->bias[r];
 }
 
+/* Production precision, bf16 weights, a CPU with AMX: the tiles (backend/cpu/amx.h), 64 tokens at a time
+ * (the session's packing room), rows split over the pool. */
+typedef struct lin_bt_ctx {
+    const osp_weight *w;
+    const uint16_t *xp;
+    float *y;
+    int64_t n;
+} lin_bt_ctx;
+
+static void lin_bt_task(void *p, int64_t t) {
+    const lin_bt_ctx *c = p;
+    int64_t r0 = t * MM_ROWS, r1 = r0 + MM_ROWS < c->w->rows ? r0 + MM_ROWS : c->w->rows;
+    osp_bf16t_amx(c->w, c->xp, c->n, c->y + r0, c->w->rows, r0, r1);
+}
+
+static void bias_task(void *p, int64_t t) {
+    const lin_ctx *c = p;
+    float *y = c->y + t * c->w->rows;
+    for (int64_t r = 0; r < c->w->rows; r++) y[r] += c->bias[r];
+}
+
 static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, int64_t n, const osp_dbuf *bias,
                    osp_dbuf *y) {
+    if (s->fast && s->bt && osp_bf16t_fits(w) && w->cols <= s->bt_cols && s->q8cap > 0) {
+        const int64_t R = w->rows, C = w->cols;
+        for (int64_t t0 = 0; t0 < n; t0 += s->q8cap) {
+            const int64_t nc = n - t0 < s->q8cap ? n - t0 : s->q8cap;
+            osp_bf16t_pack_fast(CF(x) + t0 * C, nc, C, s->bt, 0, C / OSP_BF16T_COLS);
+            lin_bt_ctx c = {w, s->bt, F(y) + t0 * R, nc};
+            par(s, (R + MM_ROWS - 1) / MM_ROWS, lin_bt_task, &c);
+        }
+        if (bias) {
+            lin_ctx c = {s->ops, w, NULL, CF(bias), F(y), n, 0};
+            par(s, n, bias_task, &c);
+        }
+        return;
+    }
     lin_ctx c = {s->ops, w, CF(x), CF(bias), F(y), n, (w->rows + MM_ROWS - 1) / MM_ROWS};
     par(s, c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), lin_task, &c);
 }

@@ -157,6 +157,7 @@ static void session_free(osp_be_session *s) {
     cudaFree(s->part);
     cudaFree(s->xb);
     cudaFree(s->wb);
+    osp_cu_tc_ws_free(&s->tcws);
     cudaStreamDestroy(s->st);
     free(s);
 }
@@ -174,6 +175,8 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
     osp_status rc = osp_cu_step_init(s, cap);
+    if (rc == OSP_OK && osp_cu_tc_ws_init(&s->tcws))
+        rc = osp_err(OSP_ERR_NOMEM, "out of GPU memory for a session's matmul workspace");
     if (rc != OSP_OK) {
         session_free(s);
         return rc;
@@ -243,7 +246,7 @@ static void mm_exec(osp_be_session *s, const void *p) {
     if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
-        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
+        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws), "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     }

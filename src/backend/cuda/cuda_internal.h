@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 
 enum { STEP_EAGER, STEP_CAPTURE, STEP_REPLAY };
 
@@ -70,6 +71,7 @@ struct osp_be_session {
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */
+    osp_cu_tc_ws tcws;       /* the tensor-core matmul's split-K workspace */
     size_t xb_cap, wb_cap;   /* elements */
 };
 

@@ -430,6 +430,9 @@ struct tc_set {
     osp_cu_weight w[MV_MAXW];
     float *y[MV_MAXW];
     int64_t ldy[MV_MAXW], end[MV_MAXW]; // end: the last block + 1 of weight i in the concatenation
+    int64_t poff[MV_MAXW];              // split-K: weight i's partial sums at part + poff[i]
+    float *part;                        // [split][token][row] partial sums per weight (split-K)
+    unsigned *cnt;                      // per block column: splits done (split-K; the last one resets it)
     int nw;
 };
 
@@ -496,7 +499,11 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     const osp_cu_weight &w = set.w[wi];
     float *__restrict__ y = set.y[wi];
     const int64_t ldy = set.ldy[wi], rows = w.rows, cols = w.cols, nch = cols / CH, nsteps = (nch + 3) / 4;
-    const int64_t s_lo = nsteps * warp / KS, s_hi = nsteps * (warp + 1) / KS;
+    // split-K: block row y of SK takes its share of the steps, its warps split that share
+    const int SK = (int)gridDim.y, yb = (int)blockIdx.y;
+    const int64_t b_lo = nsteps * yb / SK, b_n = nsteps * (yb + 1) / SK - b_lo;
+    const int64_t s_lo = b_lo + b_n * warp / KS, s_hi = b_lo + b_n * (warp + 1) / KS;
+    float *__restrict__ part = SK > 1 ? set.part + set.poff[wi] : nullptr;
     const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
     const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
     const int64_t row0 = tile * 16 * MT;
@@ -604,10 +611,30 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                 for (int k = 1; k < KS; k++) v = ADD(v, rf[k * PER + e]);
                 const int l = e % WARP, c = (e / WARP) % 4, j = e / (4 * WARP);
                 const int64_t row = row0 + 16 * m + (l >> 2) + 8 * (c >> 1), tok = t0 + 8 * j + 2 * (l & 3) + (c & 1);
-                if (row < rows && tok < n) y[tok * ldy + row] = v;
+                if (row < rows && tok < n) {
+                    if (SK == 1) y[tok * ldy + row] = v;
+                    else part[((int64_t)yb * n + tok) * rows + row] = v;
+                }
             }
             __syncthreads();
         }
+    }
+    if (SK > 1) { // the last block of a row tile adds the splits' sums in split order
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(&set.cnt[blockIdx.x], 1u) == (unsigned)(SK - 1);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int64_t e = threadIdx.x; e < 16 * MT * n; e += KS * WARP) {
+            const int64_t row = row0 + e % (16 * MT), tok = e / (16 * MT);
+            if (row >= rows) continue;
+            float v = __ldcg(part + tok * rows + row);
+            for (int k = 1; k < SK; k++) v = ADD(v, __ldcg(part + ((int64_t)k * n + tok) * rows + row));
+            y[tok * ldy + row] = v;
+        }
+        if (threadIdx.x == 0) set.cnt[blockIdx.x] = 0;
     }
 }
 
@@ -633,43 +660,111 @@ static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_c
 }
 
 template <int KIND, int KS, int MT, int NT, int U, int MINB>
-static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n) {
+static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n, int sk) {
     for (int i = 0; i < set.nw; i++) {
         const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
+        set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
     }
-    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1]), dim3(KS * WARP), 0, st, set,
-               x, n);
+    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
+               dim3(KS * WARP), 0, st, set, x, n);
 }
 
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, with the most loads in flight that
 // leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
 // 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
-template <int KIND, int KS> static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
+template <int KIND, int KS>
+static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, int64_t n, int sk) {
     if (n <= 8) {
-        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n);
-        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n);
-        else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n);
+        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
+        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
+        else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n, sk);
     } else if constexpr (KS == 16) { // 128 registers a thread at most
-        tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n);
+        tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
     } else {
-        tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n);
+        tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n, sk);
     }
 }
 
 // The warps splitting a weight's columns, from its shape alone: 16 for a
 // long row (at least 8 steps a warp) in few row tiles (under 256: too few
 // blocks of 8 warps to fill the GPU), else 8.
-static int tc_ks(const osp_cu_weight *w) {
+static int64_t tc_steps(const osp_cu_weight *w) {
     const int ch = w->qbits == 4 ? 32 : w->qbits == 8 ? 16 : 8;
-    const int64_t nsteps = (w->cols / ch + 3) / 4;
-    return w->rows < 16 * 256 && nsteps >= 16 * 8 ? 16 : 8;
+    return (w->cols / ch + 3) / 4;
 }
 
-template <int KIND> static void tc_launch(osp_cu_stream st, const tc_set &set, const float *x, int64_t n) {
-    if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x, n);
-    else tc_tiles<KIND, 8>(st, set, x, n);
+static int tc_ks(const osp_cu_weight *w) { return w->rows < 16 * 256 && tc_steps(w) >= 16 * 8 ? 16 : 8; }
+
+static int sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int d = 0, v = 0;
+        if (cudaGetDevice(&d) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, d) !=
+            cudaSuccess || v < 1)
+            v = 1, cudaGetLastError();
+        n = v;
+    }
+    return n;
+}
+
+// Split-K: blocks splitting a weight's steps, from its shape (and the GPU's
+// multiprocessors) alone, so that a weight of few row tiles still gives
+// every multiprocessor blocks to run (the o and down projections of a
+// small model, a padded MLP's down projection); each split gets 4 steps a
+// warp at least. rows * splits stays under 32 blocks a multiprocessor's
+// rows (TC_PART_ROWS), which bounds the partial sums' workspace.
+#define TC_MAX_SK 32
+static int tc_sk(const osp_cu_weight *w) {
+    const int ks = tc_ks(w);
+    const int64_t tiles = (w->rows + 15) / 16, want = (int64_t)sm_count() * (ks == 16 ? 1 : 2);
+    if (tiles >= want) return 1;
+    int64_t sk = (want + tiles - 1) / tiles, most = tc_steps(w) / (4 * ks);
+    if (sk > most) sk = most;
+    if (sk > TC_MAX_SK) sk = TC_MAX_SK;
+    return sk < 1 ? 1 : (int)sk;
+}
+
+template <int KIND>
+static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws) {
+    const int sk = tc_sk(&set.w[0]);
+    int64_t nc = n; // tokens a launch: the splits' partial sums fit the workspace
+    if (sk > 1) {
+        int64_t per = 0;
+        for (int i = 0; i < set.nw; i++) per += (int64_t)sk * set.w[i].rows;
+        nc = ws->part_floats / per;
+        if (nc > n) nc = n;
+        if (nc < 1) nc = 1; // (never: the workspace holds 64 tokens at least)
+        set.part = ws->part, set.cnt = ws->cnt;
+    }
+    float *y0[MV_MAXW];
+    for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
+    for (int64_t t = 0; t < n; t += nc) {
+        const int64_t m = n - t < nc ? n - t : nc;
+        for (int i = 0; i < set.nw; i++) set.y[i] = y0[i] + t * set.ldy[i];
+        if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * set.w[0].cols, m, sk);
+        else tc_tiles<KIND, 8>(st, set, x + t * set.w[0].cols, m, sk);
+    }
+}
+
+extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws) {
+    ws->part = NULL, ws->cnt = NULL;
+    ws->part_floats = (int64_t)MV_MAXW * 64 * 64 * sm_count(); // 64 tokens of 4 weights at the rows bound
+    ws->n_cnt = (int64_t)MV_MAXW * 2 * sm_count();
+    if (cudaMalloc((void **)&ws->part, (size_t)ws->part_floats * sizeof(float)) != cudaSuccess ||
+        cudaMalloc((void **)&ws->cnt, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(ws->cnt, 0, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess) {
+        cudaGetLastError();
+        osp_cu_tc_ws_free(ws);
+        return 1;
+    }
+    return 0;
+}
+
+extern "C" void osp_cu_tc_ws_free(osp_cu_tc_ws *ws) {
+    cudaFree(ws->part), cudaFree(ws->cnt);
+    ws->part = NULL, ws->cnt = NULL;
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
@@ -682,7 +777,7 @@ static int tc_kind(const osp_cu_weight *w) {
 }
 
 extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
-                                      int64_t n, float *const *ys, const int64_t *ldys) {
+                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw) {
     if (n <= 0) return 0;
     // the kernel is chosen by the weight alone; others take the f32 kernels
     for (int i0 = 0; i0 < nw;) {
@@ -698,7 +793,7 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         int64_t rows = 0;
         int i = i0;
         for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
-               tc_ks(ws[i]) == tc_ks(ws[i0]);
+               tc_ks(ws[i]) == tc_ks(ws[i0]) && tc_sk(ws[i]) == tc_sk(ws[i0]);
              i++) {
             set.w[set.nw] = *ws[i], set.y[set.nw] = ys[i], set.ldy[set.nw] = ldys[i];
             rows += ws[i]->rows;
@@ -707,9 +802,9 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         i0 = i;
         if (rows <= 0) continue;
         switch (kind) {
-        case 2: tc_launch<2>(st, set, x, n); break;
-        case 4: tc_launch<4>(st, set, x, n); break;
-        default: tc_launch<8>(st, set, x, n); break;
+        case 2: tc_launch<2>(st, set, x, n, tw); break;
+        case 4: tc_launch<4>(st, set, x, n, tw); break;
+        default: tc_launch<8>(st, set, x, n, tw); break;
         }
     }
     return launch_status();

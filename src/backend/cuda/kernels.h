@@ -32,12 +32,24 @@ int osp_cu_matmul(osp_cu_stream st, const osp_cu_weight *w, const float *x, int6
 int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                         float *const *ys, const int64_t *ldys);
 
+/* The tensor-core matmul's workspace for weights of few rows, whose columns
+ * are split among blocks (split-K: partial sums, and a counter per block
+ * column that the last split resets). One per stream: launches on one
+ * stream run in order, so they may share it. */
+typedef struct osp_cu_tc_ws {
+    float *part;
+    int64_t part_floats;
+    unsigned *cnt;
+    int64_t n_cnt;
+} osp_cu_tc_ws;
 /* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
  * on the tensor cores (activations and dequantized weights rounded to bf16,
  * f32 accumulation), others as osp_cu_matmul_multi; a token's numbers do
  * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
-                           float *const *ys, const int64_t *ldys);
+                           float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
+int osp_cu_tc_ws_init(osp_cu_tc_ws *ws); /* 0, or 1 when out of GPU memory */
+void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);
 
 /* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */
 int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n);

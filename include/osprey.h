@@ -153,6 +153,15 @@ osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok,
  * output never depends on the other rows of the batch. */
 osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
                             int32_t n_tok, int all_logits, float *logits);
+/* osp_forward_rows with the greedy tokens taken where the logits are (ids
+ * out): next[b] = the argmax of row b's last-position logits, exactly the
+ * sampler's greedy choice on them (the first largest, never a NaN; 0 when
+ * all are NaN). logits [nb, vocab] receives the rows with need_logits[b] != 0
+ * (need_logits NULL: none); the other rows' blocks are scratch, left
+ * unspecified. On a GPU only the ids and the needed rows are copied back.
+ * next may be ids (a decode step feeding its own tokens back). */
+osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
+                                int32_t n_tok, const uint8_t *need_logits, float *logits, int32_t *next);
 
 /* Row operations (KV cache). Trim forgets a row's last n positions.
  * A speculative round: round_begin records every row's position,
@@ -290,6 +299,13 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
  * (eos, stop string, max_tokens, context, a callback's cancel, or an error
  * in *rc); the stats then say why. */
 int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc);
+/* 1 when the stream's choice is exactly the argmax of the logits as they
+ * come (greedy; no logit_bias, penalties or logprobs): the caller may then
+ * take the token with osp_forward_rows_ids and hand it over instead. */
+int osp_stream_takes_id(const osp_stream *g);
+/* osp_stream_next for such a stream, with the token its logits' argmax is
+ * (osp_forward_rows_ids): the same report, decision and stats. */
+int osp_stream_next_id(osp_stream *g, int32_t token, int32_t row_pos, int32_t *next, osp_status *rc);
 /* End it now (finish = cancelled); nothing more is reported. */
 void osp_stream_cancel(osp_stream *g);
 /* Speculative verification. logits [K+1, vocab] (modified) were computed

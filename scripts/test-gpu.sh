@@ -1,8 +1,8 @@
 #!/bin/sh
 # The GPU suite: the CUDA backend's kernels against scalar references, every
 # golden in every mode on the GPU (reference precision, the CPU's bound),
-# the production path's KL tier, batch invariance with and without CUDA
-# graphs, and the end-to-end server suite, on this machine's NVIDIA GPU.
+# the production path's KL tier, batch invariance and ids out (the device's
+# greedy tokens) with and without CUDA graphs, and the end-to-end server suite, on this machine's NVIDIA GPU.
 # Without a GPU it says so and exits 0 (scripts/test.sh is the CPU suite).
 #   scripts/test-gpu.sh                builds build/ (scripts/setup.sh) and runs it
 #   OSP_BIN=DIR scripts/test-gpu.sh    runs prebuilt binaries from DIR (osprey,
@@ -38,12 +38,13 @@ run() {
 }
 cd tests
 run test_cuda "$(bin test_cuda)"
-for t in test_parity test_shapes test_batch test_fast_path test_kv_quant test_generate test_fortune \
+for t in test_parity test_shapes test_batch test_ids_out test_fast_path test_kv_quant test_generate test_fortune \
     test_mixed_quant test_gemma4_layouts test_prefix_cache test_spec; do
     run "$t" "$(bin "$t")"
 done
 # eager steps only (no CUDA graphs): the same numbers
 OSP_CUDA_GRAPHS=0 run "test_batch (no graphs)" "$(bin test_batch)"
+OSP_CUDA_GRAPHS=0 run "test_ids_out (no graphs)" "$(bin test_ids_out)"
 # the command line, every golden in every mode
 for g in data/goldens/*/; do
     g=${g%/}

@@ -2,7 +2,8 @@
  * double precision, on random data: matmul for every kind of weight (the
  * chunked kernels and the generic one), the production path's GEMM, the
  * row operations, and batch invariance (a token's result is bitwise the
- * same whatever number of tokens shares the call). Skipped (exit 77) on a
+ * same whatever number of tokens shares the call), the head's ids out
+ * (the device's argmax against the host's). Skipped (exit 77) on a
  * machine without a CUDA device or a build without the backend. */
 #include <math.h>
 #include <setjmp.h>
@@ -356,6 +357,93 @@ static void test_bandwidth_probe(void **state) {
     be->bw_trial(1);
 }
 
+/* The host's greedy rule (ops->argmax, the sampler's): the first largest non-NaN value, 0 when all are NaN. */
+static int32_t host_argmax(const float *x, int64_t n) {
+    int64_t b = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (b < 0 || x[i] > x[b])) b = i;
+    return b < 0 ? 0 : (int32_t)b;
+}
+
+/* Ids out: the head's argmax on the device against the host's on the same logits (those of a step that brought
+ * every row back), and a masked step's wanted rows bitwise equal, over decode steps run eagerly, captured and
+ * replayed as graphs (a staged rope makes the step one). The weight has NaN rows (never chosen), equal rows (ties:
+ * the lower index), and rows that dominate for inputs of one sign; with a soft-cap, large logits saturate to
+ * exactly the cap (ties again). */
+static void test_head_ids(void **state) {
+    (void)state;
+    enum { H = 64, V = 40000 + 77 };
+    host_weight h;
+    memset(&h, 0, sizeof h);
+    h.w.rows = V, h.w.cols = H, h.w.dtype = OSP_DT_F32;
+    float *wd = malloc(sizeof(float) * (size_t)V * H);
+    h.data = wd;
+    for (int64_t i = 0; i < (int64_t)V * H; i++) wd[i] = uniform();
+    for (int j = 0; j < H; j++) {
+        wd[0 * H + j] = wd[7 * H + j] = NAN;
+        wd[100 * H + j] = wd[200 * H + j] = 1.0f;
+        wd[300 * H + j] = wd[400 * H + j] = -1.0f;
+        wd[(int64_t)(V - 1) * H + j] = wd[(int64_t)(V - 5) * H + j]; /* a tie in the tail */
+    }
+    osp_weight *ws[] = {&h.w};
+    assert_int_equal(be->place(ws, 1, NULL, 0, NULL, 0, &h.owned), OSP_OK);
+    float nw[H], inv[4];
+    for (int j = 0; j < H; j++) nw[j] = 1.0f + 0.1f * uniform();
+    for (int i = 0; i < 4; i++) inv[i] = powf(10000.0f, -0.5f * i);
+    osp_dbuf *dn = upload(nw, H), *di = upload(inv, 4);
+    const int32_t Bs[] = {1, 5, 70};
+    for (size_t bi = 0; bi < sizeof Bs / sizeof *Bs; bi++) {
+        const int32_t B = Bs[bi];
+        osp_be_session *s;
+        assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+        float *x = malloc(sizeof(float) * B * H), *full = malloc(sizeof(float) * (size_t)B * V),
+              *part = malloc(sizeof(float) * (size_t)B * V);
+        int32_t *ids = malloc(sizeof(int32_t) * B), *ids2 = malloc(sizeof(int32_t) * B), *pos = malloc(sizeof(int32_t) * B);
+        uint8_t *all = malloc((size_t)B), *need = malloc((size_t)B);
+        osp_dbuf *dx = be->alloc((size_t)B * H), *xn = be->alloc((size_t)B * H), *hl = be->alloc((size_t)B * H),
+                 *dr = be->alloc((size_t)B * 8);
+        memset(all, 1, (size_t)B);
+        for (int cap = 0; cap < 2; cap++)
+            for (int it = 0; it < 6; it++) {
+                for (int32_t b = 0; b < B; b++) { /* rows of one sign (the dominant rows win) or mixed */
+                    int kind = (b + it) % 3;
+                    for (int j = 0; j < H; j++) {
+                        float u = uniform();
+                        x[b * H + j] = kind == 0 ? u : kind == 1 ? 0.5f + 0.5f * fabsf(u) : -0.5f - 0.5f * fabsf(u);
+                    }
+                    pos[b] = it + b;
+                    need[b] = (b * 7 + it) % 3 == 0;
+                }
+                be->write(dx, x, (int64_t)B * H);
+                osp_head_args a = {.x = dx, .norm = dn, .w = &h.w, .B = B, .T = 1, .hidden = H, .vocab = V,
+                                   .ld_rows = 1, .eps = 1e-6f, .softcap = cap ? 2.0f : 0.0f, .xn = xn, .hlast = hl};
+                for (int pass = 0; pass < 2; pass++) {
+                    a.logits = pass ? part : full, a.ids = pass ? ids2 : ids;
+                    a.need = pass ? (it % 3 == 2 ? NULL : need) : all;
+                    be->begin_chunk(s, B, 1);
+                    be->rope(s, dr, B, 1, 1, 8, di, pos); /* staged positions: the step can become a graph */
+                    be->head(s, &a);
+                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                }
+                for (int32_t b = 0; b < B; b++) {
+                    const float *l = full + (int64_t)b * V;
+                    int32_t want = host_argmax(l, V);
+                    if (ids[b] != want || ids2[b] != want)
+                        fail_msg("B %d cap %d step %d row %d: device %d / %d, host %d (%g vs %g)", B, cap, it, b,
+                                 ids[b], ids2[b], want, l[ids[b]], l[want]);
+                    if (it % 3 != 2 && need[b] && memcmp(l, part + (int64_t)b * V, sizeof(float) * V))
+                        fail_msg("B %d cap %d step %d row %d: the wanted logits differ", B, cap, it, b);
+                }
+            }
+        be->free(dx), be->free(xn), be->free(hl), be->free(dr);
+        free(x), free(full), free(part), free(ids), free(ids2), free(pos), free(all), free(need);
+        be->session_free(s);
+    }
+    be->free(dn), be->free(di);
+    be->unplace(h.owned);
+    free(wd);
+}
+
 int main(void) {
     be = osp_backend_cuda();
     if (!be) {
@@ -367,6 +455,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_tc),
         cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_head_ids),
         cmocka_unit_test(test_bandwidth_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

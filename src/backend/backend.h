@@ -62,7 +62,14 @@ typedef struct osp_attn_args {
 
 /* Final norm, LM head and soft-cap: logits (host) of every position,
  * row b's block at logits + b * ld_rows * vocab, or [B, vocab] of the last
- * positions. */
+ * positions.
+ *
+ * Ids out (not with all_logits): ids[b] = the greedy token of row b's
+ * logits, exactly ops->argmax's choice (the sampler's greedy pick, after the
+ * soft-cap: the first index of the largest value, NaN never chosen, 0 when
+ * every value is NaN), and only the rows with need[b] != 0 are sure to
+ * have their logits written (need NULL: none); the other rows' blocks of
+ * `logits` are scratch. On a GPU only B ids and the needed rows come back. */
 typedef struct osp_head_args {
     const osp_dbuf *x;           /* [B*T, hidden] */
     const osp_dbuf *norm;        /* [hidden] */
@@ -72,6 +79,8 @@ typedef struct osp_head_args {
     float eps, softcap;          /* softcap 0 = none */
     int add_one;
     float *logits;
+    int32_t *ids;                /* [B] host, or NULL: no ids out */
+    const uint8_t *need;         /* [B] host, with ids: the rows whose logits are wanted too */
     osp_dbuf *xn, *hlast;        /* scratch [B*T, hidden], [B, hidden] */
 } osp_head_args;
 

@@ -7,7 +7,6 @@
 #include <string.h>
 #include "cli.h"
 #include "model/whisper.h"
-#include "backend/ops.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "osprey.h"
@@ -104,7 +103,9 @@ static void probe_close(bw_probe *pr) {
 }
 
 /* Seconds for n greedy decode steps of one sequence after a p-token
- * prefill, on a session of its own; < 0 on failure. */
+ * prefill, on a session of its own; < 0 on failure. Each step's token is
+ * taken by the backend (osp_forward_rows_ids), as the server and generate
+ * take a greedy stream's. */
 static double single_stream_s(osp_model *m, const osp_session_opts *like, const int32_t *ids, int p, int n, int fast) {
     const osp_model_info *in = osp_model_get_info(m);
     osp_session_opts so = *like;
@@ -114,13 +115,11 @@ static double single_stream_s(osp_model *m, const osp_session_opts *like, const 
     osp_session_set_fast(s, fast);
     float *logits = malloc(sizeof(float) * in->vocab);
     double dt = -1;
-    if (logits && osp_forward(s, ids, p, 0, logits) == OSP_OK) {
+    int32_t row = 0, best;
+    if (logits && osp_forward_rows_ids(s, &row, 1, ids, p, NULL, logits, &best) == OSP_OK) {
         double t0 = osp_now_s();
         int ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            int32_t best = osp_ops_get()->argmax(logits, in->vocab);
-            ok = osp_forward(s, &best, 1, 0, logits) == OSP_OK;
-        }
+        for (int i = 0; i < n && ok; i++) ok = osp_forward_rows_ids(s, &row, 1, &best, 1, NULL, logits, &best) == OSP_OK;
         if (ok) dt = osp_now_s() - t0;
     }
     free(logits);
@@ -200,9 +199,11 @@ int osp_cmd_bench(int argc, char **argv) {
     if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");
     const osp_model_info *in = osp_model_get_info(m);
     osp_session *s = NULL;
-    int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc);
+    int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc),
+            *all = malloc(sizeof(int32_t) * conc);
     float *logits = malloc(sizeof(float) * in->vocab * conc);
     for (int i = 0; i < p * conc; i++) ids[i] = (int32_t)((i * 7919 + 13) % in->vocab);
+    for (int32_t b = 0; b < conc; b++) all[b] = b;
     int rc = 0;
     double *step = NULL; /* each decode step's seconds */
     bw_probe bw_huge = {0}, bw_4k = {0};
@@ -223,7 +224,7 @@ int osp_cmd_bench(int argc, char **argv) {
     }
     for (int i = 0; on_dev && i < 4; i++) {
         int32_t t = 1;
-        if (osp_forward_rows(s, &(int32_t){0}, 1, &t, 1, 0, logits) != OSP_OK) {
+        if (osp_forward_rows_ids(s, &(int32_t){0}, 1, &t, 1, NULL, logits, &(int32_t){0}) != OSP_OK) {
             rc = osp_cli_fail("bench");
             goto done;
         }
@@ -231,7 +232,7 @@ int osp_cmd_bench(int argc, char **argv) {
     for (int32_t b = 0; b < conc; b++) osp_session_reset_row(s, b);
     double t0 = osp_now_s();
     for (int32_t b = 0; b < conc; b++) /* each sequence is prefilled alone, as the server does */
-        if (osp_forward_rows(s, &b, 1, ids + (int64_t)b * p, p, 0, logits + (int64_t)b * in->vocab) != OSP_OK) {
+        if (osp_forward_rows_ids(s, &b, 1, ids + (int64_t)b * p, p, NULL, logits, next + b) != OSP_OK) {
             rc = osp_cli_fail("bench");
             goto done;
         }
@@ -257,10 +258,8 @@ int osp_cmd_bench(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         if (interleave && i % every == 0) probe_trial(on_dev || trial++ % 2 == 0 ? &bw_huge : &bw_4k);
         double ts = osp_now_s();
-        for (int b = 0; b < conc; b++) {
-            next[b] = osp_ops_get()->argmax(logits + (int64_t)b * in->vocab, in->vocab);
-        }
-        if (osp_forward(s, next, 1, 0, logits) != OSP_OK) {
+        /* greedy: the backend takes each row's token (only the ids come back from a GPU) */
+        if (osp_forward_rows_ids(s, all, conc, next, 1, NULL, logits, next) != OSP_OK) {
             rc = osp_cli_fail("bench");
             goto done;
         }
@@ -361,6 +360,7 @@ done:
     free(step);
     free(ids);
     free(next);
+    free(all);
     free(logits);
     osp_session_free(s);
     osp_model_free(m);

@@ -235,6 +235,16 @@ int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next
     return emit(g, tok_id, row_pos, next, rc, tl);
 }
 
+int osp_stream_takes_id(const osp_stream *g) { return !g->p.on_logprob && osp_sampler_is_argmax(&g->p.sampler); }
+
+int osp_stream_next_id(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, osp_status *rc) {
+    *rc = OSP_OK;
+    if (g->over) return 0;
+    double tl = osp_now_s();
+    first_token_time(g, tl);
+    return emit(g, tok_id, row_pos, next, rc, tl);
+}
+
 int osp_stream_greedy(const osp_stream *g) { return g->p.sampler.temperature == 0; }
 
 const osp_gen_params *osp_stream_params(const osp_stream *g) { return &g->p; }
@@ -319,13 +329,18 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
         free(logits);
         return rc;
     }
-    rc = osp_forward(s, prompt, n_prompt, 0, logits);
+    /* greedy without processors: the backend takes each token where the logits are (on a GPU, nothing else
+     * comes back) */
+    int by_id = osp_stream_takes_id(g);
+    int32_t next, id = 0, row = 0;
+    rc = by_id ? osp_forward_rows_ids(s, &row, 1, prompt, n_prompt, NULL, logits, &id)
+               : osp_forward(s, prompt, n_prompt, 0, logits);
     double forward_s = 0;
-    int32_t next;
     osp_status src = OSP_OK;
-    while (rc == OSP_OK && osp_stream_next(g, logits, osp_session_row_pos(s, 0), &next, &src)) {
+    while (rc == OSP_OK && (by_id ? osp_stream_next_id(g, id, osp_session_row_pos(s, 0), &next, &src)
+                                  : osp_stream_next(g, logits, osp_session_row_pos(s, 0), &next, &src))) {
         double tf = osp_now_s();
-        rc = osp_forward(s, &next, 1, 0, logits);
+        rc = by_id ? osp_forward_rows_ids(s, &row, 1, &next, 1, NULL, logits, &id) : osp_forward(s, &next, 1, 0, logits);
         forward_s += osp_now_s() - tf;
     }
     if (rc == OSP_OK) rc = src;

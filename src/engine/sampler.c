@@ -219,6 +219,14 @@ static void apply_processors(osp_sampler *s, float *l, const int32_t *h, int64_t
     }
 }
 
+int osp_sampler_is_argmax(const osp_sampler_params *p) {
+    /* apply_processors changes nothing, and osp_sampler_sample goes straight to ops->argmax */
+    return p->temperature == 0 && p->n_logit_bias == 0 &&
+           !(p->repetition_penalty != 0 && p->repetition_penalty != 1 && p->repetition_context > 0) &&
+           !(p->presence_penalty != 0 && p->presence_context > 0) &&
+           !(p->frequency_penalty != 0 && p->frequency_context > 0);
+}
+
 static void log_softmax(float *l, int32_t n) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < n; i++) {

@@ -35,6 +35,12 @@ void osp_sampler_free(osp_sampler *s);
 int32_t osp_sampler_sample(osp_sampler *s, float *logits, const int32_t *history, int64_t n_history,
                            float *logprobs);
 
+/* 1 when osp_sampler_sample (without logprobs) returns exactly ops->argmax
+ * of the logits as given: greedy, and no processor changes a logit (no
+ * logit_bias, penalties off). Then a backend may take the token where the
+ * logits are (osp_forward_rows_ids). */
+int osp_sampler_is_argmax(const osp_sampler_params *p);
+
 /* The distribution osp_sampler_sample draws from, into probs[vocab] (sum 1;
  * logits modified in place): processors, log-softmax (into logprobs when
  * not NULL), filters, softmax at the temperature; temperature 0 puts all

@@ -9,8 +9,10 @@
 #include "core/threadpool.h"
 #include "model.h"
 
-osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
-                            int all_logits, float *logits) {
+/* out_ids: the last chunk's head also takes each row's greedy token (see
+ * osp_forward_rows_ids); NULL for plain logits. */
+static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                               int all_logits, float *logits, int32_t *out_ids, const uint8_t *need) {
     const osp_config *c = &s->m->cfg;
     osp_kv *kv = s->kv;
     if (n_tok <= 0) return osp_err(OSP_ERR_INVALID, "forward needs at least one token per row");
@@ -41,11 +43,26 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
         float *dst = all_logits ? logits + (int64_t)t0 * c->vocab : logits;
         if (!all_logits && !last) dst = NULL; /* only the last chunk's logits are wanted */
         for (int32_t b = 0; b < nb; b++) s->sc.bpos[b] = kv->pos[rows[b]];
+        s->head_ids = last ? out_ids : NULL;
+        s->head_need = need;
         s->be->begin_chunk(s->bs, nb, T);
-        OSP_TRY(c->arch->forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok));
+        osp_status rc = c->arch->forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok);
+        s->head_ids = NULL, s->head_need = NULL;
+        OSP_TRY(rc);
         OSP_TRY(s->be->status(s->bs));
     }
     return OSP_OK;
+}
+
+osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                            int all_logits, float *logits) {
+    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL);
+}
+
+osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                                const uint8_t *need_logits, float *logits, int32_t *next) {
+    if (!logits || !next) return osp_err(OSP_ERR_INVALID, "forward with ids out needs a logits area and the ids' room");
+    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits);
 }
 
 osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {

@@ -96,6 +96,8 @@ struct osp_session {
     int32_t *all_rows;   /* [rows] 0, 1, ... */
     const int32_t *rows; /* the batch of the running forward call: KV rows */
     int32_t nb;
+    int32_t *head_ids;   /* the running call's ids out (osp_head_args.ids), NULL when none */
+    const uint8_t *head_need; /* [nb] with head_ids: rows whose logits are wanted too */
 };
 
 /* Shared helpers of the architectures' bind functions (model/bind.c). */

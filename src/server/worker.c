@@ -146,7 +146,9 @@ static void on_logprob(void *user, int32_t token, float logprob, const int32_t *
  * admit queued jobs (FIFO) into free rows while their KV reservation fits
  * the budget; run one prefill chunk (at most --prefill-step-size tokens)
  * of the oldest row still prefilling; run one decode step of every row
- * that is decoding; hand each row's logits to its stream; rows that are
+ * that is decoding; hand each row's logits to its stream (or, for a
+ * stream whose choice is the plain argmax, the token the backend took:
+ * osp_stream_takes_id); rows that are
  * done or whose client left leave at once. A job's numbers do not depend
  * on the others: prefill runs each row alone, in the same chunks as when
  * it runs by itself, and batched decode computes every row as if alone.
@@ -291,9 +293,12 @@ static void *worker_main(void *arg) {
     osp_stream **streams = malloc(sizeof(osp_stream *) * P);
     int *use = malloc(sizeof(int) * P), *more = malloc(sizeof(int) * P);
     osp_status *rcs = malloc(sizeof(osp_status) * P);
-    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs) {
+    int32_t *chosen = malloc(sizeof(int32_t) * P); /* the backend's greedy tokens (osp_forward_rows_ids) */
+    uint8_t *want = malloc((size_t)P);             /* rows whose stream needs its logits */
+    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs || !chosen || !want) {
         OSP_LOG(0, "osprey serve: out of memory starting the scheduler");
         free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
+        free(chosen), free(want);
         return NULL;
     }
     for (;;) {
@@ -353,13 +358,17 @@ static void *worker_main(void *arg) {
         if (pf) {
             int32_t left = pf->j->n_prompt - pf->done_prompt, n = left < s->prefill_step ? left : s->prefill_step;
             int last = n == left;
-            osp_status rc = osp_forward_rows(s->session, &pf->row, 1, pf->j->prompt + pf->done_prompt, n, 0,
-                                             last ? s->logits : NULL);
+            want[0] = !osp_stream_takes_id(pf->st);
+            const int32_t *chunk = pf->j->prompt + pf->done_prompt;
+            osp_status rc = last ? osp_forward_rows_ids(s->session, &pf->row, 1, chunk, n, want, s->logits, chosen)
+                                 : osp_forward_rows(s->session, &pf->row, 1, chunk, n, 0, NULL);
             pf->done_prompt += n;
             if (rc != OSP_OK) {
                 slot_end(s, pf, rc);
             } else if (last) {
-                int more = osp_stream_next(pf->st, s->logits, osp_session_row_pos(s->session, pf->row), &pf->next, &rc);
+                int32_t pos = osp_session_row_pos(s->session, pf->row);
+                int more = want[0] ? osp_stream_next(pf->st, s->logits, pos, &pf->next, &rc)
+                                   : osp_stream_next_id(pf->st, chosen[0], pos, &pf->next, &rc);
                 if (s->pc && pf->j->cache_prompt) { /* the prompt alone, for requests sharing it (after the first
                                                       token: its time to first token does not wait for the copy) */
                     if (osp_prefix_insert(s->pc, pf->j->prompt, pf->j->n_prompt, osp_session_kv(s->session), pf->row) != OSP_OK)
@@ -396,19 +405,26 @@ static void *worker_main(void *arg) {
             }
             continue;
         }
-        osp_status rc = osp_forward_rows(s->session, rows, nb, ids, 1, 0, s->logits);
+        /* the backend takes every row's greedy token; only the rows whose sampling needs more get their logits
+         * (the same step always: one graph per row count on a GPU) */
+        for (int b = 0; b < nb; b++) want[b] = !osp_stream_takes_id(batch[b]->st);
+        osp_status rc = osp_forward_rows_ids(s->session, rows, nb, ids, 1, want, s->logits, chosen);
         for (int b = 0; b < nb; b++) {
             srv_slot *sl = batch[b];
             osp_status src = rc;
             if (nb > sl->j->batch_max) sl->j->batch_max = nb;
             if (rc == OSP_OK) {
                 float *lg = s->logits + (int64_t)b * s->vocab;
-                if (osp_stream_next(sl->st, lg, osp_session_row_pos(s->session, sl->row), &sl->next, &src)) continue;
+                int32_t pos = osp_session_row_pos(s->session, sl->row);
+                if (want[b] ? osp_stream_next(sl->st, lg, pos, &sl->next, &src)
+                            : osp_stream_next_id(sl->st, chosen[b], pos, &sl->next, &src))
+                    continue;
             }
             slot_end(s, sl, src);
         }
     }
     free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
+    free(chosen), free(want);
     return NULL;
 }
 

@@ -173,6 +173,8 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         osp_dbuf *d = (osp_dbuf *)a->logits;
         osp_cpu_matmul(s, &a->w, 1, a->hlast, a->B, &d);
         if (a->softcap > 0) ops->softcap(a->logits, (int64_t)a->B * V, a->softcap);
+        if (a->ids) /* the sampler's own argmax, on the same bits */
+            for (int32_t b = 0; b < a->B; b++) a->ids[b] = ops->argmax(a->logits + (int64_t)b * V, (int32_t)V);
     }
 }
 

@@ -154,6 +154,8 @@ static void session_free(osp_be_session *s) {
     osp_cu_step_free(s);
     osp_cublas_free(s->blas);
     cudaFree(s->logits);
+    cudaFree(s->ids_d);
+    cudaFreeHost(s->ids_h);
     cudaFree(s->part);
     cudaFree(s->xb);
     cudaFree(s->wb);
@@ -550,16 +552,81 @@ static void softcap_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_softcap(s->st, a->x, a->n, a->cap), "softcap");
 }
 
+typedef struct argmax_args {
+    const float *x;
+    int32_t *ids;
+    int64_t rows, n;
+} argmax_args;
+
+static void argmax_exec(osp_be_session *s, const void *p) {
+    const argmax_args *a = p;
+    note(s, osp_cu_argmax(s->st, a->x, a->rows, a->n, a->ids), "argmax");
+}
+
+/* Room for n ids: device (written by the step, so never moved under a graph) and pinned host. */
+static int ids_room(osp_be_session *s, size_t n) {
+    if (n <= s->ids_cap) return 1;
+    osp_cu_step_eager(s);
+    if (n < MAX_GRAPH_ROWS) n = MAX_GRAPH_ROWS;
+    size_t cap = s->ids_cap;
+    s->ids_cap = 0;
+    if (!osp_cu_grow(s, (void **)&s->ids_d, &cap, n, sizeof(int32_t))) return 0;
+    cudaFreeHost(s->ids_h);
+    s->ids_h = NULL;
+    if (cudaMallocHost((void **)&s->ids_h, n * sizeof(int32_t)) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    s->ids_cap = n;
+    return 1;
+}
+
+/* The rows of a step's logits that come back: all, or with ids out only the needed ones (runs of adjacent rows in
+ * one copy each). */
+static void logits_back(osp_be_session *s, const osp_head_args *a, const float *lg) {
+    int64_t V = a->vocab;
+    if (a->all_logits) {
+        for (int32_t b = 0; b < a->B; b++)
+            note(s, cudaMemcpyAsync(a->logits + (int64_t)b * a->ld_rows * V, lg + (int64_t)b * a->T * V,
+                                    (size_t)(a->T * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
+                 "logits");
+        return;
+    }
+    if (!a->ids) {
+        note(s, cudaMemcpyAsync(a->logits, lg, (size_t)(a->B * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
+             "logits");
+        return;
+    }
+    note(s, cudaMemcpyAsync(s->ids_h, s->ids_d, sizeof(int32_t) * (size_t)a->B, cudaMemcpyDeviceToHost, s->st), "ids");
+    for (int32_t b = 0; a->need && b < a->B;) {
+        if (!a->need[b]) {
+            b++;
+            continue;
+        }
+        int32_t e = b + 1;
+        while (e < a->B && a->need[e]) e++;
+        note(s, cudaMemcpyAsync(a->logits + (int64_t)b * V, lg + (int64_t)b * V, (size_t)((e - b) * V) * sizeof(float),
+                                cudaMemcpyDeviceToHost, s->st),
+             "logits");
+        b = e;
+    }
+}
+
 static void head(osp_be_session *s, const osp_head_args *a) {
     flush(s);
     const osp_cu_weight *w = a->w->packed;
     int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab, rows = a->all_logits ? N : a->B;
+    int ids = a->ids && !a->all_logits;
     if (rows * V > (int64_t)s->logits_cap) {
         osp_cu_step_eager(s); /* the logits buffer is never moved under a graph */
         if (!osp_cu_grow(s, (void **)&s->logits, &s->logits_cap, (size_t)(rows * V), sizeof(float))) {
             note(s, cudaErrorMemoryAllocation, "logits");
             return;
         }
+    }
+    if (ids && !ids_room(s, (size_t)a->B)) {
+        note(s, cudaErrorMemoryAllocation, "ids");
+        return;
     }
     if (!w) {
         note(s, cudaErrorInvalidValue, "the head's weight is not on the GPU");
@@ -583,19 +650,17 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         c.x = lg, c.n = rows * V, c.cap = a->softcap;
         SUBMIT(s, softcap_exec, c);
     }
+    if (ids) { /* part of the step (and of its graph): the greedy tokens, on the soft-capped logits */
+        ARGS(argmax_args, m);
+        m.x = lg, m.ids = s->ids_d, m.rows = a->B, m.n = V;
+        SUBMIT(s, argmax_exec, m);
+    }
     osp_cu_step_end(s);
     if (s->err) return;
-    if (a->all_logits) {
-        for (int32_t b = 0; b < a->B; b++)
-            note(s, cudaMemcpyAsync(a->logits + (int64_t)b * a->ld_rows * V, lg + (int64_t)b * a->T * V,
-                                    (size_t)(a->T * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
-                 "logits");
-    } else {
-        note(s, cudaMemcpyAsync(a->logits, lg, (size_t)(a->B * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
-             "logits");
-    }
+    logits_back(s, a, lg); /* after the step's graph, on its stream */
     note(s, cudaStreamSynchronize(s->st), "logits");
     s->pending = 0;
+    if (ids && !s->err) memcpy(a->ids, s->ids_h, sizeof(int32_t) * (size_t)a->B);
 }
 
 

@@ -66,6 +66,8 @@ struct osp_be_session {
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */
+    int32_t *ids_d, *ids_h;  /* the head's greedy tokens: device, and their pinned host copy */
+    size_t ids_cap;          /* ids (both) */
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
     void *blas;              /* cuBLAS handle, or NULL */

@@ -1013,6 +1013,53 @@ __global__ void softcap_kernel(float *x, int64_t n, float cap) {
     if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
+// One block per row of n values: the first index of the largest non-NaN
+// value (ops->argmax's rule, the sampler's greedy choice), 0 when all are
+// NaN. Each thread scans its stride in increasing order keeping the first
+// of its largest; the reduction breaks ties to the lower index, so the
+// result is the lowest index holding the maximum, as a sequential scan's.
+#define AM_THREADS 1024
+
+__device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i) {
+    if (i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi))) bv = v, bi = i;
+}
+
+__device__ __forceinline__ void am_warp(float &bv, int &bi) {
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        float v = __shfl_down_sync(0xffffffffu, bv, o);
+        int i = __shfl_down_sync(0xffffffffu, bi, o);
+        am_take(bv, bi, v, i);
+    }
+}
+
+__global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *__restrict__ x, int64_t n,
+                                                            int32_t *__restrict__ ids) {
+    __shared__ float sv[AM_THREADS / WARP];
+    __shared__ int si[AM_THREADS / WARP];
+    const float *r = x + (int64_t)blockIdx.x * n;
+    float bv = 0.0f;
+    int bi = -1;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n; i += AM_THREADS) {
+        float v = r[i];
+        if (!isnan(v) && (bi < 0 || v > bv)) bv = v, bi = (int)i;
+    }
+    am_warp(bv, bi);
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) sv[w] = bv, si[w] = bi;
+    __syncthreads();
+    if (w) return;
+    bv = lane < AM_THREADS / WARP ? sv[lane] : 0.0f;
+    bi = lane < AM_THREADS / WARP ? si[lane] : -1;
+    am_warp(bv, bi);
+    if (lane == 0) ids[blockIdx.x] = bi < 0 ? 0 : bi;
+}
+
+extern "C" int osp_cu_argmax(osp_cu_stream st, const float *x, int64_t rows, int64_t n, int32_t *ids) {
+    if (rows > 0 && n > 0) argmax_kernel<<<(unsigned)rows, AM_THREADS, 0, st>>>(x, n, ids);
+    return launch_status();
+}
+
 #define EW 256
 
 extern "C" int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n) {

@@ -71,6 +71,9 @@ int osp_cu_mul_vec(osp_cu_stream st, float *y, const float *v, float a, int64_t 
 int osp_cu_act_mul(osp_cu_stream st, int act, float *y, const float *g, const float *u, int64_t n, int64_t d,
                    int64_t ld_u);
 int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap);
+/* ids[r] = the first index of the largest non-NaN value of row r of x [rows, n] (0 when all are NaN): the
+ * host's ops->argmax, bit for bit */
+int osp_cu_argmax(osp_cu_stream st, const float *x, int64_t rows, int64_t n, int32_t *ids);
 /* x [B*T, heads, D]; pos: device [B] */
 int osp_cu_rope(osp_cu_stream st, float *x, int32_t B, int32_t T, int64_t heads, int32_t D, const float *inv,
                 const int32_t *pos);

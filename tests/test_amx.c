@@ -139,7 +139,46 @@ static void test_tiles(void **state) {
     }
 }
 
+/* 8-bit weights (prefill chunks): the tiles' dequantization is bitwise the scalar twin's (s * c + b as one
+ * fma, rounded to bf16), so the product equals the bf16 kernel on the twin's dequantized rows, bitwise */
+static void test_q8(void **state) {
+    (void)state;
+    if (!osp_amx_available()) skip();
+    const int64_t R = 45, C = 256, G = 64, ng = C / G, n = 20;
+    uint8_t *codes = malloc(R * C);
+    uint16_t *sc = malloc(sizeof(uint16_t) * R * ng), *bi = malloc(sizeof(uint16_t) * R * ng);
+    for (int64_t i = 0; i < R * C; i++) codes[i] = (uint8_t)rnd();
+    for (int64_t i = 0; i < R * ng; i++) {
+        float s = 0.01f + 0.02f * (frand() + 1), b = frand();
+        uint32_t u, v;
+        memcpy(&u, &s, 4), memcpy(&v, &b, 4);
+        sc[i] = (uint16_t)(u >> 16), bi[i] = (uint16_t)(v >> 16);
+    }
+    osp_weight q;
+    memset(&q, 0, sizeof q);
+    q.qbits = 8, q.group = G, q.sdtype = OSP_DT_BF16, q.rows = R, q.cols = C, q.data = codes, q.scales = sc, q.biases = bi;
+    assert_true(osp_q8t_fits(&q));
+    uint16_t *deq = malloc(sizeof(uint16_t) * R * C), *dq = malloc(sizeof(uint16_t) * 32 * C);
+    for (int64_t r = 0; r < R; r++) osp_q8t_row_ref(&q, r, deq + r * C);
+    osp_weight d;
+    memset(&d, 0, sizeof d);
+    d.dtype = OSP_DT_BF16, d.rows = R, d.cols = C, d.data = deq;
+    float *x = malloc(sizeof(float) * n * C), *y = malloc(sizeof(float) * n * R), *yd = malloc(sizeof(float) * n * R);
+    for (int64_t i = 0; i < n * C; i++) x[i] = frand() * 2;
+    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C));
+    osp_bf16t_pack(x, n, C, xp);
+    for (int64_t r0 = 0; r0 < R; r0 += 16) {
+        osp_q8t_amx(&q, xp, n, y, R, r0, R, dq);
+        osp_bf16t_amx(&d, xp, n, yd, R, r0, R);
+        for (int64_t t = 0; t < n; t++)
+            if (memcmp(y + t * R, yd + t * R, sizeof(float) * (size_t)(R - r0)))
+                fail_msg("q8 tiles, rows %ld..: token %ld differs from the twin's dequantization", (long)r0, (long)t);
+    }
+    free(codes), free(sc), free(bi), free(deq), free(dq), free(x), free(y), free(yd), free(xp);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_tiles)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_tiles),
+                                       cmocka_unit_test(test_q8)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

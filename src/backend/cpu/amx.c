@@ -2,6 +2,7 @@
  * scalar twin of the tile kernel (see amx.h; the kernel is amx_tiles.c). */
 #include "backend/cpu/amx.h"
 #include <cpuid.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,19 @@ void osp_bf16t_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp) {
         }
 }
 
+int osp_q8t_fits(const osp_weight *w) {
+    return w->qbits == 8 && w->group % OSP_BF16T_COLS == 0 && w->cols % w->group == 0 && w->rows >= 1 && w->data;
+}
+
+void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out) {
+    const uint8_t *codes = (const uint8_t *)w->data + r * w->cols;
+    const int64_t ng = w->cols / w->group;
+    for (int64_t g = 0; g < ng; g++) {
+        const float s = osp_load_float(w->scales, w->sdtype, r * ng + g), b = osp_load_float(w->biases, w->sdtype, r * ng + g);
+        for (int64_t k = 0; k < w->group; k++) out[g * w->group + k] = to_bf16(fmaf(s, (float)codes[g * w->group + k], b));
+    }
+}
+
 static float bf(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     if ((u & 0x7f800000u) == 0) u &= 0x80000000u; /* denormal inputs read as zero */
@@ -119,5 +133,9 @@ void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y,
 void osp_bf16t_pack_fast(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {
     (void)j0, (void)j1;
     osp_bf16t_pack(x, n, cols, xp);
+}
+void osp_q8t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                 uint16_t *dq) {
+    (void)w, (void)xp, (void)n, (void)y, (void)ldy, (void)r0, (void)r1, (void)dq; /* never called: not available */
 }
 #endif

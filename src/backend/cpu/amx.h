@@ -49,4 +49,16 @@ void osp_bf16t_pack_fast(const float *x, int64_t n, int64_t cols, uint16_t *xp, 
 void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1);
 void osp_bf16t_ref(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1);
 
+/* MLX 8-bit weights on the tiles, for many tokens (prefill chunks: the
+ * dequantization, 32 rows at a time into the calling thread's scratch, is paid once
+ * for all of them): each weight s * c + b (one f32 fma) rounded to bf16, as
+ * the GPU's production path dequantizes, then osp_bf16t_amx. */
+int osp_q8t_fits(const osp_weight *w);
+/* Row r of w dequantized to bf16 [cols] (the scalar twin of the tiles'
+ * dequantization: s * c + b as one fma, rounded to nearest even). */
+void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out);
+/* dq: the caller's scratch of 32 x cols bf16 (one per thread) */
+void osp_q8t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                 uint16_t *dq);
+
 #endif

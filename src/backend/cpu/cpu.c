@@ -38,6 +38,7 @@ static void session_free(osp_be_session *s) {
     if (!s) return;
     osp_free(s->q8mem);
     osp_free(s->bt);
+    osp_free(s->dq);
     free(s->q8acts);
     free(s);
 }
@@ -56,6 +57,11 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     if (osp_amx_available()) { /* bf16 weights' production path: any call whose columns fit */
         s->bt_cols = (max_cols + OSP_BF16T_COLS - 1) / OSP_BF16T_COLS * OSP_BF16T_COLS;
         s->bt = osp_malloc(OSP_POOL_SCRATCH, osp_bf16t_packed_bytes(max_tok, s->bt_cols));
+        if (max_tok >= 16) { /* (8-bit weights go on the tiles in prefill chunks only) */
+            s->dq_slots = osp_threads_count();
+            s->dq = osp_malloc(OSP_POOL_SCRATCH, sizeof(uint16_t) * 32 * (size_t)s->bt_cols * (size_t)s->dq_slots);
+            if (!s->dq) s->dq_slots = 0; /* (then 8-bit weights keep the f32 kernels) */
+        }
     }
     if (!s->q8mem || !s->q8acts || (s->bt_cols && !s->bt)) {
         session_free(s);

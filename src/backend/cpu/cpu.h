@@ -20,6 +20,8 @@ struct osp_be_session {
     osp_q8act *q8acts; /* [q8cap / 8] panels */
     uint16_t *bt;  /* bf16 activations packed for the AMX tiles (backend/cpu/amx.h): q8cap tokens, or NULL */
     int64_t bt_cols;
+    uint16_t *dq;  /* 8-bit weights dequantized for the tiles: dq_slots x 32 rows x bt_cols */
+    int dq_slots;  /* the threads it was sized for */
 };
 
 void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,

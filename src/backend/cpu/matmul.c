@@ -24,6 +24,7 @@ typedef struct mm_ctx {
     int per_token;         /* each activation through the one-token kernel */
     const uint16_t *bt;    /* fast path, bf16 weights on AMX: the n activations packed as tiles */
     int64_t bt_cols;
+    uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's 32-row dequantization scratch */
     int nw, nt;
     const osp_weight *w[MM_MAX_W];
     float *y[MM_MAX_W];
@@ -33,7 +34,7 @@ typedef struct mm_ctx {
     _Atomic int64_t cursor;
 } mm_ctx;
 
-static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
+static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot) {
     const osp_weight *w = c->w[i];
     float *y = c->y[i];
     if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
@@ -42,6 +43,10 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1) {
     }
     if (c->bt && osp_bf16t_fits(w) && w->cols == c->bt_cols) { /* the same on the AMX tiles */
         osp_bf16t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1);
+        return;
+    }
+    if (c->bt && c->dq && osp_q8t_fits(w) && w->cols == c->bt_cols) {
+        osp_q8t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->bt_cols);
         return;
     }
     if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
@@ -81,7 +86,7 @@ static void mm_task(void *p, int64_t t) {
             if (take > c->first[i + 1] - cur) take = c->first[i + 1] - cur;
         } while (!atomic_compare_exchange_weak(&c->cursor, &cur, cur + take));
         int64_t r0 = cur - c->first[i], r1 = r0 + take;
-        mm_rows(c, i, r0, r1 < c->w[i]->rows ? r1 : c->w[i]->rows);
+        mm_rows(c, i, r0, r1 < c->w[i]->rows ? r1 : c->w[i]->rows, t);
     }
 }
 
@@ -159,9 +164,13 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
     c.per_token = s->per_token && n > 1;
     /* bf16 weights in production precision on AMX tiles: the activations rounded to bf16 and packed once for
      * every weight of the call; a token's numbers do not depend on n (so no per-token mode is needed) */
+    /* 8-bit weights join them in prefill chunks (16 tokens or more: the dequantization is paid once for all;
+     * decode steps keep the f32 kernels) */
+    const int q8t = s->fast && s->dq && !c.per_token && n >= 16 && osp_threads_count() <= s->dq_slots;
     if (s->fast && s->bt && n <= s->q8cap && x) {
         int any = 0;
-        for (int i = 0; i < nw; i++) any |= osp_bf16t_fits(ws[i]) && ws[i]->cols <= s->bt_cols;
+        for (int i = 0; i < nw; i++)
+            any |= (osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i]))) && ws[i]->cols <= s->bt_cols;
         if (any) {
             const int64_t cols = ws[0]->cols;
             int same = 1;
@@ -174,6 +183,7 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
                 else pack_task(&pc, 0);
                 c.bt = s->bt;
                 c.bt_cols = cols;
+                if (q8t) c.dq = s->dq;
             }
         }
     }
@@ -191,7 +201,7 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
     /* Small matmuls (tiny models, the per-layer-input projections) cost less
      * than waking the pool: run them on this thread. */
     if (work < (256 << 10)) {
-        for (int i = 0; i < nw; i++) mm_rows(&c, i, 0, ws[i]->rows);
+        for (int i = 0; i < nw; i++) mm_rows(&c, i, 0, ws[i]->rows, 0);
         return;
     }
     osp_parallel_for(nt, mm_task, &c);

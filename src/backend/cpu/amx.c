@@ -135,7 +135,12 @@ void osp_bf16t_pack_fast(const float *x, int64_t n, int64_t cols, uint16_t *xp, 
     osp_bf16t_pack(x, n, cols, xp);
 }
 void osp_q8t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
-                 uint16_t *dq) {
-    (void)w, (void)xp, (void)n, (void)y, (void)ldy, (void)r0, (void)r1, (void)dq; /* never called: not available */
+                 uint16_t *dq) { /* the twins, a row at a time */
+    osp_weight t = *w;
+    t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = 1, t.data = dq, t.scales = t.biases = NULL;
+    for (int64_t r = r0; r < r1; r++) {
+        osp_q8t_row_ref(w, r, dq);
+        osp_bf16t_ref(&t, xp, n, y + (r - r0), ldy, 0, 1);
+    }
 }
 #endif

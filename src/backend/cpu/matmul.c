@@ -23,8 +23,8 @@ typedef struct mm_ctx {
     osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
     const uint16_t *bt;    /* fast path, bf16 weights on AMX: the n activations packed as tiles */
-    int64_t bt_cols;
     uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's 32-row dequantization scratch */
+    int64_t dq_cols;       /* (its row stride: the session's widest input) */
     int nw, nt;
     const osp_weight *w[MM_MAX_W];
     float *y[MM_MAX_W];
@@ -41,12 +41,12 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
     }
-    if (c->bt && osp_bf16t_fits(w) && w->cols == c->bt_cols) { /* the same on the AMX tiles */
+    if (c->bt && osp_bf16t_fits(w)) { /* the same on the AMX tiles */
         osp_bf16t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1);
         return;
     }
-    if (c->bt && c->dq && osp_q8t_fits(w) && w->cols == c->bt_cols) {
-        osp_q8t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->bt_cols);
+    if (c->bt && c->dq && osp_q8t_fits(w)) {
+        osp_q8t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
         return;
     }
     if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
@@ -167,24 +167,19 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
     /* 8-bit weights join them in prefill chunks (16 tokens or more: the dequantization is paid once for all;
      * decode steps keep the f32 kernels) */
     const int q8t = s->fast && s->dq && !c.per_token && n >= 16 && osp_threads_count() <= s->dq_slots;
-    if (s->fast && s->bt && n <= s->q8cap && x) {
+    /* (the weights of a call share its input: one width; fitting implies whole 32-column tiles) */
+    const int64_t cols = ws[0]->cols;
+    if (s->fast && s->bt && n <= s->q8cap && cols <= s->bt_cols) {
         int any = 0;
-        for (int i = 0; i < nw; i++)
-            any |= (osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i]))) && ws[i]->cols <= s->bt_cols;
+        for (int i = 0; i < nw; i++) any |= osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i]));
         if (any) {
-            const int64_t cols = ws[0]->cols;
-            int same = 1;
-            for (int i = 0; i < nw; i++) same &= ws[i]->cols == cols;
-            if (same && cols % OSP_BF16T_COLS == 0) {
-                pack_ctx pc = {x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
-                const int nt = osp_threads_count();
-                if (n * cols >= (1 << 16) && nt > 1) pc.parts = pc.nch < 4 * nt ? pc.nch : 4 * nt;
-                if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
-                else pack_task(&pc, 0);
-                c.bt = s->bt;
-                c.bt_cols = cols;
-                if (q8t) c.dq = s->dq;
-            }
+            pack_ctx pc = {x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
+            const int nt = osp_threads_count();
+            if (n * cols >= (1 << 16) && nt > 1) pc.parts = pc.nch < 4 * nt ? pc.nch : 4 * nt;
+            if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
+            else pack_task(&pc, 0);
+            c.bt = s->bt;
+            if (q8t) c.dq = s->dq, c.dq_cols = s->bt_cols;
         }
     }
     int nt = osp_threads_count();

@@ -377,7 +377,7 @@ static void test_head_ids(void **state) {
     memset(&h, 0, sizeof h);
     h.w.rows = V, h.w.cols = H, h.w.dtype = OSP_DT_F32;
     float *wd = malloc(sizeof(float) * (size_t)V * H);
-    h.data = wd;
+    h.data = h.w.data = wd;
     for (int64_t i = 0; i < (int64_t)V * H; i++) wd[i] = uniform();
     for (int j = 0; j < H; j++) {
         wd[0 * H + j] = wd[7 * H + j] = NAN;

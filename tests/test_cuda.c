@@ -280,6 +280,37 @@ static void test_tc(void **state) {
             free_weight(&h), free_weight(&h2);
         }
     }
+    /* tall weights: more row tiles than a wave of blocks, so the few-token kernel's blocks take several tiles each
+     * (and load the next tile's first steps while they reduce the current one's) */
+    const wkind TALL[] = {{"bf16 tall", OSP_DT_BF16, 0, 0, 0, 136},
+                          {"q4 g64 tall", 0, 4, 64, OSP_DT_BF16, 256},
+                          {"q8 g32 tall", 0, 8, 32, OSP_DT_BF16, 160}};
+    const int64_t tn[] = {1, 3, 9};
+    for (size_t k = 0; k < sizeof TALL / sizeof *TALL; k++) {
+        const wkind *K = &TALL[k];
+        const int64_t R = 16 * 1100 + 5, C = K->cols, nt = 9;
+        host_weight h;
+        make_weight(&h, R, C, K->dt, K->bits, K->group, K->sdt);
+        float *x = malloc(sizeof(float) * (size_t)(nt * C)), *y = malloc(sizeof(float) * (size_t)(nt * R)),
+              *y1 = malloc(sizeof(float) * (size_t)R);
+        for (int64_t i = 0; i < nt * C; i++) x[i] = uniform();
+        for (size_t j = 0; j < sizeof tn / sizeof *tn; j++) {
+            const int64_t n = tn[j];
+            for (int64_t i = 0; i < n * R; i++) y[i] = NAN;
+            device_matmul(s, &h, x, n, (int32_t)n, 1, y);
+            char what[96];
+            snprintf(what, sizeof what, "tensor cores, %s, %lld rows, %lld tokens", K->name, (long long)R,
+                     (long long)n);
+            check_matmul_bf16(&h, x, n, y, 1e-4, what);
+            for (int64_t t = 0; t < n; t++) {
+                device_matmul(s, &h, x + t * C, 1, 1, 1, y1);
+                if (memcmp(y1, y + t * R, sizeof(float) * (size_t)R) != 0)
+                    fail_msg("%s: token %lld differs alone and among %lld", what, (long long)t, (long long)n);
+            }
+        }
+        free(x), free(y), free(y1);
+        free_weight(&h);
+    }
     be->session_free(s);
 }
 
@@ -377,7 +408,8 @@ static void test_head_ids(void **state) {
     memset(&h, 0, sizeof h);
     h.w.rows = V, h.w.cols = H, h.w.dtype = OSP_DT_F32;
     float *wd = malloc(sizeof(float) * (size_t)V * H);
-    h.data = h.w.data = wd;
+    h.data = wd;
+    h.w.data = wd;
     for (int64_t i = 0; i < (int64_t)V * H; i++) wd[i] = uniform();
     for (int j = 0; j < H; j++) {
         wd[0 * H + j] = wd[7 * H + j] = NAN;

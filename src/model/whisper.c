@@ -473,10 +473,6 @@ osp_status osp_whisper_load(const char *dir, osp_whisper **out) { return osp_whi
 
 osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out) {
     *out = NULL;
-    /* Whisper's CUDA path (backend/cuda/encdec.c) was written without a GPU to run it on: until it has
-     * passed the GPU suite, AUTO means the CPU; --device cuda or OSP_DEVICE=cuda asks for the GPU */
-    const char *env = getenv("OSP_DEVICE");
-    if (device == OSP_DEVICE_AUTO && !(env && !strcmp(env, "cuda"))) device = OSP_DEVICE_CPU;
     const osp_backend *be = osp_backend_get((osp_device)device);
     if (!be) return OSP_ERR_UNSUPPORTED;
     osp_whisper *m = osp_calloc(OSP_POOL_MISC, sizeof *m);

@@ -63,6 +63,9 @@ osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out);
 osp_status osp_whisper_load(const char *dir, osp_whisper **out);
 /* The backend it runs on ("cpu (avx512+vnni)", "cuda (NVIDIA H200)"). */
 const char *osp_whisper_device_name(const osp_whisper *m);
+/* One trial of the device's read-bandwidth probe (GB/s; release != 0 frees its buffer), as osp_model_bw_trial:
+ * OSP_ERR_UNSUPPORTED on a device without one (the CPU: the bench's triad instead). */
+osp_status osp_whisper_bw_trial(const osp_whisper *m, int release, double *gbps);
 void osp_whisper_free(osp_whisper *m);
 const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m);
 

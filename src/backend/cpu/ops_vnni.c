@@ -59,6 +59,9 @@ static inline __m512i dp_bcast(__m512i acc, __m512i codes, const int32_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(codes), "m"(*p));
     return acc;
 }
+#ifndef PF_ONE
+#define PF_ONE 2048
+#endif
 #ifndef PF_AHEAD
 #define PF_AHEAD 8192
 #endif
@@ -81,9 +84,10 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
         const unsigned char *sg = tile + g * seg;
         for (int64_t j = 0; j < bpg; j++) {
             const unsigned char *q = sg + 64 + j * 256;
-            if (A > 1) /* one token streams at the hardware prefetcher's pace; more need help */
-                _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
-                    _mm_prefetch((const char *)q + PF_AHEAD + 64 * i, PF_HINT);
+            /* a block's 256 bytes fetched ahead: 8 KB with several tokens, 2 KB with one (none there
+             * was 0.77 of the triad, 2 KB 0.86: Llama-1B-shaped q4 decode 33.5 -> 37.3-37.8 tok/s) */
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+                _mm_prefetch((const char *)q + (A > 1 ? PF_AHEAD : PF_ONE) + 64 * i, PF_HINT);
             const int64_t blk = g * bpg + j;
             const int32_t *xq = p->xq + blk * 8 * A;
             const float *d = p->d + blk * A;

@@ -36,3 +36,12 @@ const osp_backend *osp_backend_get(osp_device d) {
     osp_err_clear();
     return osp_backend_cpu();
 }
+
+osp_status osp_backend_bw_trial(const osp_backend *be, int release, double *gbps) {
+    if (!be->bw_trial) return osp_err(OSP_ERR_UNSUPPORTED, "%s: no bandwidth probe", be->name);
+    double g = be->bw_trial(release);
+    if (release) return OSP_OK;
+    if (g < 0) return osp_err(OSP_ERR_IO, "%s: the bandwidth probe failed", be->name);
+    *gbps = g;
+    return OSP_OK;
+}

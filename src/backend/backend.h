@@ -278,5 +278,8 @@ const osp_backend *osp_backend_cuda(void);
 /* The backend for a device: AUTO = the best present (the CPU when nothing
  * else is). NULL with an error when that device is not available. */
 const osp_backend *osp_backend_get(osp_device d);
+/* One trial of the device's read-bandwidth probe in GB/s (release != 0 frees its buffer instead):
+ * OSP_ERR_UNSUPPORTED on a device without one (the CPU: benches use the host triad). */
+osp_status osp_backend_bw_trial(const osp_backend *be, int release, double *gbps);
 
 #endif

@@ -246,10 +246,5 @@ void osp_model_free(osp_model *m) {
 const osp_model_info *osp_model_get_info(const osp_model *m) { return &m->info; }
 
 osp_status osp_model_bw_trial(const osp_model *m, int release, double *gbps) {
-    if (!m->be->bw_trial) return osp_err(OSP_ERR_UNSUPPORTED, "%s: no bandwidth probe", m->be->name);
-    double g = m->be->bw_trial(release);
-    if (release) return OSP_OK;
-    if (g < 0) return osp_err(OSP_ERR_IO, "%s: the bandwidth probe failed", m->be->name);
-    *gbps = g;
-    return OSP_OK;
+    return osp_backend_bw_trial(m->be, release, gbps);
 }

@@ -622,12 +622,7 @@ void osp_whisper_state_set_fast(osp_whisper_state *s, int fast) { s->be->set_fas
 const char *osp_whisper_device_name(const osp_whisper *m) { return m->be->name; }
 
 osp_status osp_whisper_bw_trial(const osp_whisper *m, int release, double *gbps) {
-    if (!m->be->bw_trial) return osp_err(OSP_ERR_UNSUPPORTED, "%s: no bandwidth probe", m->be->name);
-    double g = m->be->bw_trial(release);
-    if (release) return OSP_OK;
-    if (g < 0) return osp_err(OSP_ERR_IO, "%s: the bandwidth probe failed", m->be->name);
-    *gbps = g;
-    return OSP_OK;
+    return osp_backend_bw_trial(m->be, release, gbps);
 }
 
 /* ---------------- blocks ---------------- */

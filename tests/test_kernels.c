@@ -300,6 +300,55 @@ static void test_matmul_quant(void **state) {
     print_message("%d matmul cases compared\n", n_matmul_cases);
 }
 
+/* matmul_each: each of n tokens bitwise what matmul gives it alone, for every kind the table takes (8-bit
+ * ones), the last rows ending at the buffers' ends, rows longer than one prepared pass, 0 for other kinds */
+static void test_matmul_each(void **state) {
+    (void)state;
+    const osp_ops *fast[2];
+    int nf = fast_ops(fast);
+    const int groups[] = {32, 64, 128};
+    const int64_t ns[] = {1, 2, 3, 8, 9, 13};
+    const int64_t cols_of[] = {64, 128 * 3, 8192 + 512};
+    int checked = 0;
+    for (int f = 0; f < nf; f++) {
+        if (!fast[f]->matmul_each) continue;
+        for (int g = 0; g < 3; g++)
+            for (int ci = 0; ci < 3; ci++) {
+                const int64_t rows = rng_int(1, 40), cols = cols_of[ci] < groups[g] ? groups[g] : cols_of[ci] / groups[g] * groups[g];
+                int64_t r0, r1;
+                random_range(rows, &r0, &r1);
+                tw t;
+                tw_quant(&t, 8, groups[g], (g + ci) % 2 ? OSP_DT_F16 : OSP_DT_BF16, rows, cols, 1);
+                for (int ni = 0; ni < 6; ni++) {
+                    const int64_t n = ns[ni], m = r1 - r0, ldy = m + 2;
+                    float *x = malloc(sizeof(float) * (size_t)(n * cols)), *y = malloc(sizeof(float) * (size_t)(n * ldy)),
+                          *y1 = malloc(sizeof(float) * (size_t)(m + 1));
+                    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_range(-2, 2);
+                    for (int64_t i = 0; i < n * ldy; i++) y[i] = 777.0f;
+                    assert_int_equal(fast[f]->matmul_each(&t.w, x, n, y, ldy, r0, r1), 1);
+                    for (int64_t k = 0; k < n; k++) {
+                        fast[f]->matmul(&t.w, x + k * cols, 1, y1, m, r0, r1);
+                        if (memcmp(y1, y + k * ldy, sizeof(float) * (size_t)m))
+                            fail_msg("%s matmul_each q8 g%d cols %lld rows [%lld, %lld) n %lld: token %lld differs "
+                                     "from alone", fast[f]->name, groups[g], (long long)cols, (long long)r0,
+                                     (long long)r1, (long long)n, (long long)k);
+                        for (int64_t e = m; e < ldy; e++)
+                            if (y[k * ldy + e] != 777.0f) fail_msg("%s matmul_each: wrote past its rows", fast[f]->name);
+                    }
+                    free(x), free(y), free(y1);
+                    checked++;
+                }
+                tw_free(&t);
+            }
+        tw t;
+        tw_quant(&t, 4, 64, OSP_DT_BF16, 20, 256, 0);
+        float x[256] = {0}, y[20];
+        assert_int_equal(fast[f]->matmul_each(&t.w, x, 1, y, 20, 0, 20), 0); /* not its kind */
+        tw_free(&t);
+    }
+    print_message("%d matmul_each cases compared\n", checked);
+}
+
 /* ---------------------------------------------------------- elementwise */
 
 static const int64_t EW_N[] = {0, 1, 15, 16, 17, 1000};
@@ -459,6 +508,7 @@ static void test_activations(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_dense), cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_matmul_each),
         cmocka_unit_test(test_dot_axpy),     cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_softmax),      cmocka_unit_test(test_activations),
     };

@@ -23,6 +23,13 @@ typedef struct osp_ops {
      * on 16-row boundaries). */
     void (*matmul)(const osp_weight *w, const float *x, int64_t n, float *y,
                    int64_t ldy, int64_t r0, int64_t r1);
+    /* The same for n tokens, each bitwise what matmul gives it with n == 1
+     * (the rows of a batched decode step), reading W once for all of them.
+     * Returns 0 (nothing written) for a weight kind it has no such kernel
+     * for; NULL in tables without any: the caller then runs each token
+     * through matmul alone. */
+    int (*matmul_each)(const osp_weight *w, const float *x, int64_t n, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1);
 
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y += a * x */

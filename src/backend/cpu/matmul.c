@@ -49,6 +49,8 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot
         osp_q8t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
         return;
     }
+    if (c->per_token && c->ops->matmul_each && c->ops->matmul_each(w, c->x, c->n, y + r0, w->rows, r0, r1))
+        return; /* every token as alone, the weight read once */
     if (c->per_token) { /* blocks of rows small enough to stay in cache while every token reads them: the
                          * weights stream from memory once for all tokens (a row's numbers do not depend on
                          * the range it is computed in) */

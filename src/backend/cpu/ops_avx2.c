@@ -294,6 +294,62 @@ OSP_INLINE void q8_row(const osp_weight *w, int64_t r, const float *x, const flo
     *out = accum ? *out + v : v;
 }
 
+/* q8_row for NT (<= 4: the 16 registers) tokens at once: the codes
+ * converted once, each token's operations exactly as q8_row's. */
+OSP_INLINE void q8_row_each(const osp_weight *w, int64_t r, const float *x, int64_t xs, const float *sx, int64_t c0,
+                            int64_t cw, float *out, int64_t ldy, int accum, const int G, const int NT) {
+    const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
+    const unsigned char *p = (const unsigned char *)w->data + r * w->cols + c0;
+    __m256 acc[4], vg[4];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    float sb[8] __attribute__((aligned(32)));
+    for (int64_t gc = 0; gc < cnt; gc += 8) {
+        const int64_t gn = cnt - gc < 8 ? cnt - gc : 8;
+        const int64_t o = r * ng + gb + gc;
+        _mm256_store_ps(sb, ld_any(w->scales, w->sdtype, o, gn));
+        const __m256 bv = ld_any(w->biases, w->sdtype, o, gn);
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm256_fmadd_ps(bv, _mm256_maskload_ps(sx + t * (MV_CHUNK / 32) + gc, tail_mask(gn)), acc[t]);
+        for (int64_t g = 0; g < gn; g++) {
+            const int64_t k0 = (gc + g) * G;
+            for (int t = 0; t < NT; t++) vg[t] = _mm256_setzero_ps();
+            for (int j = 0; j < G; j += 8) {
+                if (((k0 + j) & 63) == 0) _mm_prefetch((const char *)p + k0 + j + 2048, _MM_HINT_T0);
+                const __m256 d = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + k0 + j))));
+                for (int t = 0; t < NT; t++) vg[t] = _mm256_fmadd_ps(_mm256_loadu_ps(x + t * xs + k0 + j), d, vg[t]);
+            }
+            for (int t = 0; t < NT; t++) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sb[g]), vg[t], acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        const float v = hsum(acc[t]);
+        out[t * ldy] = accum ? out[t * ldy] + v : v;
+    }
+}
+
+OSP_INLINE void q8_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                        const int G) {
+    float sx[4 * (MV_CHUNK / 32)];
+    const int64_t C = w->cols;
+    for (int64_t c0 = 0; c0 < C; c0 += MV_CHUNK) {
+        const int64_t cw = C - c0 < MV_CHUNK ? C - c0 : MV_CHUNK;
+        for (int64_t t0 = 0; t0 < n; t0 += 4) {
+            const int nt = n - t0 < 4 ? (int)(n - t0) : 4;
+            for (int t = 0; t < nt; t++) group_sums(x + (t0 + t) * C + c0, cw / G, G, sx + t * (MV_CHUNK / 32));
+            const float *xt = x + t0 * C + c0;
+            for (int64_t r = r0; r < r1; r++) {
+                float *o = y + t0 * ldy + (r - r0);
+                switch (nt) {
+                case 1: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 1); break;
+                case 2: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 2); break;
+                case 3: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 3); break;
+                default: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 4); break;
+                }
+            }
+        }
+    }
+}
+
 OSP_INLINE void mv_q(const osp_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
                      const int G, const int BITS) {
     float sx[MV_CHUNK / 32];
@@ -495,6 +551,19 @@ static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int
     else gemm(w, x, n, y, ldy, r0, r1);
 }
 
+/* 8-bit weights of the n == 1 kernel's kinds: every token as q8_row gives it. */
+static int matmul_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+    if (w->qbits != 8 || !mv_q_ok(w) || w->cols <= 0) return 0;
+    if (n <= 0 || r1 <= r0) return 1;
+    switch (w->group) {
+    case 32: q8_each(w, x, n, y, ldy, r0, r1, 32); break;
+    case 64: q8_each(w, x, n, y, ldy, r0, r1, 64); break;
+    default: q8_each(w, x, n, y, ldy, r0, r1, 128); break;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -684,7 +753,7 @@ static void softcap(float *x, int64_t n, float cap) {
 }
 
 static const osp_ops OPS = {
-    .name = "avx2", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
+    .name = "avx2", .matmul = matmul, .matmul_each = matmul_each, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
     .softcap = softcap,
 };

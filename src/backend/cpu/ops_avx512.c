@@ -313,6 +313,67 @@ OSP_INLINE void q8_row(const osp_weight *w, int64_t r, const float *x, const flo
     *out = accum ? *out + v : v;
 }
 
+/* q8_row for NT tokens at once: the codes of a row converted once, then
+ * each token's operations exactly as q8_row's (bitwise the n == 1 result). */
+OSP_INLINE void q8_row_each(const osp_weight *w, int64_t r, const float *x, int64_t xs, const float *sx, int64_t c0,
+                            int64_t cw, float *out, int64_t ldy, int accum, const int G, const int NT) {
+    const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
+    const unsigned char *p = (const unsigned char *)w->data + r * w->cols + c0;
+    __m512 acc[8], vg[8];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    float sb[16] __attribute__((aligned(64)));
+    for (int64_t gc = 0; gc < cnt; gc += 16) {
+        const __mmask16 m = tail_mask(cnt - gc);
+        const int64_t gn = cnt - gc < 16 ? cnt - gc : 16;
+        const int64_t o = r * ng + gb + gc;
+        _mm512_store_ps(sb, ld_any(w->scales, w->sdtype, o, m));
+        const __m512 bv = ld_any(w->biases, w->sdtype, o, m);
+        for (int t = 0; t < NT; t++)
+            acc[t] = _mm512_fmadd_ps(bv, _mm512_maskz_loadu_ps(m, sx + t * (MV_CHUNK / 32) + gc), acc[t]);
+        for (int64_t g = 0; g < gn; g++) {
+            const int64_t k0 = (gc + g) * G;
+            for (int t = 0; t < NT; t++) vg[t] = _mm512_setzero_ps();
+            for (int j = 0; j < G; j += 16) {
+                if (((k0 + j) & 63) == 0) _mm_prefetch((const char *)p + k0 + j + PF_Q8, _MM_HINT_T0);
+                const __m512 d = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k0 + j))));
+                for (int t = 0; t < NT; t++) vg[t] = _mm512_fmadd_ps(_mm512_loadu_ps(x + t * xs + k0 + j), d, vg[t]);
+            }
+            for (int t = 0; t < NT; t++) acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sb[g]), vg[t], acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        const float v = _mm512_reduce_add_ps(acc[t]);
+        out[t * ldy] = accum ? out[t * ldy] + v : v;
+    }
+}
+
+OSP_INLINE void q8_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                        const int G) {
+    float sx[8 * (MV_CHUNK / 32)];
+    const int64_t C = w->cols;
+    for (int64_t c0 = 0; c0 < C; c0 += MV_CHUNK) {
+        const int64_t cw = C - c0 < MV_CHUNK ? C - c0 : MV_CHUNK;
+        for (int64_t t0 = 0; t0 < n; t0 += 8) {
+            const int nt = n - t0 < 8 ? (int)(n - t0) : 8;
+            for (int t = 0; t < nt; t++) group_sums(x + (t0 + t) * C + c0, cw / G, G, sx + t * (MV_CHUNK / 32));
+            const float *xt = x + t0 * C + c0;
+            for (int64_t r = r0; r < r1; r++) {
+                float *o = y + t0 * ldy + (r - r0);
+                switch (nt) {
+                case 1: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 1); break;
+                case 2: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 2); break;
+                case 3: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 3); break;
+                case 4: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 4); break;
+                case 5: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 5); break;
+                case 6: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 6); break;
+                case 7: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 7); break;
+                default: q8_row_each(w, r, xt, C, sx, c0, cw, o, ldy, c0 > 0, G, 8); break;
+                }
+            }
+        }
+    }
+}
+
 OSP_INLINE void mv_q(const osp_weight *w, const float *x, float *y, int64_t r0, int64_t r1,
                      const int G, const int BITS) {
     float xp[MV_CHUNK] __attribute__((aligned(64)));
@@ -587,6 +648,19 @@ static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int
     else gemm(w, x, n, y, ldy, r0, r1);
 }
 
+/* 8-bit weights of the n == 1 kernel's kinds: every token as q8_row gives it. */
+static int matmul_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+    if (w->qbits != 8 || !mv_q_ok(w) || w->cols <= 0) return 0;
+    if (n <= 0 || r1 <= r0) return 1;
+    switch (w->group) {
+    case 32: q8_each(w, x, n, y, ldy, r0, r1, 32); break;
+    case 64: q8_each(w, x, n, y, ldy, r0, r1, 64); break;
+    default: q8_each(w, x, n, y, ldy, r0, r1, 128); break;
+    }
+    return 1;
+}
+
 /* ------------------------------------------------------------ elementwise */
 
 static float dot(const float *a, const float *b, int64_t n) {
@@ -761,7 +835,7 @@ static void softcap(float *x, int64_t n, float cap) {
 }
 
 static const osp_ops OPS = {
-    .name = "avx512", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
+    .name = "avx512", .matmul = matmul, .matmul_each = matmul_each, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
     .softcap = softcap,
 };

@@ -340,6 +340,35 @@ static void test_matmul_each(void **state) {
                 }
                 tw_free(&t);
             }
+        /* dense rows: short (4 accumulators) and long (2) */
+        const osp_dtype dts[] = {OSP_DT_BF16, OSP_DT_F16, OSP_DT_F32};
+        const int64_t dcols[] = {16 * 37, 4096 + 48};
+        for (int d = 0; d < 3; d++)
+            for (int ci = 0; ci < 2; ci++) {
+                const int64_t rows = rng_int(1, 30), cols = dcols[ci];
+                int64_t r0, r1;
+                random_range(rows, &r0, &r1);
+                tw t;
+                tw_dense(&t, dts[d], rows, cols, 1);
+                for (int ni = 0; ni < 6; ni++) {
+                    const int64_t n = ns[ni], m = r1 - r0, ldy = m + 1;
+                    float *x = malloc(sizeof(float) * (size_t)(n * cols)), *y = malloc(sizeof(float) * (size_t)(n * ldy)),
+                          *y1 = malloc(sizeof(float) * (size_t)(m + 1));
+                    for (int64_t i = 0; i < n * cols; i++) x[i] = rng_range(-2, 2);
+                    const int took = fast[f]->matmul_each(&t.w, x, n, y, ldy, r0, r1);
+                    if (!strcmp(fast[f]->name, "avx512")) assert_int_equal(took, 1); /* (avx2: 8-bit only) */
+                    for (int64_t k = 0; k < n && took; k++) {
+                        fast[f]->matmul(&t.w, x + k * cols, 1, y1, m, r0, r1);
+                        if (memcmp(y1, y + k * ldy, sizeof(float) * (size_t)m))
+                            fail_msg("%s matmul_each %s cols %lld n %lld: token %lld differs from alone",
+                                     fast[f]->name, osp_dtype_name(dts[d]), (long long)cols, (long long)n,
+                                     (long long)k);
+                    }
+                    free(x), free(y), free(y1);
+                    checked++;
+                }
+                tw_free(&t);
+            }
         tw t;
         tw_quant(&t, 4, 64, OSP_DT_BF16, 20, 256, 0);
         float x[256] = {0}, y[20];

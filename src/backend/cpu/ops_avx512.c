@@ -635,6 +635,73 @@ static void mv_dense(const osp_weight *w, const float *x, float *y, int64_t r0, 
     else lng ? mv_long_t(w, x, y, r0, r1, OSP_DT_F32) : mv_dense_t(w, x, y, r0, r1, OSP_DT_F32);
 }
 
+/* mv_dense_t's and mv_rows_t's operations for NT tokens of one row at a
+ * time: the row converted once, each token's sums exactly the one-token
+ * kernel's (4 accumulators over 64-column steps for short rows, 2 over
+ * 32-column steps for long ones). */
+OSP_INLINE void dense_row_each(const unsigned char *row, const float *x, int64_t cols, float *out, int64_t ldy,
+                               const osp_dtype fmt, const int NT) {
+    if (cols < MV_LONG_COLS) {
+        __m512 a[4][4];
+        for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm512_setzero_ps();
+        int64_t c = 0;
+        for (; c + 64 <= cols; c += 64) {
+            const __m512 w0 = ld_dense(row, fmt, c, 0xffff), w1 = ld_dense(row, fmt, c + 16, 0xffff),
+                         w2 = ld_dense(row, fmt, c + 32, 0xffff), w3 = ld_dense(row, fmt, c + 48, 0xffff);
+            for (int t = 0; t < NT; t++) {
+                const float *xt = x + t * cols;
+                a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt + c), a[t][0]);
+                a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + c + 16), a[t][1]);
+                a[t][2] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xt + c + 32), a[t][2]);
+                a[t][3] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xt + c + 48), a[t][3]);
+            }
+        }
+        for (; c < cols; c += 16) {
+            const __mmask16 m = tail_mask(cols - c);
+            const __m512 w0 = ld_dense(row, fmt, c, m);
+            for (int t = 0; t < NT; t++) a[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * cols + c), a[t][0]);
+        }
+        for (int t = 0; t < NT; t++)
+            out[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[t][0], a[t][1]), _mm512_add_ps(a[t][2], a[t][3])));
+        return;
+    }
+    __m512 a[4][2];
+    for (int t = 0; t < NT; t++) a[t][0] = a[t][1] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        const __m512 w0 = ld_dense(row, fmt, c, 0xffff), w1 = ld_dense(row, fmt, c + 16, 0xffff);
+        for (int t = 0; t < NT; t++) {
+            a[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * cols + c), a[t][0]);
+            a[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + t * cols + c + 16), a[t][1]);
+        }
+    }
+    for (; c < cols; c += 16) {
+        const __mmask16 m = tail_mask(cols - c);
+        const __m512 w0 = ld_dense(row, fmt, c, m);
+        for (int t = 0; t < NT; t++) a[t][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, x + t * cols + c), a[t][0]);
+    }
+    for (int t = 0; t < NT; t++) out[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(a[t][0], a[t][1]));
+}
+
+OSP_INLINE void dense_each_t(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0,
+                             int64_t r1, const osp_dtype fmt) {
+    const int64_t cols = w->cols, rs = cols * (fmt == OSP_DT_F32 ? 4 : 2);
+    for (int64_t t0 = 0; t0 < n; t0 += 4) {
+        const int nt = n - t0 < 4 ? (int)(n - t0) : 4;
+        for (int64_t r = r0; r < r1; r++) {
+            const unsigned char *row = (const unsigned char *)w->data + r * rs;
+            float *o = y + t0 * ldy + (r - r0);
+            const float *xt = x + t0 * cols;
+            switch (nt) {
+            case 1: dense_row_each(row, xt, cols, o, ldy, fmt, 1); break;
+            case 2: dense_row_each(row, xt, cols, o, ldy, fmt, 2); break;
+            case 3: dense_row_each(row, xt, cols, o, ldy, fmt, 3); break;
+            default: dense_row_each(row, xt, cols, o, ldy, fmt, 4); break;
+            }
+        }
+    }
+}
+
 static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy,
                    int64_t r0, int64_t r1) {
     if (n <= 0 || r1 <= r0) return;
@@ -648,11 +715,17 @@ static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int
     else gemm(w, x, n, y, ldy, r0, r1);
 }
 
-/* 8-bit weights of the n == 1 kernel's kinds: every token as q8_row gives it. */
+/* Dense and 8-bit weights: every token as the one-token kernel gives it. */
 static int matmul_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0,
                        int64_t r1) {
-    if (w->qbits != 8 || !mv_q_ok(w) || w->cols <= 0) return 0;
+    if (w->cols <= 0 || (w->qbits && (w->qbits != 8 || !mv_q_ok(w)))) return 0;
     if (n <= 0 || r1 <= r0) return 1;
+    if (!w->qbits) { /* dense rows (bf16 where AMX does not take them, f16, f32) */
+        if (w->dtype == OSP_DT_BF16) dense_each_t(w, x, n, y, ldy, r0, r1, OSP_DT_BF16);
+        else if (w->dtype == OSP_DT_F16) dense_each_t(w, x, n, y, ldy, r0, r1, OSP_DT_F16);
+        else dense_each_t(w, x, n, y, ldy, r0, r1, OSP_DT_F32);
+        return 1;
+    }
     switch (w->group) {
     case 32: q8_each(w, x, n, y, ldy, r0, r1, 32); break;
     case 64: q8_each(w, x, n, y, ldy, r0, r1, 64); break;

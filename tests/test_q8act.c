@@ -159,10 +159,17 @@ static void mm_check(const mm_case *c, osp_q8act_mm_fn mm, const char *tier, int
     free(y), free(mem), free(acts);
 }
 
+static int have_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+/* The dispatched kernel (VNNI, or AVX2), and the AVX2 one wherever the CPU has AVX2. */
 static void test_matmul(void **st) {
     (void)st;
     osp_q8act_mm_fn fast = osp_q8act_matmul_fast();
-    if (!fast) print_message("no AVX-512 VNNI: checking the scalar tier only\n");
+    const int avx2 = have_avx2();
+    if (!fast) print_message("no AVX2: checking the scalar tier only\n");
     const int groups[] = {32, 64, 128};
     const int64_t cols[] = {128, 384, 640, 2048};
     const int64_t rows[] = {23, 16, 37, 5};
@@ -178,7 +185,8 @@ static void test_matmul(void **st) {
                 int64_t n = k < 17 ? k + 1 : MM_N, t0 = (int64_t)(rnd() % (MM_N - n + 1));
                 int64_t R = c.w.rows, r0 = k % 3 && R > 16 ? 16 : 0;
                 int64_t r1 = k % 3 ? r0 + 1 + (int64_t)(rnd() % (R - r0)) : R;
-                if (fast) mm_check(&c, fast, "vnni", t0, n, r0, r1);
+                if (fast) mm_check(&c, fast, "fast", t0, n, r0, r1);
+                if (avx2) mm_check(&c, osp_q8act_matmul_avx2, "avx2", t0, n, r0, r1);
                 if (k % 5 == 0) mm_check(&c, osp_q8act_matmul_ref, "ref", t0, n, r0, r1);
             }
             mm_case_free(&c);
@@ -190,12 +198,16 @@ static void test_matmul(void **st) {
 static void test_edges(void **st) {
     (void)st;
     osp_q8act_mm_fn fast = osp_q8act_matmul_fast();
+    const int avx2 = have_avx2();
     mm_case c;
     mm_case_init(&c, 128, 128, 1, OSP_DT_BF16);
-    if (fast) mm_check(&c, fast, "vnni", 0, MM_N, 0, 1);
+    if (fast) mm_check(&c, fast, "fast", 0, MM_N, 0, 1);
+    if (avx2) mm_check(&c, osp_q8act_matmul_avx2, "avx2", 0, MM_N, 0, 1);
     mm_case_free(&c);
     mm_case_init(&c, 32, 32, 17, OSP_DT_F16);
-    if (fast) mm_check(&c, fast, "vnni", 3, 9, 16, 17);
+    if (fast) mm_check(&c, fast, "fast", 3, 9, 16, 17);
+    if (avx2) mm_check(&c, osp_q8act_matmul_avx2, "avx2", 3, 9, 16, 17);
+    if (avx2) mm_check(&c, osp_q8act_matmul_avx2, "avx2", 0, MM_N, 0, 17);
     check_accuracy(&c);
     mm_case_free(&c);
 }

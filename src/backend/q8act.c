@@ -151,6 +151,6 @@ void osp_q8act_prepare(osp_q8act *a, int slot, const float *x) {
 
 osp_q8act_mm_fn osp_q8act_matmul_fast(void) {
     static int tier = -1;
-    if (tier < 0) tier = have_vnni();
-    return tier ? osp_q8act_matmul_vnni : NULL;
+    if (tier < 0) tier = have_vnni() ? 2 : osp_cpu_features_get()->avx2 ? 1 : 0;
+    return tier == 2 ? osp_q8act_matmul_vnni : tier == 1 ? osp_q8act_matmul_avx2 : NULL;
 }

@@ -94,12 +94,15 @@ void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n,
                           int64_t r1);
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1);
+/* The AVX2 tier (vpmaddubsw + vpmaddwd make the same exact block sums), for CPUs without VNNI. */
+void osp_q8act_matmul_avx2(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                           int64_t r1);
 
 typedef void (*osp_q8act_mm_fn)(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy,
                                 int64_t r0, int64_t r1);
-/* The VNNI kernel when this CPU has AVX-512 VNNI, else NULL: without it
- * the int8 path would be slower than the f32 one, so it is not used (and
- * nothing is repacked). */
+/* The VNNI kernel when this CPU has AVX-512 VNNI, else the AVX2 one where
+ * it has AVX2, else NULL (without either the int8 path would be slower
+ * than the f32 one, so it is not used, and nothing is repacked). */
 osp_q8act_mm_fn osp_q8act_matmul_fast(void);
 
 #endif

@@ -3,7 +3,7 @@
  * (with 4 KiB pages, two cores read half as fast here: the page walks of a
  * virtual machine), filled on the thread pool.
  *
- * - 4-bit matrices, when the CPU has AVX-512 VNNI, are repacked for the
+ * - 4-bit matrices, when the CPU has AVX2 or AVX-512 VNNI, are repacked for the
  *   int8 path (backend/q8act.h); reference precision keeps reading the
  *   mmapped original, whose pages are given back until then.
  * - every other matrix is copied as stored (codes, scales and biases, or

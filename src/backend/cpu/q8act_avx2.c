@@ -1,0 +1,118 @@
+/* AVX2 tier of backend/q8act: the matmul on repacked 4-bit weights for CPUs
+ * without AVX-512 VNNI. Compiled with -mavx2 -mfma -mf16c; used only when
+ * cpuid reports AVX2 and not the VNNI tier. Bitwise its scalar twin
+ * (osp_q8act_matmul_ref) and so the VNNI kernel: a block's int32 sums are
+ * the same exact integers, made here by vpmaddubsw (u8 codes x s8
+ * activations, pairs added into s16: at most 2 x 15 x 128, no saturation)
+ * and vpmaddwd by ones (pairs of those into int32), and the f32 steps per
+ * (row, token) are the reference's, in its order.
+ *
+ * A tile's 64-byte vector holds 16 rows' 4-byte lanes: rows 0-7 in its
+ * first 32 bytes, rows 8-15 in its second, each half one ymm. */
+#include <immintrin.h>
+#include <string.h>
+#include "backend/q8act.h"
+
+#define S OSP_Q8ACT_SLOTS
+#define MAX_A 8
+
+static inline __m256 load_h8(const unsigned char *p, const int f16) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 8 rows' 4-product sums of the u8 codes with the s8 quad broadcast to every lane */
+static inline __m256i dot4(__m256i codes, int32_t quad, __m256i ones) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, _mm256_set1_epi32(quad)), ones);
+}
+
+/* One tile of 16 rows (two halves of 8), tokens [0, A) of one panel. */
+static inline __attribute__((always_inline)) void tile_kernel(const int A, const int f16, const unsigned char *tile,
+                                                              int64_t ng, int64_t bpg, size_t seg,
+                                                              const osp_q8act *p, float *y, int64_t ldy,
+                                                              int64_t rows) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256 c8 = _mm256_set1_ps(8.0f);
+    for (int h = 0; h < 2; h++) { /* rows 8h .. 8h + 7 */
+        __m256 acc[MAX_A], ga[MAX_A];
+        for (int a = 0; a < A; a++) acc[a] = ga[a] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            const unsigned char *sg = tile + g * seg;
+            for (int64_t j = 0; j < bpg; j++) {
+                const unsigned char *q = sg + 64 + j * 256 + 32 * h;
+                _mm_prefetch((const char *)q + 2048, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + 2048 + 128, _MM_HINT_T0);
+                const int64_t blk = g * bpg + j;
+                const int32_t *xq = p->xq + blk * 8 * A;
+                const float *d = p->d + blk * A;
+                __m256i lo[4], hi[4];
+                for (int i = 0; i < 4; i++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * i));
+                    lo[i] = _mm256_and_si256(v, nib);
+                    hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                }
+                for (int a = 0; a < A; a++) {
+                    __m256i s0 = dot4(lo[0], xq[0 * A + a], ones), s1 = dot4(hi[0], xq[1 * A + a], ones);
+                    for (int i = 1; i < 4; i++) {
+                        s0 = _mm256_add_epi32(s0, dot4(lo[i], xq[(2 * i) * A + a], ones));
+                        s1 = _mm256_add_epi32(s1, dot4(hi[i], xq[(2 * i + 1) * A + a], ones));
+                    }
+                    ga[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), _mm256_set1_ps(d[a]), ga[a]);
+                }
+            }
+            const __m256 s = load_h8(sg + 16 * h, f16), sb = _mm256_fmadd_ps(s, c8, load_h8(sg + 32 + 16 * h, f16));
+            const float *gs = p->gsum + g * A, *kg = p->kg + g * A;
+            for (int a = 0; a < A; a++) {
+                acc[a] = _mm256_fmadd_ps(_mm256_add_ps(ga[a], _mm256_set1_ps(kg[a])), s, acc[a]);
+                acc[a] = _mm256_fmadd_ps(sb, _mm256_set1_ps(gs[a]), acc[a]);
+                ga[a] = _mm256_setzero_ps();
+            }
+        }
+        const int64_t left = rows - 8 * h;
+        if (left <= 0) break;
+        for (int a = 0; a < A; a++) {
+            if (left >= 8) {
+                _mm256_storeu_ps(y + a * ldy + 8 * h, acc[a]);
+            } else {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[a]);
+                memcpy(y + a * ldy + 8 * h, tmp, sizeof(float) * (size_t)left);
+            }
+        }
+    }
+}
+
+typedef void (*tile_fn)(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts,
+                        float *y, int64_t ldy, int64_t rows);
+#define TILE(F, A)                                                                                                 \
+    static void tile_##F##_##A(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts, \
+                               float *y, int64_t ldy, int64_t rows) {                                              \
+        tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, rows);                                                 \
+    }
+#define TILES(F) TILE(F, 1) TILE(F, 2) TILE(F, 3) TILE(F, 4) TILE(F, 5) TILE(F, 6) TILE(F, 7) TILE(F, 8)
+TILES(0)
+TILES(1)
+static const tile_fn tiles[2][MAX_A + 1] = {
+    {NULL, tile_0_1, tile_0_2, tile_0_3, tile_0_4, tile_0_5, tile_0_6, tile_0_7, tile_0_8},
+    {NULL, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8}};
+
+#define TOK_BLOCK 64
+
+void osp_q8act_matmul_avx2(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                           int64_t r1) {
+    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
+    const size_t seg = 64 + (size_t)G * 8, tile_bytes = (size_t)ng * seg;
+    const tile_fn *tab = tiles[w->sdtype == OSP_DT_F16];
+    for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
+        const int64_t a1 = n - a0 < TOK_BLOCK ? n : a0 + TOK_BLOCK;
+        for (int64_t r = r0; r < r1; r += OSP_Q4PACK_ROWS) {
+            const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / OSP_Q4PACK_ROWS) * tile_bytes;
+            const int64_t left = r1 - r;
+            for (int64_t t = a0; t < a1; t += S) {
+                const int64_t a = a1 - t < S ? a1 - t : S;
+                tab[a](tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0), ldy, left < 16 ? left : 16);
+            }
+        }
+    }
+}

@@ -266,36 +266,10 @@ OSP_INLINE void q_rows(const osp_weight *w, int64_t r, int64_t r1, const float *
 }
 
 /* 8-bit, one row at a time: one sequential stream with a prefetch 2 KB
- * ahead (ops_avx512.c's q8_row says why); the same operations as q_rows
- * for that row. */
-OSP_INLINE void q8_row(const osp_weight *w, int64_t r, const float *x, const float *sx, int64_t c0, int64_t cw,
-                       float *out, int accum, const int G) {
-    const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
-    const unsigned char *p = (const unsigned char *)w->data + r * w->cols + c0;
-    __m256 acc = _mm256_setzero_ps();
-    float sb[8] __attribute__((aligned(32)));
-    for (int64_t gc = 0; gc < cnt; gc += 8) {
-        const int64_t gn = cnt - gc < 8 ? cnt - gc : 8;
-        const int64_t o = r * ng + gb + gc;
-        _mm256_store_ps(sb, ld_any(w->scales, w->sdtype, o, gn));
-        acc = _mm256_fmadd_ps(ld_any(w->biases, w->sdtype, o, gn), _mm256_maskload_ps(sx + gc, tail_mask(gn)), acc);
-        for (int64_t g = 0; g < gn; g++) {
-            const int64_t k0 = (gc + g) * G;
-            __m256 vg = _mm256_setzero_ps();
-            for (int j = 0; j < G; j += 8) {
-                if (((k0 + j) & 63) == 0) _mm_prefetch((const char *)p + k0 + j + 2048, _MM_HINT_T0);
-                __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + k0 + j)));
-                vg = _mm256_fmadd_ps(_mm256_loadu_ps(x + k0 + j), _mm256_cvtepi32_ps(d), vg);
-            }
-            acc = _mm256_fmadd_ps(_mm256_broadcast_ss(&sb[g]), vg, acc);
-        }
-    }
-    const float v = hsum(acc);
-    *out = accum ? *out + v : v;
-}
-
-/* q8_row for NT (<= 4: the 16 registers) tokens at once: the codes
- * converted once, each token's operations exactly as q8_row's. */
+ * ahead (ops_avx512.c's q8_row_each says why); the same operations as
+ * q_rows for that row. NT (<= 4: the 16 registers) tokens share the row's
+ * conversion, each token's operations those it gets alone (NT = 1: the
+ * n == 1 kernel). */
 OSP_INLINE void q8_row_each(const osp_weight *w, int64_t r, const float *x, int64_t xs, const float *sx, int64_t c0,
                             int64_t cw, float *out, int64_t ldy, int accum, const int G, const int NT) {
     const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
@@ -357,7 +331,7 @@ OSP_INLINE void mv_q(const osp_weight *w, const float *x, float *y, int64_t r0, 
         const int64_t cw = w->cols - c0 < MV_CHUNK ? w->cols - c0 : MV_CHUNK;
         group_sums(x + c0, cw / G, G, sx);
         if (BITS == 8)
-            for (int64_t r = r0; r < r1; r++) q8_row(w, r, x + c0, sx, c0, cw, y + r - r0, c0 > 0, G);
+            for (int64_t r = r0; r < r1; r++) q8_row_each(w, r, x + c0, 0, sx, c0, cw, y + r - r0, 0, c0 > 0, G, 1);
         else
             for (int64_t r = r0; r < r1; r += 4) q_rows(w, r, r1, x + c0, sx, c0, cw, y + r - r0, c0 > 0, G, BITS);
     }

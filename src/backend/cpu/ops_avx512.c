@@ -285,36 +285,10 @@ OSP_INLINE void q4_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
  * decode 15.0-15.5 tok/s; one row with the prefetch 2 KB ahead 21.5-22.9,
  * 0.97-0.99). A row's operations are the same either way (bitwise). Dense
  * rows carry half the arithmetic a byte and gained nothing from it (bf16
- * without AMX: 0.90 either way). */
-OSP_INLINE void q8_row(const osp_weight *w, int64_t r, const float *x, const float *sx, int64_t c0, int64_t cw,
-                       float *out, int accum, const int G) {
-    const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
-    const unsigned char *p = (const unsigned char *)w->data + r * w->cols + c0;
-    __m512 acc = _mm512_setzero_ps();
-    float sb[16] __attribute__((aligned(64)));
-    for (int64_t gc = 0; gc < cnt; gc += 16) {
-        const __mmask16 m = tail_mask(cnt - gc);
-        const int64_t gn = cnt - gc < 16 ? cnt - gc : 16;
-        const int64_t o = r * ng + gb + gc;
-        _mm512_store_ps(sb, ld_any(w->scales, w->sdtype, o, m));
-        acc = _mm512_fmadd_ps(ld_any(w->biases, w->sdtype, o, m), _mm512_maskz_loadu_ps(m, sx + gc), acc);
-        for (int64_t g = 0; g < gn; g++) {
-            const int64_t k0 = (gc + g) * G;
-            __m512 vg = _mm512_setzero_ps();
-            for (int j = 0; j < G; j += 16) {
-                if (((k0 + j) & 63) == 0) _mm_prefetch((const char *)p + k0 + j + PF_Q8, _MM_HINT_T0);
-                __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + k0 + j)));
-                vg = _mm512_fmadd_ps(_mm512_loadu_ps(x + k0 + j), _mm512_cvtepi32_ps(d), vg);
-            }
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(sb[g]), vg, acc);
-        }
-    }
-    const float v = _mm512_reduce_add_ps(acc);
-    *out = accum ? *out + v : v;
-}
-
-/* q8_row for NT tokens at once: the codes of a row converted once, then
- * each token's operations exactly as q8_row's (bitwise the n == 1 result). */
+ * without AMX: 0.90 either way).
+ * NT tokens (xs apart, their group sums sx MV_CHUNK / 32 apart, outputs ldy
+ * apart) share the row's conversion; each token's operations are those it
+ * gets alone (NT = 1: the n == 1 kernel), so batched rows stay bitwise. */
 OSP_INLINE void q8_row_each(const osp_weight *w, int64_t r, const float *x, int64_t xs, const float *sx, int64_t c0,
                             int64_t cw, float *out, int64_t ldy, int accum, const int G, const int NT) {
     const int64_t ng = w->cols / G, gb = c0 / G, cnt = cw / G;
@@ -385,7 +359,7 @@ OSP_INLINE void mv_q(const osp_weight *w, const float *x, float *y, int64_t r0, 
         if (BITS == 4)
             for (int64_t r = r0; r < r1; r += 4) q4_rows(w, r, r1, xp, sx, c0, cw, y + r - r0, c0 > 0, G);
         else
-            for (int64_t r = r0; r < r1; r++) q8_row(w, r, x + c0, sx, c0, cw, y + r - r0, c0 > 0, G);
+            for (int64_t r = r0; r < r1; r++) q8_row_each(w, r, x + c0, 0, sx, c0, cw, y + r - r0, 0, c0 > 0, G, 1);
     }
 }
 

@@ -525,11 +525,17 @@ static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int
     else gemm(w, x, n, y, ldy, r0, r1);
 }
 
-/* 8-bit weights of the n == 1 kernel's kinds: every token as q8_row gives it. */
+/* Every token as the one-token kernel gives it: 8-bit weights of mv_q's
+ * kinds (q8_row_each), and dense rows (mt_rows, whose tokens' sums are
+ * independent: two tokens a pass share a row's conversion). */
 static int matmul_each(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0,
                        int64_t r1) {
-    if (w->qbits != 8 || !mv_q_ok(w) || w->cols <= 0) return 0;
+    if (w->cols <= 0 || (w->qbits && (w->qbits != 8 || !mv_q_ok(w)))) return 0;
     if (n <= 0 || r1 <= r0) return 1;
+    if (!w->qbits) {
+        mt_any(w, x, n, y, ldy, r0, r1);
+        return 1;
+    }
     switch (w->group) {
     case 32: q8_each(w, x, n, y, ldy, r0, r1, 32); break;
     case 64: q8_each(w, x, n, y, ldy, r0, r1, 64); break;

@@ -134,6 +134,26 @@ void osp_q8act_matmul_ref(const osp_weight *w, const osp_q8act *acts, int64_t n,
     }
 }
 
+#define TOK_BLOCK 64
+
+void osp_q8act_walk(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                    int64_t r1, const osp_q8act_tile_fn tab[2][OSP_Q8ACT_SLOTS + 1]) {
+    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
+    const size_t seg = seg_bytes(w->group), tile_bytes = (size_t)ng * seg;
+    const osp_q8act_tile_fn *row = tab[w->sdtype == OSP_DT_F16];
+    for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
+        const int64_t a1 = n - a0 < TOK_BLOCK ? n : a0 + TOK_BLOCK;
+        for (int64_t r = r0; r < r1; r += T) {
+            const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / T) * tile_bytes;
+            const int64_t rows = r1 - r < T ? r1 - r : T;
+            for (int64_t t = a0; t < a1; t += S) {
+                const int64_t a = a1 - t < S ? a1 - t : S;
+                row[a](tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0), ldy, rows);
+            }
+        }
+    }
+}
+
 /* OSP_ISA=scalar|avx2 turns this tier off too (backend/cpu/features.h), so
  * the fallback of a CPU without VNNI can be tested on one that has it. */
 static int have_vnni(void) { return osp_cpu_features_get()->vnni; }

@@ -98,6 +98,16 @@ void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n
 void osp_q8act_matmul_avx2(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1);
 
+/* A tier's kernel for one tile of 16 rows (the first `rows` of them real)
+ * against tokens [0, A) of one panel, A its table index: y[a * ldy + i]. */
+typedef void (*osp_q8act_tile_fn)(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg,
+                                  const osp_q8act *acts, float *y, int64_t ldy, int64_t rows);
+/* The walk every tier shares over the repacked layout: tokens 64 at a time
+ * (their panels stay in L2 while the tiles pass), each tile's codes once per
+ * panel of <= 8 tokens through tab[scales are f16][panel width]. */
+void osp_q8act_walk(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
+                    int64_t r1, const osp_q8act_tile_fn tab[2][OSP_Q8ACT_SLOTS + 1]);
+
 typedef void (*osp_q8act_mm_fn)(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy,
                                 int64_t r0, int64_t r1);
 /* The VNNI kernel when this CPU has AVX-512 VNNI, else the AVX2 one where

@@ -13,7 +13,6 @@
 #include <string.h>
 #include "backend/q8act.h"
 
-#define S OSP_Q8ACT_SLOTS
 
 void osp_q8act_prepare_avx512(osp_q8act *a, int slot, const float *x, int64_t g0, int64_t g1) {
     const int64_t group = a->group, W = a->width, bpg = group / 32;
@@ -151,39 +150,19 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
     _Pragma("GCC unroll 8") for (int a = 0; a < A; a++) _mm512_mask_storeu_ps(y + a * ldy, m, acc[a]);
 }
 
-typedef void (*tile_fn)(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts,
-                        float *y, int64_t ldy, __mmask16 m);
 #define TILE(F, A)                                                                                                 \
     static void tile_##F##_##A(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts, \
-                               float *y, int64_t ldy, __mmask16 m) {                                               \
-        tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, m);                                                    \
+                               float *y, int64_t ldy, int64_t rows) {                                              \
+        tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, (__mmask16)(rows >= 16 ? 0xffff : (1u << rows) - 1)); \
     }
 #define TILES(F) TILE(F, 1) TILE(F, 2) TILE(F, 3) TILE(F, 4) TILE(F, 5) TILE(F, 6) TILE(F, 7) TILE(F, 8)
 TILES(0)
 TILES(1)
-static const tile_fn tiles[2][MAX_A + 1] = {
+static const osp_q8act_tile_fn tiles[2][MAX_A + 1] = {
     {NULL, tile_0_1, tile_0_2, tile_0_3, tile_0_4, tile_0_5, tile_0_6, tile_0_7, tile_0_8},
     {NULL, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8}};
 
-/* Tokens are taken 64 at a time (their int8 panels stay in L2 while the
- * tiles pass), each tile's codes once per panel of <= 8 tokens. */
-#define TOK_BLOCK 64
-
 void osp_q8act_matmul_vnni(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1) {
-    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
-    const size_t seg = 64 + (size_t)G * 8, tile_bytes = (size_t)ng * seg;
-    const tile_fn *tab = tiles[w->sdtype == OSP_DT_F16];
-    for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
-        const int64_t a1 = n - a0 < TOK_BLOCK ? n : a0 + TOK_BLOCK;
-        for (int64_t r = r0; r < r1; r += OSP_Q4PACK_ROWS) {
-            const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / OSP_Q4PACK_ROWS) * tile_bytes;
-            const int64_t left = r1 - r;
-            const __mmask16 m = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
-            for (int64_t t = a0; t < a1; t += S) {
-                const int64_t a = a1 - t < S ? a1 - t : S;
-                tab[a](tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0), ldy, m);
-            }
-        }
-    }
+    osp_q8act_walk(w, acts, n, y, ldy, r0, r1, tiles);
 }

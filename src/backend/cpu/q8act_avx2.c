@@ -13,7 +13,6 @@
 #include <string.h>
 #include "backend/q8act.h"
 
-#define S OSP_Q8ACT_SLOTS
 #define MAX_A 8
 
 static inline __m256 load_h8(const unsigned char *p, const int f16) {
@@ -130,38 +129,20 @@ static void tile_one(const int f16, const unsigned char *tile, int64_t ng, int64
     memcpy(y, out, sizeof(float) * (size_t)(rows < 16 ? rows : 16));
 }
 
-typedef void (*tile_fn)(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts,
-                        float *y, int64_t ldy, int64_t rows);
 #define TILE(F, A)                                                                                                 \
     static void tile_##F##_##A(const unsigned char *tile, int64_t ng, int64_t bpg, size_t seg, const osp_q8act *acts, \
                                float *y, int64_t ldy, int64_t rows) {                                              \
-        tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, rows);                                                 \
+        if (A == 1) tile_one(F, tile, ng, bpg, seg, acts, y, rows);                                                \
+        else tile_kernel(A, F, tile, ng, bpg, seg, acts, y, ldy, rows);                                            \
     }
 #define TILES(F) TILE(F, 1) TILE(F, 2) TILE(F, 3) TILE(F, 4) TILE(F, 5) TILE(F, 6) TILE(F, 7) TILE(F, 8)
 TILES(0)
 TILES(1)
-static const tile_fn tiles[2][MAX_A + 1] = {
+static const osp_q8act_tile_fn tiles[2][MAX_A + 1] = {
     {NULL, tile_0_1, tile_0_2, tile_0_3, tile_0_4, tile_0_5, tile_0_6, tile_0_7, tile_0_8},
     {NULL, tile_1_1, tile_1_2, tile_1_3, tile_1_4, tile_1_5, tile_1_6, tile_1_7, tile_1_8}};
 
-#define TOK_BLOCK 64
-
 void osp_q8act_matmul_avx2(const osp_weight *w, const osp_q8act *acts, int64_t n, float *y, int64_t ldy, int64_t r0,
                            int64_t r1) {
-    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
-    const size_t seg = 64 + (size_t)G * 8, tile_bytes = (size_t)ng * seg;
-    const tile_fn *tab = tiles[w->sdtype == OSP_DT_F16];
-    for (int64_t a0 = 0; a0 < n; a0 += TOK_BLOCK) {
-        const int64_t a1 = n - a0 < TOK_BLOCK ? n : a0 + TOK_BLOCK;
-        for (int64_t r = r0; r < r1; r += OSP_Q4PACK_ROWS) {
-            const unsigned char *tile = (const unsigned char *)w->packed + (size_t)(r / OSP_Q4PACK_ROWS) * tile_bytes;
-            const int64_t left = r1 - r;
-            for (int64_t t = a0; t < a1; t += S) {
-                const int64_t a = a1 - t < S ? a1 - t : S;
-                if (a == 1) tile_one(w->sdtype == OSP_DT_F16, tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0),
-                                     left < 16 ? left : 16);
-                else tab[a](tile, ng, bpg, seg, &acts[t / S], y + t * ldy + (r - r0), ldy, left < 16 ? left : 16);
-            }
-        }
-    }
+    osp_q8act_walk(w, acts, n, y, ldy, r0, r1, tiles);
 }

@@ -715,9 +715,9 @@ static int sm_count(void) {
 // small model, a padded MLP's down projection); each split gets 4 steps a
 // warp at least. The splits never make more blocks than one wave holds
 // (a second, partial wave costs a whole block's time: 192 row tiles split
-// in two ran 1.45 waves). rows * splits stays under 32 blocks a
-// multiprocessor's rows (TC_PART_ROWS), which bounds the partial sums'
-// workspace.
+// in two ran 1.45 waves). So rows * splits stays under two waves of
+// 16-row blocks, which bounds the partial sums' workspace
+// (osp_cu_tc_ws_init).
 #define TC_MAX_SK 32
 static int tc_sk(const osp_cu_weight *w) {
     const int ks = tc_ks(w);

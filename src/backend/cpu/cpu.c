@@ -39,6 +39,7 @@ static void session_free(osp_be_session *s) {
     osp_free(s->q8mem);
     osp_free(s->bt);
     osp_free(s->dq);
+    osp_free(s->att);
     free(s->q8acts);
     free(s);
 }

@@ -22,6 +22,8 @@ struct osp_be_session {
     int64_t bt_cols;
     uint16_t *dq;  /* 8-bit weights dequantized for the tiles: dq_slots x 32 rows x bt_cols */
     int dq_slots;  /* the threads it was sized for */
+    float *att;    /* attention's per-thread scratch (attention.c), grown as chunks need */
+    size_t att_floats;
 };
 
 void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,

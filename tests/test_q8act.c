@@ -52,6 +52,30 @@ static void mm_case_init(mm_case *c, int group, int64_t cols, int64_t rows, osp_
     int64_t tiles = (rows + 15) / 16;
     osp_q4pack(&c->w, c->packed, 0, tiles / 2); /* in two ranges, as the loader's tasks do */
     osp_q4pack(&c->w, c->packed, tiles / 2, tiles);
+    /* the layout byte by byte (q8act.h): per tile and group, 16 scales, 16 biases, then for every 8 columns
+     * k.. a vector whose bytes 4l + j hold row l's codes k + j (low nibble) and k + 4 + j (high) */
+    const int64_t seg = 64 + 8 * (int64_t)group;
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t g = 0; g < ng; g++) {
+            const unsigned char *sg = (const unsigned char *)c->packed + (t * ng + g) * seg;
+            for (int l = 0; l < 16; l++) {
+                const int64_t r = t * 16 + l;
+                uint16_t sc, bi;
+                memcpy(&sc, sg + 2 * l, 2), memcpy(&bi, sg + 32 + 2 * l, 2);
+                assert_int_equal(sc, r < rows ? c->sc[r * ng + g] : 0);
+                assert_int_equal(bi, r < rows ? c->bi[r * ng + g] : 0);
+                for (int64_t v = 0; v < group / 8; v++)
+                    for (int j = 0; j < 4; j++) {
+                        const int64_t k = g * group + v * 8 + j;
+                        unsigned lo = 0, hi = 0;
+                        if (r < rows) {
+                            lo = (c->codes[r * rb + k / 2] >> (4 * (k & 1))) & 15u;
+                            hi = (c->codes[r * rb + (k + 4) / 2] >> (4 * ((k + 4) & 1))) & 15u;
+                        }
+                        assert_int_equal(sg[64 + v * 64 + 4 * l + j], lo | hi << 4);
+                    }
+            }
+        }
     c->w.packed = c->packed;
     size_t stride = (osp_q8act_bytes(cols) + 63) & ~(size_t)63;
     int np = (MM_N + 7) / 8;

@@ -23,6 +23,12 @@ static uint16_t raw16(const void *p, int64_t i) {
     return h;
 }
 
+/* nibble i of a 16-bit x into the low nibble of byte i (of a little-endian word) */
+static inline uint32_t spread4(uint32_t x) {
+    x = (x | (x << 8)) & 0x00ff00ffu;
+    return (x | (x << 4)) & 0x0f0f0f0fu;
+}
+
 void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1) {
     const int64_t C = w->cols, G = w->group, ng = C / G, rb = C / 2, bpg = G / 32;
     const size_t seg = seg_bytes(w->group);
@@ -45,8 +51,9 @@ void osp_q4pack(const osp_weight *w, void *dst, int64_t t0, int64_t t1) {
                     int64_t r = t * T + l;
                     uint32_t nib = 0; /* nibble i = code k + i (LSB-first bitstream) */
                     if (r < w->rows) memcpy(&nib, (const unsigned char *)w->data + r * rb + k / 2, 4);
-                    for (int j = 0; j < 4; j++)
-                        out[4 * l + j] = (unsigned char)(((nib >> (4 * j)) & 15u) | (((nib >> (4 * j + 16)) & 15u) << 4));
+                    /* byte j: code k + j | code k + 4 + j << 4 */
+                    const uint32_t word = spread4(nib & 0xffffu) | spread4(nib >> 16) << 4;
+                    memcpy(out + 4 * l, &word, 4);
                 }
             }
         }

@@ -196,7 +196,9 @@ int osp_cmd_bench(int argc, char **argv) {
     }
     osp_model *m;
     osp_model_params mp = {.device = (osp_device)device, .place = 1};
+    const double t_load0 = osp_now_s();
     if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");
+    const double t_load = osp_now_s() - t_load0; /* open, map, place (repack or upload): a server's start */
     const osp_model_info *in = osp_model_get_info(m);
     osp_session *s = NULL;
     int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc),
@@ -320,15 +322,16 @@ int osp_cmd_bench(int argc, char **argv) {
                "\"mem_bw_mean_gbps\":%.3f,\"mem_bw_trials\":%d,\"bw_ratio_median\":%.4f,"
                "\"bw_ratio\":%.4f,\"bw_ratio_4k\":%.4f,\"loop_overhead_pct\":%.3f,"
                "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"single_tok_s\":%.3f,\"batch_speedup\":%.3f,"
-               "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f}\n",
+               "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f,\"load_s\":%.3f}\n",
                model, in->device, on_dev ? "device read" : "host triad", fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, dgm,
                bw, bw4k, bw_mean, bw_huge.trials + bw_4k.trials, bw > 0 ? dgm / bw : 0,
                bw > 0 ? dg / bw : 0, bw4k > 0 ? dg / bw4k : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 32, kv_bytes,
-               (double)kv_bytes / ((double)conc * (p + n)));
+               (double)kv_bytes / ((double)conc * (p + n)), t_load);
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
                in->quant_bits ? (in->quant_bits == 4 ? "4" : in->quant_bits == 8 ? "8" : "?") : "");
         printf("device:       %s\n", in->device);
+        printf("load:         %.2f s (open, map, place the weights)\n", t_load);
         printf("threads:      %d, %s precision\n", osp_threads_count(), fast ? "production" : "reference (f32)");
         printf("prefill:      %d tokens, %.2f tok/s\n", p, pp);
         if (conc > 1) {

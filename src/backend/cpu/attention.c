@@ -93,8 +93,9 @@ typedef struct attn_job {
     int32_t tt, n_tiles, nh_max;
     int64_t items;
     _Atomic int64_t next;
-    float *scratch;    /* per worker: scores [tt][nh_max][score_stride], then K and V blocks; NULL: none */
+    float *scratch;    /* per worker: scores [tt][nh_max][sc_len], then K and V blocks; NULL: none */
     int64_t slot_floats;
+    int64_t sc_len;    /* the scratch's score rows */
 } attn_job;
 
 /* The cached positions of each token of a tile in blocks: block k of token
@@ -190,13 +191,13 @@ static void attn_tile(const attn_job *job, int32_t tile, int32_t b, int32_t hk, 
         j0[t] = cend[t] > lo[t] ? cend[t] : lo[t]; /* this chunk's own positions [j0, p] */
         const int64_t r = (int64_t)b * a->T + t0 + t;
         for (int32_t h = 0; h < nh; h++) {
-            sc[t * nh + h] = buf ? buf + ((int64_t)t * job->nh_max + h) * a->score_stride
+            sc[t * nh + h] = buf ? buf + ((int64_t)t * job->nh_max + h) * job->sc_len
                                  : (float *)w->scores + ((int64_t)b * Hq + h0 + h) * a->score_stride;
             q[t * nh + h] = w->q + r * Hq * D + (int64_t)(h0 + h) * D;
             o[t * nh + h] = w->out + r * Hq * D + (int64_t)(h0 + h) * D;
         }
     }
-    float *kvbuf = buf ? buf + (int64_t)job->tt * job->nh_max * a->score_stride : NULL;
+    float *kvbuf = buf ? buf + (int64_t)job->tt * job->nh_max * job->sc_len : NULL;
     cached_pass(job, L, row, hk, nt, nh, lo, cend, sc, q, o, 0);
     chunk_pass(job, b, hk, pos0, nt, nh, lo, j0, pp, sc, q, o, kvbuf, 0);
     const float scale = a->scale, cap = a->softcap;
@@ -239,37 +240,57 @@ static void attn_worker(void *p, int64_t slot) {
     }
 }
 
+/* All threads' scratch at most (prefill tiles of fewer tokens, then none, past it). */
+#define ATT_SCRATCH_FLOATS ((int64_t)16 << 20)
+
 /* Work items of (token tile, row, KV head) when that gives every thread a
  * few; else the query heads of a KV head are split further (Gemma 4's
  * single global KV head). A head's numbers do not depend on the split.
- * Without room for the scratch (or with OSP_ATT_NOSCRATCH set, for tests),
- * a token at a time, as before tiles: the same numbers. */
+ * A thread's scratch holds a tile's scores, rows as long as this call's
+ * queries see (not the context's length); where the threads' scratch
+ * would pass ATT_SCRATCH_FLOATS the tiles shrink, and past that (or with
+ * OSP_ATT_NOSCRATCH set, for tests) a token at a time in the model's
+ * scores buffer, as before tiles: the same numbers either way. */
 void osp_cpu_attention(osp_be_session *s, const osp_attn_args *a) {
-    int32_t G = a->n_heads / a->n_kv_heads, ns = 1, nt = osp_threads_count(), want = 4 * nt;
-    const int32_t tt = a->T < ATT_TT ? a->T : ATT_TT, tiles = (a->T + tt - 1) / tt;
-    while (ns < G && (int64_t)tiles * a->nb * a->n_kv_heads * ns < want) ns *= 2;
-    if (ns > G) ns = G;
-    const int32_t nh_max = (G + ns - 1) / ns;
-    const int64_t slot = (int64_t)tt * nh_max * a->score_stride +
-                         2 * (int64_t)(chunk_positions(a->head_dim) + tt) * a->head_dim;
+    const int32_t G = a->n_heads / a->n_kv_heads, nt = osp_threads_count(), want = 4 * nt;
+    int64_t len = 0; /* the most positions a query of this call sees */
+    for (int32_t b = 0; b < a->nb; b++) {
+        int64_t e = (int64_t)a->kv->pos[a->rows[b]] + a->T;
+        len = e > len ? e : len;
+    }
+    if (a->window > 0 && len > a->window) len = a->window;
+    len = (len + 15) & ~(int64_t)15;
     static int no_scratch = -1;
     if (no_scratch < 0) no_scratch = getenv("OSP_ATT_NOSCRATCH") != NULL;
-    if (!no_scratch && nh_max <= 64 && (size_t)(slot * nt) > s->att_floats) { /* (grows; never shrinks) */
+    int32_t tt = a->T < ATT_TT ? a->T : ATT_TT, ns = 1, nh_max = G;
+    int64_t slot = 0;
+    for (;; tt /= 2) {
+        const int32_t tiles = (a->T + tt - 1) / tt;
+        ns = 1;
+        while (ns < G && (int64_t)tiles * a->nb * a->n_kv_heads * ns < want) ns *= 2;
+        if (ns > G) ns = G;
+        nh_max = (G + ns - 1) / ns;
+        slot = (int64_t)tt * nh_max * len + 2 * (int64_t)(chunk_positions(a->head_dim) + tt) * a->head_dim;
+        if (tt == 1 || slot * nt <= ATT_SCRATCH_FLOATS) break;
+    }
+    const int use = !no_scratch && nh_max <= 64 && slot * nt <= ATT_SCRATCH_FLOATS;
+    if (use && (size_t)(slot * nt) > s->att_floats) { /* (grows; never shrinks) */
         osp_free(s->att);
         s->att = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * (size_t)(slot * nt));
         s->att_floats = s->att ? (size_t)(slot * nt) : 0;
     }
+    const int32_t tiles = (a->T + tt - 1) / tt;
     attn_job job = {{a, s->ops, (const float *)a->q, (const float *)a->k, (const float *)a->v, (float *)a->out,
                      (float *)a->scores},
-                    ns, tt, tiles, nh_max, 0, 0, NULL, slot};
-    if (!no_scratch && s->att && nh_max <= 64 && (size_t)(slot * nt) <= s->att_floats) {
+                    ns, tt, tiles, nh_max, 0, 0, NULL, slot, len};
+    if (use && s->att && (size_t)(slot * nt) <= s->att_floats) {
         job.scratch = s->att;
         job.items = (int64_t)tiles * a->nb * a->n_kv_heads * ns;
     } else {
         job.tt = 1, job.n_tiles = a->T;
-        ns = 1;
-        while (ns < G && (int64_t)a->nb * a->n_kv_heads * ns < want) ns *= 2;
-        job.n_sub = ns > G ? G : ns;
+        int32_t n1 = 1;
+        while (n1 < G && (int64_t)a->nb * a->n_kv_heads * n1 < want) n1 *= 2;
+        job.n_sub = n1 > G ? G : n1;
         if ((G + job.n_sub - 1) / job.n_sub > ATT_TT * 64) return; /* (no model has so many heads a KV head) */
         job.items = (int64_t)a->nb * a->n_kv_heads * job.n_sub;
     }

@@ -65,9 +65,10 @@ static void test_fast(void **st) {
     }
 }
 
-/* bf16 weights in production precision: on a CPU with AMX their activations
- * are rounded to bf16 (backend/cpu/amx.h); elsewhere the same f32 kernels
- * as reference precision. Every bf16 golden, each shape. */
+/* bf16 weights in production precision: on a CPU with a bf16 engine (AMX
+ * or AVX512-BF16) their activations are rounded to bf16 (backend/cpu/bf16t.h);
+ * elsewhere the same f32 kernels as reference precision. Every bf16 golden,
+ * each shape. */
 static void test_fast_bf16(void **st) {
     (void)st;
     for (size_t i = 0; i < N_GOLDEN_MODELS; i++) {

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "audio/audio.h"
-#include "backend/cpu/amx.h"
+#include "backend/cpu/bf16t.h"
 #include "backend/ops.h"
 #include "cli.h"
 #include "core/threadpool.h"
@@ -343,10 +343,11 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
     }
     if (on_dev) osp_whisper_bw_trial(m, 1, NULL);
     {
-        /* the CPU's production path for Whisper is its AMX tiles (bf16 weights); without them it computes in
-         * reference precision either way */
-        const char *prec = fast && (strncmp(osp_whisper_device_name(m), "cpu", 3) || osp_amx_available()) ? "fast"
-                                                                                                          : "precise";
+        /* the CPU's production path for Whisper is its bf16 engine (bf16 weights on AMX or AVX512-BF16);
+         * without one it computes in reference precision either way */
+        const char *prec =
+            fast && (strncmp(osp_whisper_device_name(m), "cpu", 3) || osp_bf16t_engine() != OSP_BF16T_NONE) ? "fast"
+                                                                                                             : "precise";
         /* the encoder's peak is the CPU's f32 GEMM measured here; a GPU has no such probe, so no ratio there */
         double peak = on_dev ? 0 : gemm_peak_gflops();
         double flops = encoder_flops(c), gflops = flops / t_enc / 1e9;

@@ -1,9 +1,9 @@
 /* backend/cpu/amx_tiles: the AMX tile kernel and the AVX512-BF16 packing
  * (compiled with -mamx-tile -mamx-bf16 -mavx512bf16; called only where
- * osp_amx_available() says the CPU and the kernel allow it). */
+ * osp_bf16t_has(OSP_BF16T_AMX) says the CPU and the kernel allow it). */
 #include <immintrin.h>
 #include <string.h>
-#include "backend/cpu/amx.h"
+#include "backend/cpu/bf16t.h"
 
 int osp_amx_tiles_built(void) { return 1; }
 
@@ -47,7 +47,7 @@ static void put(const float *c, int64_t s, int64_t lo, int64_t hi, int64_t b, in
                               _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, col + t, 4));
 }
 
-void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1) {
     const int64_t nbw = osp_bf16t_width(n), ts = 32 * nbw; /* tokens a tile, elements a packed tile */
     const size_t bs = (size_t)(4 * nbw);                   /* bytes a packed tile's row */
     config((int)nbw);
@@ -165,7 +165,7 @@ void osp_bf16t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y,
     }
 }
 
-void osp_bf16t_pack_fast(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {
+void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {
     const int64_t nch = cols / OSP_BF16T_COLS, nbw = osp_bf16t_width(n), nb = (n + nbw - 1) / nbw;
     uint32_t wds[16][16] __attribute__((aligned(64)));
     for (int64_t b = 0; b < nb; b++)
@@ -185,37 +185,4 @@ void osp_bf16t_pack_fast(const float *x, int64_t n, int64_t cols, uint16_t *xp, 
             for (int kp = 0; kp < 16; kp++)
                 for (int64_t m = 0; m < nbw; m++) tile[kp * nbw + m] = wds[m][kp];
         }
-}
-
-/* ---- MLX 8-bit weights: dequantized to bf16 a block of 32 rows at a time ---- */
-
-/* row r's codes, s * c + b as one fma per weight, rounded to bf16 (cvtne2ps2bf16: round to nearest even) */
-static void dequant_row(const osp_weight *w, int64_t r, uint16_t *out) {
-    const uint8_t *codes = (const uint8_t *)w->data + r * w->cols;
-    const int64_t G = w->group, ng = w->cols / G;
-    for (int64_t g = 0; g < ng; g++) {
-        const __m512 s = _mm512_set1_ps(osp_load_float(w->scales, w->sdtype, r * ng + g)),
-                     b = _mm512_set1_ps(osp_load_float(w->biases, w->sdtype, r * ng + g));
-        for (int64_t k = 0; k < G; k += 32) {
-            const uint8_t *c = codes + g * G + k;
-            __m512 lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c))), b);
-            __m512 hi = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + 16)))), b);
-            _mm512_storeu_si512(out + g * G + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-        }
-    }
-}
-
-void osp_q8t_amx(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
-                 uint16_t *dq) {
-    const int64_t K = w->cols;
-    for (int64_t a = r0; a < r1; a += 32) {
-        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m < 16 ? 16 : m;
-        for (int64_t i = 0; i < mt; i++) {
-            if (i < m) dequant_row(w, a + i, dq + i * K);
-            else memset(dq + i * K, 0, (size_t)K * sizeof(uint16_t));
-        }
-        osp_weight t = *w;
-        t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;
-        osp_bf16t_amx(&t, xp, n, y + (a - r0), ldy, 0, m);
-    }
 }

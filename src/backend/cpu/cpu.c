@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
-#include "backend/cpu/amx.h"
 #include "backend/cpu/features.h"
 #include "core/threadpool.h"
 
@@ -55,10 +54,11 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     size_t panels = ((size_t)max_tok + OSP_Q8ACT_SLOTS - 1) / OSP_Q8ACT_SLOTS;
     s->q8mem = osp_malloc(OSP_POOL_SCRATCH, s->q8stride * panels);
     s->q8acts = calloc(panels, sizeof *s->q8acts);
-    if (osp_amx_available()) { /* bf16 weights' production path: any call whose columns fit */
+    s->btk = osp_bf16t_engine();
+    if (s->btk) { /* bf16 weights' production path: any call whose columns fit */
         s->bt_cols = (max_cols + OSP_BF16T_COLS - 1) / OSP_BF16T_COLS * OSP_BF16T_COLS;
         s->bt = osp_malloc(OSP_POOL_SCRATCH, osp_bf16t_packed_bytes(max_tok, s->bt_cols));
-        if (max_tok >= 16) { /* (8-bit weights go on the tiles in prefill chunks only) */
+        if (max_tok >= 16) { /* (8-bit weights join it in prefill chunks only) */
             s->dq_slots = osp_threads_count();
             s->dq = osp_malloc(OSP_POOL_SCRATCH, sizeof(uint16_t) * 32 * (size_t)s->bt_cols * (size_t)s->dq_slots);
             if (!s->dq) s->dq_slots = 0; /* (then 8-bit weights keep the f32 kernels) */
@@ -246,14 +246,14 @@ static osp_status place(osp_weight *const *ws, int n, const void *const *keep, i
 
 /* Production precision with every matmul weight on the int8 path (4-bit,
  * repacked for VNNI: exact int32 sums in a fixed order per token, whatever
- * the chunk) or on the AMX tiles (bf16: a token's sums do not depend on the
- * call); attention, norms and the rest are per row already. The f32 kernels
+ * the chunk) or on the bf16 engine (AMX or AVX512-BF16: a token's sums do
+ * not depend on the call); attention, norms and the rest are per row already. The f32 kernels
  * are not: n == 1, small n and GEMM tiles sum in different orders. */
 static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
     if (!fast || n <= 0) return 0;
-    const int q8 = osp_q8act_matmul_fast() != NULL, amx = osp_amx_available();
+    const int q8 = osp_q8act_matmul_fast() != NULL, bt = osp_bf16t_engine() != OSP_BF16T_NONE;
     for (int i = 0; i < n; i++)
-        if (!(q8 && ws[i]->packed) && !(amx && osp_bf16t_fits(ws[i]))) return 0;
+        if (!(q8 && ws[i]->packed) && !(bt && osp_bf16t_fits(ws[i]))) return 0;
     return 1;
 }
 
@@ -263,7 +263,7 @@ static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
  * speculating rows of up to 5 tokens run 1.5x plain 8-row decoding); the
  * f32 and int8 kernels' compute grows with every token: 8. */
 static int32_t pass_tokens(const osp_weight *const *ws, int n, int fast) {
-    if (!fast || n <= 0 || !osp_amx_available()) return 8;
+    if (!fast || n <= 0 || osp_bf16t_engine() != OSP_BF16T_AMX) return 8;
     int64_t amx = 0, all = 0;
     for (int i = 0; i < n; i++) {
         int64_t b = ws[i]->rows * osp_weight_row_bytes(ws[i]);

@@ -5,6 +5,7 @@
 #include "backend/backend.h"
 #include "backend/ops.h"
 #include "backend/q8act.h"
+#include "backend/cpu/bf16t.h"
 
 /* A session's state on the CPU: the kernels, the precision mode, and the
  * int8 activation panels of the fast path. */
@@ -18,9 +19,10 @@ struct osp_be_session {
     size_t q8stride;
     int32_t q8cap;
     osp_q8act *q8acts; /* [q8cap / 8] panels */
-    uint16_t *bt;  /* bf16 activations packed for the AMX tiles (backend/cpu/amx.h): q8cap tokens, or NULL */
+    osp_bf16t_kind btk; /* the bf16 weights' production engine (backend/cpu/bf16t.h), or OSP_BF16T_NONE */
+    uint16_t *bt;  /* bf16 activations packed for it: q8cap tokens, or NULL */
     int64_t bt_cols;
-    uint16_t *dq;  /* 8-bit weights dequantized for the tiles: dq_slots x 32 rows x bt_cols */
+    uint16_t *dq;  /* 8-bit weights dequantized for it: dq_slots x 32 rows x bt_cols */
     int dq_slots;  /* the threads it was sized for */
     float *att;    /* attention's per-thread scratch (attention.c), grown as chunks need */
     size_t att_floats;

@@ -7,7 +7,7 @@
  * the calling thread (a caller beside another user of the pool). */
 #include <math.h>
 #include <string.h>
-#include "backend/cpu/amx.h"
+#include "backend/cpu/bf16t.h"
 #include "backend/cpu/cpu.h"
 #include "core/threadpool.h"
 
@@ -52,9 +52,10 @@ static void lin_task(void *p, int64_t t) {
             for (int64_t r = r0; r < r1; r++) y[i * c->w->rows + r - r0] += c->bias[r];
 }
 
-/* Production precision, bf16 weights, a CPU with AMX: the tiles (backend/cpu/amx.h), 64 tokens at a time
+/* Production precision, bf16 weights, a CPU with a bf16 engine (backend/cpu/bf16t.h: AMX or AVX512-BF16), 64 tokens at a time
  * (the session's packing room), rows split over the pool. */
 typedef struct lin_bt_ctx {
+    osp_bf16t_kind k;
     const osp_weight *w;
     const uint16_t *xp;
     float *y;
@@ -64,7 +65,7 @@ typedef struct lin_bt_ctx {
 static void lin_bt_task(void *p, int64_t t) {
     const lin_bt_ctx *c = p;
     int64_t r0 = t * MM_ROWS, r1 = r0 + MM_ROWS < c->w->rows ? r0 + MM_ROWS : c->w->rows;
-    osp_bf16t_amx(c->w, c->xp, c->n, c->y + r0, c->w->rows, r0, r1);
+    osp_bf16t_mm(c->k, c->w, c->xp, c->n, c->y + r0, c->w->rows, r0, r1);
 }
 
 static void bias_task(void *p, int64_t t) {
@@ -79,8 +80,8 @@ static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, in
         const int64_t R = w->rows, C = w->cols;
         for (int64_t t0 = 0; t0 < n; t0 += s->q8cap) {
             const int64_t nc = n - t0 < s->q8cap ? n - t0 : s->q8cap;
-            osp_bf16t_pack_fast(CF(x) + t0 * C, nc, C, s->bt, 0, C / OSP_BF16T_COLS);
-            lin_bt_ctx c = {w, s->bt, F(y) + t0 * R, nc};
+            osp_bf16t_pack_fast(s->btk, CF(x) + t0 * C, nc, C, s->bt, 0, C / OSP_BF16T_COLS);
+            lin_bt_ctx c = {s->btk, w, s->bt, F(y) + t0 * R, nc};
             par(s, (R + MM_ROWS - 1) / MM_ROWS, lin_bt_task, &c);
         }
         if (bias) {

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu.h"
-#include "backend/cpu/amx.h"
 #include "core/threadpool.h"
 
 #define MM_MAX_W 4
@@ -22,7 +21,8 @@ typedef struct mm_ctx {
     const osp_q8act *acts; /* fast path: the n prepared activations */
     osp_q8act_mm_fn q8;
     int per_token;         /* each activation through the one-token kernel */
-    const uint16_t *bt;    /* fast path, bf16 weights on AMX: the n activations packed as tiles */
+    osp_bf16t_kind btk;    /* fast path, bf16 weights on the bf16 engine (bf16t.h): */
+    const uint16_t *bt;    /* the n activations packed for it */
     uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's 32-row dequantization scratch */
     int64_t dq_cols;       /* (its row stride: the session's widest input) */
     int nw, nt;
@@ -41,12 +41,12 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
     }
-    if (c->bt && osp_bf16t_fits(w)) { /* the same on the AMX tiles */
-        osp_bf16t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1);
+    if (c->bt && osp_bf16t_fits(w)) { /* the same on the bf16 engine */
+        osp_bf16t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1);
         return;
     }
     if (c->bt && c->dq && osp_q8t_fits(w)) {
-        osp_q8t_amx(w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
+        osp_q8t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
         return;
     }
     if (c->per_token && c->ops->matmul_each && c->ops->matmul_each(w, c->x, c->n, y + r0, w->rows, r0, r1))
@@ -93,6 +93,7 @@ static void mm_task(void *p, int64_t t) {
 }
 
 typedef struct pack_ctx {
+    osp_bf16t_kind k;
     const float *x;
     int64_t n, cols, nch, parts;
     uint16_t *xp;
@@ -100,7 +101,7 @@ typedef struct pack_ctx {
 
 static void pack_task(void *p, int64_t t) {
     const pack_ctx *c = p;
-    osp_bf16t_pack_fast(c->x, c->n, c->cols, c->xp, t * c->nch / c->parts, (t + 1) * c->nch / c->parts);
+    osp_bf16t_pack_fast(c->k, c->x, c->n, c->cols, c->xp, t * c->nch / c->parts, (t + 1) * c->nch / c->parts);
 }
 
 typedef struct prep_ctx {
@@ -164,7 +165,8 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
      * activations cost them more accuracy, and their matvec is memory-bound
      * there already.) */
     c.per_token = s->per_token && n > 1;
-    /* bf16 weights in production precision on AMX tiles: the activations rounded to bf16 and packed once for
+    /* bf16 weights in production precision on the bf16 engine (AMX tiles or AVX512-BF16): the activations
+     * rounded to bf16 and packed once for
      * every weight of the call; a token's numbers do not depend on n (so no per-token mode is needed) */
     /* 8-bit weights join them in prefill chunks (16 tokens or more: the dequantization is paid once for all;
      * decode steps keep the f32 kernels) */
@@ -175,12 +177,12 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
         int any = 0;
         for (int i = 0; i < nw; i++) any |= osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i]));
         if (any) {
-            pack_ctx pc = {x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
+            pack_ctx pc = {s->btk, x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
             const int nt = osp_threads_count();
             if (n * cols >= (1 << 16) && nt > 1) pc.parts = pc.nch < 4 * nt ? pc.nch : 4 * nt;
             if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
             else pack_task(&pc, 0);
-            c.bt = s->bt;
+            c.bt = s->bt, c.btk = s->btk;
             if (q8t) c.dq = s->dq, c.dq_cols = s->bt_cols;
         }
     }

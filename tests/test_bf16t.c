@@ -1,11 +1,13 @@
-/* The bf16 weights' production path on AMX tiles (backend/cpu/amx.h): the
- * AVX512-BF16 packing bitwise the scalar one's; the tile kernel against its
- * scalar twin (TDPBF16PS's definition) within a few ulps of the terms' sum (the
- * hardware's rounding inside a step is its own), for 1..40 tokens, row ranges
- * that start and end anywhere on 16-row boundaries and a weight's last rows;
- * a token's outputs the same alone and among any number (batch invariance);
- * and the twin against the f64 product of the bf16 operands. Skipped (77)
- * where the CPU or the kernel has no AMX; the twin's checks run everywhere. */
+/* The bf16 weights' production path (backend/cpu/bf16t.h), each engine this
+ * CPU has: the AVX512-BF16 packing bitwise the scalar one's; the kernel
+ * against its scalar twin, for 1..40 tokens, row ranges that start and end
+ * anywhere on 16-row boundaries and a weight's last rows: AMX's tiles within
+ * a few ulps of the terms' sum (the hardware's rounding inside a step is its
+ * own), the DOT engine bitwise (VDPBF16PS's definition); a token's outputs
+ * the same alone and among any number (batch invariance); 8-bit weights'
+ * dequantization bitwise its twin; and both twins against the f64 product
+ * of the bf16 operands. An engine the CPU lacks is skipped; the twins'
+ * checks run everywhere. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "backend/cpu/amx.h"
+#include "backend/cpu/bf16t.h"
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
@@ -52,15 +54,14 @@ static void make(wcase *c, int64_t rows, int64_t cols, int64_t n) {
 static void drop(wcase *c) { free(c->data), free(c->x); }
 
 /* the scalar twin against the f64 sum of the same bf16 products */
-static void test_twin(void **state) {
-    (void)state;
+static void twin(osp_bf16t_kind k) {
     wcase c;
     const int64_t R = 40, C = 96, n = 5;
     make(&c, R, C, n);
     uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C));
     float *y = malloc(sizeof(float) * n * R);
-    osp_bf16t_pack(c.x, n, C, xp);
-    osp_bf16t_ref(&c.w, xp, n, y, R, 0, R);
+    osp_bf16t_pack(k, c.x, n, C, xp);
+    osp_bf16t_ref(k, &c.w, xp, n, y, R, 0, R);
     for (int64_t t = 0; t < n; t++)
         for (int64_t r = 0; r < R; r++) {
             double s = 0, a = 0;
@@ -71,16 +72,21 @@ static void test_twin(void **state) {
                 double p = (double)bf16f((uint16_t)(u >> 16)) * bf16f(c.data[r * C + k]);
                 s += p, a += fabs(p);
             }
-            if (fabs(y[t * R + r] - s) > 1e-6 * a + 1e-30) fail_msg("twin: token %ld row %ld: %g vs %g", (long)t, (long)r, y[t * R + r], s);
+            if (fabs(y[t * R + r] - s) > 1e-6 * a + 1e-30)
+                fail_msg("%s twin: token %ld row %ld: %g vs %g", osp_bf16t_name(k), (long)t, (long)r, y[t * R + r], s);
         }
     assert_true(osp_bf16t_fits(&c.w));
     free(xp), free(y);
     drop(&c);
 }
 
-static void test_tiles(void **state) {
+static void test_twin(void **state) {
     (void)state;
-    if (!osp_amx_available()) skip();
+    twin(OSP_BF16T_AMX);
+    twin(OSP_BF16T_DOT);
+}
+
+static void kernel(osp_bf16t_kind k) {
     const int64_t shapes[][2] = {{16, 32}, {45, 64}, {70, 256}, {128, 96}, {33, 2048}, {300, 512}};
     const int64_t ns[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 40};
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -93,43 +99,47 @@ static void test_tiles(void **state) {
               *y1 = malloc(sizeof(float) * R);
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             const int64_t n = ns[ni];
-            osp_bf16t_pack(c.x, n, C, xp);
+            osp_bf16t_pack(k, c.x, n, C, xp);
             memset(xq, 0xa5, osp_bf16t_packed_bytes(n, C));
-            osp_bf16t_pack_fast(c.x, n, C, xq, 0, C / 32 / 2);
-            osp_bf16t_pack_fast(c.x, n, C, xq, C / 32 / 2, C / 32);
-            size_t used = (size_t)((n + osp_bf16t_width(n) - 1) / osp_bf16t_width(n)) * osp_bf16t_width(n) * C * 2;
-            if (memcmp(xp, xq, used)) fail_msg("pack: %ld x %ld: the AVX512-BF16 packing differs", (long)n, (long)C);
+            osp_bf16t_pack_fast(k, c.x, n, C, xq, 0, C / 32 / 2);
+            osp_bf16t_pack_fast(k, c.x, n, C, xq, C / 32 / 2, C / 32);
+            if (memcmp(xp, xq, osp_bf16t_packed_used(k, n, C)))
+                fail_msg("%s pack: %ld x %ld: the AVX512-BF16 packing differs", osp_bf16t_name(k), (long)n, (long)C);
             /* whole rows, then ranges that start on 16-row boundaries */
             for (int64_t r0 = 0; r0 < R; r0 += 48) {
                 int64_t r1 = r0 + 48 < R ? r0 + 48 : R;
                 if (r0 == 0) r1 = R;
                 for (int64_t i = 0; i < n * R; i++) y[i] = yr[i] = -7;
-                osp_bf16t_amx(&c.w, xp, n, y, R, r0, r1);
-                osp_bf16t_ref(&c.w, xp, n, yr, R, r0, r1);
+                osp_bf16t_mm(k, &c.w, xp, n, y, R, r0, r1);
+                osp_bf16t_ref(k, &c.w, xp, n, yr, R, r0, r1);
                 for (int64_t t = 0; t < n; t++)
                     for (int64_t r = 0; r < r1 - r0; r++) {
                         float a = y[t * R + r], b = yr[t * R + r];
-                        /* the hardware rounds inside a tile step in its own way (measured: neither the
-                         * definition's sequential order nor a pair or 32-column sum rounded once): within a
-                         * few units in the last place of the terms' magnitude, not bitwise */
+                        /* AMX rounds inside a tile step in its own way (measured: neither the definition's
+                         * sequential order nor a pair or 32-column sum rounded once): within a few units in the
+                         * last place of the terms' magnitude; VDPBF16PS follows its definition: bitwise */
                         double mag = 0;
-                        for (int64_t k = 0; k < C; k++) mag += fabs((double)bf16f(c.data[(r0 + r) * C + k]) * c.x[t * C + k]);
-                        if (isnan(a) != isnan(b) || (!isnan(a) && fabs((double)a - b) > 4e-7 * mag))
-                            fail_msg("tiles %ld x %ld, %ld tokens, rows %ld..%ld: token %ld row %ld: %.9g vs twin %.9g", (long)R,
-                                     (long)C, (long)n, (long)r0, (long)r1, (long)t, (long)(r0 + r), a, b);
+                        for (int64_t q = 0; q < C; q++) mag += fabs((double)bf16f(c.data[(r0 + r) * C + q]) * c.x[t * C + q]);
+                        const double tol = k == OSP_BF16T_AMX ? 4e-7 * mag : 0;
+                        if (isnan(a) != isnan(b) || (!isnan(a) && fabs((double)a - b) > tol))
+                            fail_msg("%s %ld x %ld, %ld tokens, rows %ld..%ld: token %ld row %ld: %.9g vs twin %.9g",
+                                     osp_bf16t_name(k), (long)R, (long)C, (long)n, (long)r0, (long)r1, (long)t,
+                                     (long)(r0 + r), a, b);
                     }
             }
             /* each token as alone */
-            osp_bf16t_amx(&c.w, xp, n, y, R, 0, R);
+            osp_bf16t_mm(k, &c.w, xp, n, y, R, 0, R);
             for (int64_t t = 0; t < n; t += n > 9 ? 7 : 1) {
                 uint16_t *x1 = malloc(osp_bf16t_packed_bytes(1, C));
-                osp_bf16t_pack_fast(c.x + t * C, 1, C, x1, 0, C / 32);
-                osp_bf16t_amx(&c.w, x1, 1, y1, R, 0, R);
+                osp_bf16t_pack_fast(k, c.x + t * C, 1, C, x1, 0, C / 32);
+                osp_bf16t_mm(k, &c.w, x1, 1, y1, R, 0, R);
                 if (memcmp(y1, y + t * R, sizeof(float) * R)) {
                     int nan_eq = 1;
                     for (int64_t r = 0; r < R; r++)
                         if (!(isnan(y1[r]) && isnan(y[t * R + r])) && memcmp(&y1[r], &y[t * R + r], 4)) nan_eq = 0;
-                    if (!nan_eq) fail_msg("tiles %ld x %ld: token %ld differs alone and among %ld", (long)R, (long)C, (long)t, (long)n);
+                    if (!nan_eq)
+                        fail_msg("%s %ld x %ld: token %ld differs alone and among %ld", osp_bf16t_name(k), (long)R,
+                                 (long)C, (long)t, (long)n);
                 }
                 free(x1);
             }
@@ -139,11 +149,21 @@ static void test_tiles(void **state) {
     }
 }
 
-/* 8-bit weights (prefill chunks): the tiles' dequantization is bitwise the scalar twin's (s * c + b as one
- * fma, rounded to bf16), so the product equals the bf16 kernel on the twin's dequantized rows, bitwise */
-static void test_q8(void **state) {
+static void test_amx(void **state) {
     (void)state;
-    if (!osp_amx_available()) skip();
+    if (!osp_bf16t_has(OSP_BF16T_AMX)) skip();
+    kernel(OSP_BF16T_AMX);
+}
+
+static void test_dot(void **state) {
+    (void)state;
+    if (!osp_bf16t_has(OSP_BF16T_DOT)) skip();
+    kernel(OSP_BF16T_DOT);
+}
+
+/* 8-bit weights (prefill chunks): the AVX-512 dequantization is bitwise the scalar twin's (s * c + b as one
+ * fma, rounded to bf16), so each engine's product equals its bf16 kernel on the twin's dequantized rows */
+static void q8(osp_bf16t_kind k) {
     const int64_t R = 45, C = 256, G = 64, ng = C / G, n = 20;
     uint8_t *codes = malloc(R * C);
     uint16_t *sc = malloc(sizeof(uint16_t) * R * ng), *bi = malloc(sizeof(uint16_t) * R * ng);
@@ -165,20 +185,34 @@ static void test_q8(void **state) {
     d.dtype = OSP_DT_BF16, d.rows = R, d.cols = C, d.data = deq;
     float *x = malloc(sizeof(float) * n * C), *y = malloc(sizeof(float) * n * R), *yd = malloc(sizeof(float) * n * R);
     for (int64_t i = 0; i < n * C; i++) x[i] = frand() * 2;
-    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C));
-    osp_bf16t_pack(x, n, C, xp);
+    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C)), *row = malloc(sizeof(uint16_t) * C);
+    for (int64_t r = 0; r < R; r++) {
+        osp_q8t_row_fast(&q, r, row);
+        if (memcmp(row, deq + r * C, sizeof(uint16_t) * C)) fail_msg("q8 row %ld: the AVX-512 dequantization differs", (long)r);
+    }
+    free(row);
+    osp_bf16t_pack(k, x, n, C, xp);
     for (int64_t r0 = 0; r0 < R; r0 += 16) {
-        osp_q8t_amx(&q, xp, n, y, R, r0, R, dq);
-        osp_bf16t_amx(&d, xp, n, yd, R, r0, R);
+        osp_q8t_mm(k, &q, xp, n, y, R, r0, R, dq);
+        osp_bf16t_mm(k, &d, xp, n, yd, R, r0, R);
         for (int64_t t = 0; t < n; t++)
             if (memcmp(y + t * R, yd + t * R, sizeof(float) * (size_t)(R - r0)))
-                fail_msg("q8 tiles, rows %ld..: token %ld differs from the twin's dequantization", (long)r0, (long)t);
+                fail_msg("%s q8, rows %ld..: token %ld differs from the twin's dequantization", osp_bf16t_name(k),
+                         (long)r0, (long)t);
     }
     free(codes), free(sc), free(bi), free(deq), free(dq), free(x), free(y), free(yd), free(xp);
 }
 
+static void test_q8(void **state) {
+    (void)state;
+    int any = 0;
+    for (osp_bf16t_kind k = OSP_BF16T_AMX; k <= OSP_BF16T_DOT; k++)
+        if (osp_bf16t_has(k)) q8(k), any = 1;
+    if (!any) skip();
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_tiles),
-                                       cmocka_unit_test(test_q8)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_amx),
+                                       cmocka_unit_test(test_dot), cmocka_unit_test(test_q8)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

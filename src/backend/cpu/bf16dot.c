@@ -1,0 +1,100 @@
+/* backend/cpu/bf16dot: the bf16 production path on AVX512-BF16's VDPBF16PS
+ * (the DOT engine of bf16t.h, for CPUs without AMX), its packing, and the
+ * AVX-512 dequantization of 8-bit rows both engines use (compiled with
+ * -mavx512bf16; called only where osp_bf16t_has says the CPU has it).
+ *
+ * An output (row, token) is one vector of 16 lane sums over the row's
+ * 32-column steps, then the lanes' tree: the same operations whatever block
+ * it is computed in, so the kernel's blocking (4 rows x 6 tokens, the
+ * weights' rows in panels that stay in L2 while every token reads them) is
+ * free to change without changing a bit. */
+#include <immintrin.h>
+#include <string.h>
+#include "backend/cpu/bf16t.h"
+
+int osp_bf16t_dot_built(void) { return 1; }
+
+/* the lanes' tree: (l, l + 8), then + 4, + 2, + 1 (bf16t.h) */
+static inline float tree16(__m512 a) {
+    const __m256 b = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    const __m128 c = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    const __m128 d = _mm_add_ps(c, _mm_movehl_ps(c, c));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+
+#define DOT_R 4 /* rows a block */
+#define DOT_N 6 /* tokens a block: 24 sums, 4 weight vectors and one activation in registers */
+
+/* R rows from W (stride K) by N tokens from X (stride K) into y[t * ldy + r] */
+static inline __attribute__((always_inline)) void blk(const uint16_t *W, const uint16_t *X, int64_t K, int R, int N,
+                                                      float *y, int64_t ldy) {
+    __m512 acc[DOT_R][DOT_N];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < N; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += OSP_BF16T_COLS) {
+        __m512bh w[DOT_R];
+        for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_loadu_si512(W + r * K + c);
+        for (int t = 0; t < N; t++) {
+            const __m512bh x = (__m512bh)_mm512_loadu_si512(X + t * K + c);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+        }
+    }
+    for (int t = 0; t < N; t++)
+        for (int r = 0; r < R; r++) y[t * ldy + r] = tree16(acc[r][t]);
+}
+
+typedef void (*blk_fn)(const uint16_t *, const uint16_t *, int64_t, float *, int64_t);
+#define BLK(R, N)                                                                                                 \
+    static void blk_##R##_##N(const uint16_t *W, const uint16_t *X, int64_t K, float *y, int64_t ldy) {          \
+        blk(W, X, K, R, N, y, ldy);                                                                               \
+    }
+BLK(4, 1) BLK(4, 2) BLK(4, 3) BLK(4, 4) BLK(4, 5) BLK(4, 6)
+BLK(1, 1) BLK(1, 2) BLK(1, 3) BLK(1, 4) BLK(1, 5) BLK(1, 6)
+static const blk_fn BLK4[DOT_N + 1] = {NULL, blk_4_1, blk_4_2, blk_4_3, blk_4_4, blk_4_5, blk_4_6};
+static const blk_fn BLK1[DOT_N + 1] = {NULL, blk_1_1, blk_1_2, blk_1_3, blk_1_4, blk_1_5, blk_1_6};
+
+void osp_bf16t_dot_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
+                      int64_t r1) {
+    const int64_t K = w->cols;
+    const uint16_t *W = w->data;
+    /* a panel of rows (about 256 KB) stays in L2 while every token block reads it */
+    int64_t prow = (256 << 10) / (K * (int64_t)sizeof(uint16_t));
+    prow = prow < DOT_R ? DOT_R : prow / DOT_R * DOT_R;
+    for (int64_t p0 = r0; p0 < r1; p0 += prow) {
+        const int64_t p1 = p0 + prow < r1 ? p0 + prow : r1;
+        for (int64_t t0 = 0; t0 < n; t0 += DOT_N) {
+            const int N = (int)(n - t0 < DOT_N ? n - t0 : DOT_N);
+            const uint16_t *X = xp + t0 * K;
+            float *yt = y + t0 * ldy - r0;
+            int64_t r = p0;
+            for (; r + DOT_R <= p1; r += DOT_R) BLK4[N](W + r * K, X, K, yt + r, ldy);
+            for (; r < p1; r++) BLK1[N](W + r * K, X, K, yt + r, ldy);
+        }
+    }
+}
+
+void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t j = j0; j < j1; j++) {
+            const float *r = x + t * cols + j * OSP_BF16T_COLS;
+            _mm512_storeu_si512(xp + t * cols + j * OSP_BF16T_COLS,
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r + 16), _mm512_loadu_ps(r)));
+        }
+}
+
+/* row r's codes, s * c + b as one fma per weight, rounded to bf16 (cvtne2ps2bf16: round to nearest even) */
+void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out) {
+    const uint8_t *codes = (const uint8_t *)w->data + r * w->cols;
+    const int64_t G = w->group, ng = w->cols / G;
+    for (int64_t g = 0; g < ng; g++) {
+        const __m512 s = _mm512_set1_ps(osp_load_float(w->scales, w->sdtype, r * ng + g)),
+                     b = _mm512_set1_ps(osp_load_float(w->biases, w->sdtype, r * ng + g));
+        for (int64_t k = 0; k < G; k += 32) {
+            const uint8_t *c = codes + g * G + k;
+            __m512 lo = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)c))), b);
+            __m512 hi =
+                _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + 16)))), b);
+            _mm512_storeu_si512(out + g * G + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}

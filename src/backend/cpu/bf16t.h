@@ -1,0 +1,100 @@
+/* backend/cpu/bf16t: the production path for bf16 weights on bf16 hardware
+ * arithmetic: activations rounded to bf16 (round to nearest even), products
+ * of two bf16 exact in f32, accumulated in f32. Two engines compute it:
+ *
+ * - AMX (amx_tiles.c; TDPBF16PS): tiles of 16 weight rows by up to 16
+ *   tokens by 32 columns. The activations are packed once per call into
+ *   the tiles' B layout (blocks of width(n) tokens, each a run of cols / 32
+ *   tiles of 16 column pairs x width x 2); an output is the sum over the
+ *   columns in order. Its scalar twin is TDPBF16PS's definition (each
+ *   product exact, added in column order, rounded to nearest even,
+ *   denormals flushed); the hardware rounds inside a 32-column step its own
+ *   way (measured on a Xeon), so tiles and twin agree within a few units in
+ *   the last place of the terms' sum.
+ * - DOT (bf16dot.c; AVX512-BF16's VDPBF16PS, for CPUs without AMX: AMD Zen
+ *   4/5, Cooper Lake): the activations packed token-major as bf16 rows; an
+ *   output (row, token) keeps 16 lane sums, lane l taking the column pairs
+ *   (2l + 32j, 2l + 1 + 32j) in order of j, each step adding the odd
+ *   column's product and then the even one's (each rounded to nearest even,
+ *   denormals flushed: VDPBF16PS's definition, which the twin follows and
+ *   Zen 5 matches bitwise), then the lanes added in a fixed tree ((l, l + 8),
+ *   then + 4, + 2, + 1).
+ *
+ * Either way an output depends on its token's activation and its weight row
+ * alone: a token gets the same bits alone, among 40 or in a prefill of 512,
+ * with any split of the rows (batch and chunk invariance, as the int8 path
+ * has), so a batched decode step needs no per-token mode.
+ *
+ * MLX 8-bit weights join the path in prefill chunks: 32 rows at a time
+ * dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
+ * production path dequantizes) into the calling thread's scratch, then the
+ * bf16 kernel.
+ */
+#ifndef OSP_BACKEND_CPU_BF16T_H
+#define OSP_BACKEND_CPU_BF16T_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tensor/tensor.h"
+
+#define OSP_BF16T_COLS 32   /* columns a step (both engines) */
+#define OSP_BF16T_TOKENS 16 /* tokens an AMX tile */
+
+typedef enum osp_bf16t_kind { OSP_BF16T_NONE = 0, OSP_BF16T_AMX, OSP_BF16T_DOT } osp_bf16t_kind;
+
+/* Whether this CPU (and, for AMX, the kernel's tile permission) can run
+ * engine k, with OSP_ISA below avx512 turning both off (once). */
+int osp_bf16t_has(osp_bf16t_kind k);
+/* The engine production precision uses (once): AMX where it can run and
+ * OSP_AMX=0 does not turn it off, else DOT, else NONE; OSP_BF16T=0 turns
+ * the path off, OSP_BF16T=dot picks DOT on a CPU that has both. */
+osp_bf16t_kind osp_bf16t_engine(void);
+const char *osp_bf16t_name(osp_bf16t_kind k);
+
+/* Can w go on this path: dense bf16, columns a multiple of 32, 16 rows at least. */
+int osp_bf16t_fits(const osp_weight *w);
+
+/* Bytes of the packed form of n tokens of cols columns (either engine's). */
+size_t osp_bf16t_packed_bytes(int64_t n, int64_t cols);
+/* AMX: tokens a tile holds for a call of n: n up to 16, else 16 (the tiles
+ * are configured that wide, so a decode step of one token reads one
+ * token's activations, not sixteen). */
+static inline int64_t osp_bf16t_width(int64_t n) { return n < OSP_BF16T_TOKENS ? (n > 0 ? n : 1) : OSP_BF16T_TOKENS; }
+/* Bytes of the packed form engine k writes for n tokens (the rest is not touched). */
+size_t osp_bf16t_packed_used(osp_bf16t_kind k, int64_t n, int64_t cols);
+/* x [n, cols] f32 -> engine k's packed bf16 form: the scalar twin of the packing. */
+void osp_bf16t_pack(osp_bf16t_kind k, const float *x, int64_t n, int64_t cols, uint16_t *xp);
+/* The same with AVX512-BF16 (osp_bf16t_has(k) only) for the 32-column steps
+ * [j0, j1) of every token: bitwise the scalar one's. */
+void osp_bf16t_pack_fast(osp_bf16t_kind k, const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0,
+                         int64_t j1);
+
+/* y[t * ldy + (r - r0)] = sum_c bf16(x[t, c]) * W[r, c] for t < n, r in
+ * [r0, r1): engine k's kernel (osp_bf16t_has(k) only), and its scalar twin. */
+void osp_bf16t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                  int64_t r0, int64_t r1);
+void osp_bf16t_ref(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                   int64_t r0, int64_t r1);
+
+/* MLX 8-bit weights whose groups are whole 32-column steps. */
+int osp_q8t_fits(const osp_weight *w);
+/* Row r of w dequantized to bf16 [cols]: the scalar twin (s * c + b as one
+ * fma, rounded to nearest even), and the AVX-512 form, bitwise the same. */
+void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out);
+void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out);
+/* Engine k on w's rows, dequantized 32 at a time into dq (the caller's
+ * scratch of 32 x cols bf16, one per thread). */
+void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                int64_t r0, int64_t r1, uint16_t *dq);
+
+/* ---- the engines' entry points (bf16t.c dispatches to them) ---- */
+int osp_amx_tiles_built(void);
+void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
+                      int64_t r1);
+void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);
+int osp_bf16t_dot_built(void);
+void osp_bf16t_dot_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
+                      int64_t r1);
+void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);
+
+#endif

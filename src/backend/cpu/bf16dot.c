@@ -6,8 +6,9 @@
  * An output (row, token) is one vector of 16 lane sums over the row's
  * 32-column steps, then the lanes' tree: the same operations whatever block
  * it is computed in, so the kernel's blocking (4 rows x 6 tokens, the
- * weights' rows in panels that stay in L2 while every token reads them) is
- * free to change without changing a bit. */
+ * weights' rows in panels that stay in L2 while every token reads them,
+ * long rows in passes with the sums held between them) is free to change
+ * without changing a bit. */
 #include <immintrin.h>
 #include <string.h>
 #include "backend/cpu/bf16t.h"
@@ -24,14 +25,21 @@ static inline float tree16(__m512 a) {
 
 #define DOT_R 4 /* rows a block */
 #define DOT_N 6 /* tokens a block: 24 sums, 4 weight vectors and one activation in registers */
+#define DOT_KC 2048     /* long rows: columns a pass (the block's 6 tokens of it stay in L1) */
+#define DOT_TS 24       /* long rows: tokens whose sums are held between passes */
+#define DOT_PROW 64     /* long rows: rows a panel */
 
-/* R rows from W (stride K) by N tokens from X (stride K) into y[t * ldy + r] */
-static inline __attribute__((always_inline)) void blk(const uint16_t *W, const uint16_t *X, int64_t K, int R, int N,
+/* R rows from W (stride K) by N tokens from X (stride K), columns [c0, c1):
+ * the sums start at zero (first) or from sp, and end in y[t * ldy + r]
+ * through the tree (last) or back in sp (a sum's operations are the same
+ * whether or not it is held between passes) */
+static inline __attribute__((always_inline)) void blk(const uint16_t *W, const uint16_t *X, int64_t K, int64_t c0,
+                                                      int64_t c1, int R, int N, __m512 *sp, int first, int last,
                                                       float *y, int64_t ldy) {
     __m512 acc[DOT_R][DOT_N];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < N; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < K; c += OSP_BF16T_COLS) {
+        for (int t = 0; t < N; t++) acc[r][t] = first ? _mm512_setzero_ps() : sp[r * DOT_N + t];
+    for (int64_t c = c0; c < c1; c += OSP_BF16T_COLS) {
         __m512bh w[DOT_R];
         for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_loadu_si512(W + r * K + c);
         for (int t = 0; t < N; t++) {
@@ -39,36 +47,64 @@ static inline __attribute__((always_inline)) void blk(const uint16_t *W, const u
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
         }
     }
-    for (int t = 0; t < N; t++)
-        for (int r = 0; r < R; r++) y[t * ldy + r] = tree16(acc[r][t]);
+    if (last) {
+        for (int t = 0; t < N; t++)
+            for (int r = 0; r < R; r++) y[t * ldy + r] = tree16(acc[r][t]);
+    } else
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < N; t++) sp[r * DOT_N + t] = acc[r][t];
 }
 
-typedef void (*blk_fn)(const uint16_t *, const uint16_t *, int64_t, float *, int64_t);
+typedef void (*blk_fn)(const uint16_t *, const uint16_t *, int64_t, int64_t, int64_t, __m512 *, int, int, float *,
+                       int64_t);
 #define BLK(R, N)                                                                                                 \
-    static void blk_##R##_##N(const uint16_t *W, const uint16_t *X, int64_t K, float *y, int64_t ldy) {          \
-        blk(W, X, K, R, N, y, ldy);                                                                               \
+    static void blk_##R##_##N(const uint16_t *W, const uint16_t *X, int64_t K, int64_t c0, int64_t c1, __m512 *sp, \
+                              int first, int last, float *y, int64_t ldy) {                                       \
+        blk(W, X, K, c0, c1, R, N, sp, first, last, y, ldy);                                                      \
     }
 BLK(4, 1) BLK(4, 2) BLK(4, 3) BLK(4, 4) BLK(4, 5) BLK(4, 6)
 BLK(1, 1) BLK(1, 2) BLK(1, 3) BLK(1, 4) BLK(1, 5) BLK(1, 6)
 static const blk_fn BLK4[DOT_N + 1] = {NULL, blk_4_1, blk_4_2, blk_4_3, blk_4_4, blk_4_5, blk_4_6};
 static const blk_fn BLK1[DOT_N + 1] = {NULL, blk_1_1, blk_1_2, blk_1_3, blk_1_4, blk_1_5, blk_1_6};
 
+/* rows [p0, p1) x tokens [s0, s1), columns [c0, c1) */
+static void run(const uint16_t *W, const uint16_t *xp, int64_t K, int64_t p0, int64_t p1, int64_t s0, int64_t s1,
+                int64_t c0, int64_t c1, __m512 *sp, float *y, int64_t ldy, int64_t r0) {
+    const int first = c0 == 0, last = c1 == K;
+    for (int64_t t0 = s0; t0 < s1; t0 += DOT_N) {
+        const int N = (int)(s1 - t0 < DOT_N ? s1 - t0 : DOT_N);
+        const uint16_t *X = xp + t0 * K;
+        float *yt = y + t0 * ldy - r0;
+        __m512 *st = sp ? sp + (t0 - s0) / DOT_N * DOT_PROW * DOT_N : NULL;
+        int64_t r = p0;
+        for (; r + DOT_R <= p1; r += DOT_R)
+            BLK4[N](W + r * K, X, K, c0, c1, st ? st + (r - p0) * DOT_N : NULL, first, last, yt + r, ldy);
+        for (; r < p1; r++) BLK1[N](W + r * K, X, K, c0, c1, st ? st + (r - p0) * DOT_N : NULL, first, last, yt + r, ldy);
+    }
+}
+
 void osp_bf16t_dot_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
                       int64_t r1) {
     const int64_t K = w->cols;
     const uint16_t *W = w->data;
-    /* a panel of rows (about 256 KB) stays in L2 while every token block reads it */
-    int64_t prow = (256 << 10) / (K * (int64_t)sizeof(uint16_t));
-    prow = prow < DOT_R ? DOT_R : prow / DOT_R * DOT_R;
-    for (int64_t p0 = r0; p0 < r1; p0 += prow) {
-        const int64_t p1 = p0 + prow < r1 ? p0 + prow : r1;
-        for (int64_t t0 = 0; t0 < n; t0 += DOT_N) {
-            const int N = (int)(n - t0 < DOT_N ? n - t0 : DOT_N);
-            const uint16_t *X = xp + t0 * K;
-            float *yt = y + t0 * ldy - r0;
-            int64_t r = p0;
-            for (; r + DOT_R <= p1; r += DOT_R) BLK4[N](W + r * K, X, K, yt + r, ldy);
-            for (; r < p1; r++) BLK1[N](W + r * K, X, K, yt + r, ldy);
+    if (K <= DOT_KC || n < DOT_TS) {
+        /* a panel of rows (about 256 KB) stays in L2 while every token block reads it */
+        int64_t prow = (256 << 10) / (K * (int64_t)sizeof(uint16_t));
+        prow = prow < DOT_R ? DOT_R : prow / DOT_R * DOT_R;
+        for (int64_t p0 = r0; p0 < r1; p0 += prow)
+            run(W, xp, K, p0, p0 + prow < r1 ? p0 + prow : r1, 0, n, 0, K, NULL, y, ldy, r0);
+        return;
+    }
+    /* long rows, many tokens: passes of DOT_KC columns, so a token block's activations stay in L1 while a
+     * panel's rows stream from L2; the sums of DOT_TS tokens x a panel are held here between passes
+     * (measured on Zen 5, one core, 2048 x 8192 by 512 tokens: 0.67 -> 0.79-0.83 of VDPBF16PS's peak) */
+    __m512 sp[DOT_TS / DOT_N * DOT_PROW * DOT_N] __attribute__((aligned(64)));
+    for (int64_t p0 = r0; p0 < r1; p0 += DOT_PROW) {
+        const int64_t p1 = p0 + DOT_PROW < r1 ? p0 + DOT_PROW : r1;
+        for (int64_t s0 = 0; s0 < n; s0 += DOT_TS) {
+            const int64_t s1 = s0 + DOT_TS < n ? s0 + DOT_TS : n;
+            for (int64_t c0 = 0; c0 < K; c0 += DOT_KC)
+                run(W, xp, K, p0, p1, s0, s1, c0, c0 + DOT_KC < K ? c0 + DOT_KC : K, sp, y, ldy, r0);
         }
     }
 }

@@ -71,11 +71,14 @@ static const blk_fn BLK1[DOT_N + 1] = {NULL, blk_1_1, blk_1_2, blk_1_3, blk_1_4,
 static void run(const uint16_t *W, const uint16_t *xp, int64_t K, int64_t p0, int64_t p1, int64_t s0, int64_t s1,
                 int64_t c0, int64_t c1, __m512 *sp, float *y, int64_t ldy, int64_t r0) {
     const int first = c0 == 0, last = c1 == K;
-    for (int64_t t0 = s0; t0 < s1; t0 += DOT_N) {
-        const int N = (int)(s1 - t0 < DOT_N ? s1 - t0 : DOT_N);
+    /* token blocks of sizes within one of each other (8 tokens: 4 + 4, not 6 + 2) */
+    const int64_t nb = (s1 - s0 + DOT_N - 1) / DOT_N;
+    for (int64_t i = 0; i < nb; i++) {
+        const int64_t t0 = s0 + i * (s1 - s0) / nb;
+        const int N = (int)(s0 + (i + 1) * (s1 - s0) / nb - t0);
         const uint16_t *X = xp + t0 * K;
         float *yt = y + t0 * ldy - r0;
-        __m512 *st = sp ? sp + (t0 - s0) / DOT_N * DOT_PROW * DOT_N : NULL;
+        __m512 *st = sp ? sp + i * DOT_PROW * DOT_N : NULL;
         int64_t r = p0;
         for (; r + DOT_R <= p1; r += DOT_R)
             BLK4[N](W + r * K, X, K, c0, c1, st ? st + (r - p0) * DOT_N : NULL, first, last, yt + r, ldy);

@@ -51,7 +51,7 @@ typedef struct osp_model_info {
     int32_t quant_group;
     const char *dtype;          /* dtype of dense weights, e.g. "BF16" */
     const char *dir;            /* the resolved model folder */
-    const char *device;         /* where it runs, e.g. "cpu (avx512+vnni)", "cuda (NVIDIA H200)" */
+    const char *device;         /* where it runs, e.g. "cpu (avx512+vnni+bf16)", "cuda (NVIDIA H200)" */
     const int32_t *eos_ids;     /* config.json eos_token_id (a number or a list) */
     int32_t n_eos;
     int32_t bos_id;             /* -1 if none */
@@ -92,7 +92,7 @@ osp_status osp_identity_dir(const char *dir, const char *memo_dir, char out[65])
 /* The version of the engine's numerics: raised whenever a kernel's results
  * change, so that stored KV (the prefix cache's files) computed by an older
  * engine is never used by a newer one. */
-#define OSP_NUMERICS_VERSION 1
+#define OSP_NUMERICS_VERSION 2 /* 2: bf16 weights on AVX512-BF16 (the CPU's DOT engine) */
 
 /* Number of worker threads used by kernels (0 = all cores). Global. */
 osp_status osp_set_threads(int n_threads);

@@ -154,7 +154,7 @@ typedef struct osp_kv_mem {
 } osp_kv_mem;
 
 typedef struct osp_backend {
-    const char *name;            /* "cpu (avx512+vnni)", "cuda (H200)" */
+    const char *name;            /* "cpu (avx512+vnni+bf16)", "cuda (H200)" */
     osp_device device;
     int needs_place;             /* sessions need the matmul weights placed (the device cannot read the mapping) */
 

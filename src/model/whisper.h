@@ -61,7 +61,7 @@ int osp_whisper_detect(const char *dir);
 osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out);
 /* The same on AUTO. */
 osp_status osp_whisper_load(const char *dir, osp_whisper **out);
-/* The backend it runs on ("cpu (avx512+vnni)", "cuda (NVIDIA H200)"). */
+/* The backend it runs on ("cpu (avx512+vnni+bf16)", "cuda (NVIDIA H200)"). */
 const char *osp_whisper_device_name(const osp_whisper *m);
 /* One trial of the device's read-bandwidth probe (GB/s; release != 0 frees its buffer), as osp_model_bw_trial:
  * OSP_ERR_UNSUPPORTED on a device without one (the CPU: the bench's triad instead). */

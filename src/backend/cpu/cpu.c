@@ -312,7 +312,11 @@ const osp_backend *osp_backend_cpu(void) {
     if (!CPU.name) {
         osp_cpu_encdec_fill(&CPU);
         const osp_cpu_features *f = osp_cpu_features_get();
-        snprintf(name, sizeof name, "cpu (%s%s)", osp_ops_get()->name, f->vnni ? "+vnni" : "");
+        /* the bf16 engine is named: it decides bf16 weights' numbers in production precision (and the prefix
+         * cache's namespace includes this name, so servers on other engines sharing a folder never mix) */
+        const osp_bf16t_kind k = osp_bf16t_engine();
+        snprintf(name, sizeof name, "cpu (%s%s%s)", osp_ops_get()->name, f->vnni ? "+vnni" : "",
+                 k == OSP_BF16T_AMX ? "+amx" : k == OSP_BF16T_DOT ? "+bf16" : "");
         CPU.name = name;
     }
     return &CPU;

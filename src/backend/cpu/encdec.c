@@ -96,26 +96,53 @@ static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, in
 
 /* ---- row operations ---- */
 
-static void layernorm(osp_be_session *s, osp_dbuf *yb, const osp_dbuf *xb, const osp_dbuf *wb, const osp_dbuf *bb,
-                      int64_t n, int64_t d, float eps) {
-    (void)s;
-    const float *w = CF(wb), *b = CF(bb);
-    for (int64_t t = 0; t < n; t++) {
-        const float *xi = CF(xb) + t * d;
-        float *yi = F(yb) + t * d;
+/* Row operations are split over the pool in ranges of rows (or elements): each row's (element's) operations
+ * are the same whichever thread runs them. */
+typedef struct ln_ctx {
+    const float *x, *w, *b;
+    float *y;
+    int64_t n, d;
+    float eps;
+} ln_ctx;
+
+#define LN_ROWS 16      /* rows a layer-norm task */
+#define GELU_ELEMS 8192 /* elements a GELU task */
+
+static void ln_task(void *p, int64_t task) {
+    const ln_ctx *c = p;
+    const int64_t d = c->d, t1 = (task + 1) * LN_ROWS < c->n ? (task + 1) * LN_ROWS : c->n;
+    for (int64_t t = task * LN_ROWS; t < t1; t++) {
+        const float *xi = c->x + t * d;
+        float *yi = c->y + t * d;
         double mean = 0, var = 0;
         for (int64_t i = 0; i < d; i++) mean += xi[i];
         mean /= d;
         for (int64_t i = 0; i < d; i++) var += (xi[i] - mean) * (xi[i] - mean);
-        float inv = (float)(1.0 / sqrt(var / d + eps));
-        for (int64_t i = 0; i < d; i++) yi[i] = (float)(xi[i] - mean) * inv * w[i] + b[i];
+        float inv = (float)(1.0 / sqrt(var / d + c->eps));
+        for (int64_t i = 0; i < d; i++) yi[i] = (float)(xi[i] - mean) * inv * c->w[i] + c->b[i];
     }
 }
 
+static void layernorm(osp_be_session *s, osp_dbuf *yb, const osp_dbuf *xb, const osp_dbuf *wb, const osp_dbuf *bb,
+                      int64_t n, int64_t d, float eps) {
+    ln_ctx c = {CF(xb), CF(wb), CF(bb), F(yb), n, d, eps};
+    par(s, (n + LN_ROWS - 1) / LN_ROWS, ln_task, &c);
+}
+
+typedef struct gelu_ctx {
+    float *x;
+    int64_t n;
+} gelu_ctx;
+
+static void gelu_task(void *p, int64_t task) {
+    const gelu_ctx *c = p;
+    const int64_t i1 = (task + 1) * GELU_ELEMS < c->n ? (task + 1) * GELU_ELEMS : c->n;
+    for (int64_t i = task * GELU_ELEMS; i < i1; i++) c->x[i] = 0.5f * c->x[i] * (1.0f + erff(c->x[i] * (float)M_SQRT1_2));
+}
+
 static void gelu(osp_be_session *s, osp_dbuf *xb, int64_t n) {
-    (void)s;
-    float *x = F(xb);
-    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+    gelu_ctx c = {F(xb), n};
+    par(s, (n + GELU_ELEMS - 1) / GELU_ELEMS, gelu_task, &c);
 }
 
 static void im2col(osp_be_session *s, const osp_im2col_args *a) {
@@ -132,16 +159,26 @@ static void im2col(osp_be_session *s, const osp_im2col_args *a) {
             }
 }
 
+typedef struct pack_kv_ctx {
+    float *kh, *vt;
+    const float *k, *v;
+    int64_t S, ld;
+    int32_t hd;
+} pack_kv_ctx;
+
+static void pack_kv_task(void *p, int64_t h) { /* one head */
+    const pack_kv_ctx *c = p;
+    const int64_t S = c->S, ld = c->ld, hd = c->hd;
+    for (int64_t j = 0; j < S; j++) {
+        memcpy(c->kh + (h * S + j) * hd, c->k + j * ld + h * hd, sizeof(float) * hd);
+        for (int64_t e = 0; e < hd; e++) c->vt[(h * hd + e) * S + j] = c->v[j * ld + h * hd + e];
+    }
+}
+
 static void pack_kv(osp_be_session *s, osp_dbuf *khb, osp_dbuf *vtb, const osp_dbuf *kb, const osp_dbuf *vb,
                     int64_t S, int64_t ld, int32_t heads, int32_t hd) {
-    (void)s;
-    float *kh = F(khb), *vt = F(vtb);
-    const float *k = CF(kb), *v = CF(vb);
-    for (int64_t h = 0; h < heads; h++)
-        for (int64_t j = 0; j < S; j++) {
-            memcpy(kh + (h * S + j) * hd, k + j * ld + h * hd, sizeof(float) * hd);
-            for (int64_t c = 0; c < hd; c++) vt[(h * hd + c) * S + j] = v[j * ld + h * hd + c];
-        }
+    pack_kv_ctx c = {F(khb), F(vtb), CF(kb), CF(vb), S, ld, hd};
+    par(s, heads, pack_kv_task, &c);
 }
 
 /* ---- full attention: a block of 16 queries is two matrix products on the

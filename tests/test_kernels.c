@@ -515,6 +515,23 @@ static void test_activations(void **state) {
                 expect_close(fast[f], "gelu_tanh_mul", n, i, y1[i], y0[i],
                              1e-5 * fabs(y0[i]) + 1e-7 * (1.0 + fabs(g[i] * u[i])));
             expect_sentinel(fast[f], "gelu_tanh_mul", y1, n);
+            /* the exact GELU: against the scalar erff formula (which cancels for x << 0: its ulp of 1 allowed),
+             * and against erfc in f64, relative (the vector form has no cancellation) */
+            memcpy(y0, g, (size_t)n * sizeof(float));
+            memcpy(y1, g, (size_t)n * sizeof(float));
+            if (n > 2) y1[1] = y0[1] = NAN;
+            sc->gelu_erf(y0, n);
+            fast[f]->gelu_erf(y1, n);
+            for (int64_t i = 0; i < n; i++) {
+                if (i == 1 && n > 2) {
+                    if (!isnan(y1[i])) fail_msg("%s gelu_erf: NaN in, %g out", fast[f]->name, y1[i]);
+                    continue;
+                }
+                const double ex = 0.5 * (double)g[i] * erfc(-(double)g[i] / sqrt(2.0));
+                expect_close(fast[f], "gelu_erf", n, i, y1[i], y0[i], 2e-6 * fabs(y0[i]) + 1e-7 * fabs(g[i]));
+                expect_close(fast[f], "gelu_erf (f64)", n, i, y1[i], (float)ex, 2e-6 * fabs(ex) + 1e-37);
+            }
+            expect_sentinel(fast[f], "gelu_erf", y1, n);
             const float caps[] = {30.0f, 50.0f, 1.0f};
             for (int c = 0; c < 3; c++) {
                 memcpy(y0, g, (size_t)n * sizeof(float));

@@ -45,6 +45,10 @@ typedef struct osp_ops {
     /* y[i] = act(g[i]) * u[i]; act = SiLU or GELU (tanh approximation). */
     void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
     void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
+    /* x = x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), in place: the exact GELU
+     * (Whisper's). The scalar table calls erff; the vector ones compute Phi
+     * through erfc (OSP_GELU_ERF_P below), within ~1e-6 of it relative. */
+    void (*gelu_erf)(float *x, int64_t n);
     /* x = cap * tanh(x / cap) */
     void (*softcap)(float *x, int64_t n, float cap);
     /* y[d] += sum_j w[j] * rows[j * stride + d] for d < dim, j < n
@@ -60,6 +64,13 @@ typedef struct osp_ops {
      * n <= 0 or every value is NaN (greedy decoding). */
     int32_t (*argmax)(const float *x, int32_t n);
 } osp_ops;
+
+/* The vector GELU's Phi: for z = min(|x| / sqrt 2, 10) and t = 2 / (2 + z),
+ * erfc(z) = t exp(-z^2) exp(P(t)) with z^2 = x^2 / 2 kept exact (two floats),
+ * P the degree-10 polynomial below (fitted to
+ * ln(erfc(z) / t) + z^2 on t in [1/6, 1], |error| < 1e-8); Phi = 1 - erfc/2
+ * for x >= 0, erfc/2 below (no cancellation for x << 0). */
+#define OSP_GELU_ERF_P {-1.2655780417e+00f, 1.0018182174e+00f, 3.5320147950e-01f, 2.3292450461e-01f, -7.3614372324e-01f, 1.7205866867e+00f, -3.6302095271e+00f, 4.3149716486e+00f, -2.8369157651e+00f, 9.9025782795e-01f, -1.4491330531e-01f}
 
 /* Vectorized wsum (AVX-512F), used by every x86 table on CPUs that have it. */
 void osp_wsum_avx512(float *y, const float *w, const float *rows, int64_t n, int64_t stride, int64_t dim);

@@ -130,6 +130,7 @@ static void layernorm(osp_be_session *s, osp_dbuf *yb, const osp_dbuf *xb, const
 }
 
 typedef struct gelu_ctx {
+    const osp_ops *ops;
     float *x;
     int64_t n;
 } gelu_ctx;
@@ -137,11 +138,11 @@ typedef struct gelu_ctx {
 static void gelu_task(void *p, int64_t task) {
     const gelu_ctx *c = p;
     const int64_t i1 = (task + 1) * GELU_ELEMS < c->n ? (task + 1) * GELU_ELEMS : c->n;
-    for (int64_t i = task * GELU_ELEMS; i < i1; i++) c->x[i] = 0.5f * c->x[i] * (1.0f + erff(c->x[i] * (float)M_SQRT1_2));
+    c->ops->gelu_erf(c->x + task * GELU_ELEMS, i1 - task * GELU_ELEMS);
 }
 
 static void gelu(osp_be_session *s, osp_dbuf *xb, int64_t n) {
-    gelu_ctx c = {F(xb), n};
+    gelu_ctx c = {s->ops, F(xb), n};
     par(s, (n + GELU_ELEMS - 1) / GELU_ELEMS, gelu_task, &c);
 }
 

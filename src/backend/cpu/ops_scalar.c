@@ -105,6 +105,10 @@ static void gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) {
     }
 }
 
+static void gelu_erf(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+}
+
 static void softcap(float *x, int64_t n, float cap) {
     for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
@@ -139,7 +143,7 @@ static int32_t argmax(const float *x, int32_t n) {
 static const osp_ops OPS = {
     .name = "scalar", .matmul = matmul, .dot = dot, .axpy = axpy, .rmsnorm = rmsnorm,
     .softmax = softmax, .sumexp = sumexp, .silu_mul = silu_mul, .gelu_tanh_mul = gelu_tanh_mul,
-    .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge, .argmax = argmax,
+    .gelu_erf = gelu_erf, .softcap = softcap, .wsum = wsum, .scores = scores, .select_ge = select_ge, .argmax = argmax,
 };
 
 const osp_ops *osp_ops_scalar(void) { return &OPS; }

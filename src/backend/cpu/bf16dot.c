@@ -10,6 +10,7 @@
  * long rows in passes with the sums held between them) is free to change
  * without changing a bit. */
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 #include "backend/cpu/bf16t.h"
 
@@ -119,6 +120,56 @@ void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, i
             _mm512_storeu_si512(xp + t * cols + j * OSP_BF16T_COLS,
                                 (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r + 16), _mm512_loadu_ps(r)));
         }
+}
+
+/* VDPBF16PS's definition for one lane: the odd pair's product added, then the even one's, each sum rounded
+ * to nearest even, denormal inputs and results flushed (bf16t.c's twin does the same over whole rows) */
+static float flush(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) u &= 0x80000000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return flush(f);
+}
+
+static int probe(void) {
+    uint64_t s = 0x2545f4914f6cdd1dull;
+    for (int it = 0; it < 256; it++) {
+        uint16_t a[32], b[32];
+        float acc[16], out[16];
+        for (int i = 0; i < 32; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            /* magnitudes from 2^-9 to 2^6, both signs, now and then a denormal */
+            a[i] = (uint16_t)((s & 0x8000) | (0x3b00 + (s >> 16) % 0x780));
+            b[i] = (uint16_t)(((s >> 32) & 0x8000) | (0x3b00 + (s >> 40) % 0x780));
+            if ((s >> 60) == 0) b[i] = (uint16_t)(s >> 48 & 0x807f);
+        }
+        for (int l = 0; l < 16; l++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            acc[l] = ((float)(int32_t)(s >> 40) - 8388608.0f) * (l & 1 ? 1e-6f : 1e-3f);
+        }
+        _mm512_storeu_ps(out, _mm512_dpbf16_ps(_mm512_loadu_ps(acc), (__m512bh)_mm512_loadu_si512(a),
+                                               (__m512bh)_mm512_loadu_si512(b)));
+        for (int l = 0; l < 16; l++) {
+            float r = flush(flush(acc[l]) + widen(a[2 * l + 1]) * widen(b[2 * l + 1]));
+            r = flush(r + widen(a[2 * l]) * widen(b[2 * l]));
+            if (memcmp(&r, &out[l], 4)) return 0;
+        }
+    }
+    return 1;
+}
+
+int osp_bf16t_dot_exact(void) {
+    static int exact = -1;
+    if (exact < 0) exact = probe();
+    return exact;
 }
 
 /* row r's codes, s * c + b as one fma per weight, rounded to bf16 (cvtne2ps2bf16: round to nearest even) */

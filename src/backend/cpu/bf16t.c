@@ -231,4 +231,5 @@ void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, i
     osp_bf16t_pack(OSP_BF16T_DOT, x, n, cols, xp);
 }
 void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out) { osp_q8t_row_ref(w, r, out); }
+int osp_bf16t_dot_exact(void) { return 0; }
 #endif

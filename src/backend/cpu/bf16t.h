@@ -93,6 +93,10 @@ void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float 
                       int64_t r1);
 void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);
 int osp_bf16t_dot_built(void);
+/* 1 when this CPU's VDPBF16PS computes its definition bitwise (probed once on
+ * random lanes; Zen 5 does): then the DOT kernel equals its twin bitwise, else
+ * (a CPU that rounds inside the pair its own way, as AMX does) within ulps. */
+int osp_bf16t_dot_exact(void);
 void osp_bf16t_dot_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
                       int64_t r1);
 void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);

@@ -257,20 +257,25 @@ static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
     return 1;
 }
 
-/* Production precision with the bf16 weights on AMX tiles: a pass of tens
- * of tokens still costs little more than streaming the weights once (the
- * tiles' compute is far from its bound; on the padded bundled model 8
- * speculating rows of up to 5 tokens run 1.5x plain 8-row decoding); the
- * f32 and int8 kernels' compute grows with every token: 8. */
+/* Production precision with the bf16 weights on the bf16 engine: on AMX a
+ * pass of tens of tokens still costs little more than streaming the weights
+ * once (the tiles' compute is far from its bound; on the padded bundled
+ * model 8 speculating rows of up to 5 tokens run 1.5x plain 8-row
+ * decoding): 64. VDPBF16PS's compute grows with the tokens but is cheap
+ * enough for a few a row (Zen 5, the same model, 8 rows: a cap of 8 drafts
+ * nothing, 0.99x; 16 1.32x, 24 1.44x, 32 1.30x, 40 1.35x): 24. The f32 and
+ * int8 kernels' compute grows with every token: 8. */
 static int32_t pass_tokens(const osp_weight *const *ws, int n, int fast) {
-    if (!fast || n <= 0 || osp_bf16t_engine() != OSP_BF16T_AMX) return 8;
-    int64_t amx = 0, all = 0;
+    const osp_bf16t_kind k = osp_bf16t_engine();
+    if (!fast || n <= 0 || k == OSP_BF16T_NONE) return 8;
+    int64_t on = 0, all = 0;
     for (int i = 0; i < n; i++) {
         int64_t b = ws[i]->rows * osp_weight_row_bytes(ws[i]);
         all += b;
-        if (osp_bf16t_fits(ws[i])) amx += b;
+        if (osp_bf16t_fits(ws[i])) on += b;
     }
-    return all > 0 && amx >= all / 10 * 9 ? 64 : 8;
+    if (!(all > 0 && on >= all / 10 * 9)) return 8;
+    return k == OSP_BF16T_AMX ? 64 : 24;
 }
 
 static osp_backend CPU = {

@@ -194,13 +194,15 @@ void osp_bf16t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int
 void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq) {
     const int64_t K = w->cols;
+    /* (the AVX-512 dequantization needs AVX512-BF16's conversion; bitwise the twin's) */
+    void (*const row)(const osp_weight *, int64_t, uint16_t *) =
+        osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q8t_row_fast : osp_q8t_row_ref;
     for (int64_t a = r0; a < r1; a += 32) {
         /* (AMX takes 16 rows a tile at least: a short block is padded with zero rows) */
         const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m < 16 ? 16 : m;
         for (int64_t i = 0; i < mt; i++) {
             if (i >= m) memset(dq + i * K, 0, (size_t)K * sizeof(uint16_t));
-            else if (osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT)) osp_q8t_row_fast(w, a + i, dq + i * K);
-            else osp_q8t_row_ref(w, a + i, dq + i * K);
+            else row(w, a + i, dq + i * K);
         }
         osp_weight t = *w;
         t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;

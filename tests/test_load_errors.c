@@ -125,6 +125,14 @@ static void test_bad_models(void **state) {
     four[strlen("\"num_hidden_layers\":")] = '4';
     make_model(dir, "data/goldens/llama3", cfg, 0);
     expect_load_error(dir, OSP_ERR_FORMAT, "'model.layers.3.self_attn.q_proj.weight' is missing");
+    /* a config asking for absurdly many layers: an error before per-layer tables are allocated */
+    snprintf(cfg, sizeof cfg, LLAMA_CFG, "LlamaForCausalLM", "silu", "default");
+    char *nl = strstr(cfg, "\"num_hidden_layers\":3,");
+    memmove(nl + strlen("\"num_hidden_layers\":393216000"), nl + strlen("\"num_hidden_layers\":3"),
+            strlen(nl + strlen("\"num_hidden_layers\":3")) + 1);
+    memcpy(nl, "\"num_hidden_layers\":393216000", strlen("\"num_hidden_layers\":393216000"));
+    make_model(dir, "data/goldens/llama3", cfg, 0);
+    expect_load_error(dir, OSP_ERR_FORMAT, "num_hidden_layers 393216000 is more than");
     /* wrong shape: hidden 32 against 64-wide tensors */
     snprintf(cfg, sizeof cfg, LLAMA_CFG, "LlamaForCausalLM", "silu", "default");
     char *h = strstr(cfg, "\"hidden_size\":64");

@@ -197,6 +197,11 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
                        "num_attention_heads / num_key_value_heads / intermediate_size / vocab_size", path);
     c->head_dim = get_int(tc, "head_dim", c->hidden / c->n_heads);
     if (c->head_dim <= 0 || c->head_dim % 2) return osp_err(OSP_ERR_FORMAT, "%s: bad head_dim", path);
+    /* per-layer tables are sized by num_hidden_layers before any tensor is looked at: a config cannot ask for
+     * gigabytes of them (the fuzzer found one asking for 3 GB; the largest models have a few hundred layers) */
+    if (c->n_layers > OSP_CONFIG_MAX_LAYERS)
+        return osp_err(OSP_ERR_FORMAT, "%s: num_hidden_layers %d is more than %d", path, c->n_layers,
+                       OSP_CONFIG_MAX_LAYERS);
     c->eps = (float)get_num(tc, "rms_norm_eps", 1e-6);
     json_t *tie = json_object_get(tc, "tie_word_embeddings");
     if (!tie) tie = json_object_get(root, "tie_word_embeddings");

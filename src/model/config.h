@@ -28,6 +28,7 @@ typedef struct osp_rope {
 } osp_rope;
 
 #define OSP_MAX_EOS 16
+#define OSP_CONFIG_MAX_LAYERS 4096 /* num_hidden_layers at most (a config asking more is an error) */
 
 typedef struct osp_config {
     char architecture[64];

@@ -23,6 +23,7 @@
 #define FORTUNE "../models/fortune"
 #define MAXN 64
 static char g_dir[256];
+static int g_invariant; /* the last run's session computes rows independently of chunk sizes */
 
 static int setup(void **state) {
     (void)state;
@@ -54,6 +55,7 @@ static void run(osp_model *m, const int32_t *ids, int32_t np, int32_t B, int32_t
     osp_session *s;
     assert_int_equal(osp_session_new_opts(m, &o, &s), OSP_OK);
     osp_session_set_fast(s, 1);
+    g_invariant = osp_session_chunk_invariant(s);
     osp_spec *sp = NULL;
     if (spp) assert_int_equal(osp_spec_new(spp, draft, s, &sp), OSP_OK);
     int32_t V = osp_model_get_info(m)->vocab;
@@ -195,10 +197,13 @@ static void test_rings_and_quantized_kv(void **state) {
         pd.max_tokens = 0;
         run(m, ids, np, 2, 60, &pd, m, 0, 1, bits, 512, spec, &st);
         same(plain, spec, 2, "self-draft");
-        /* f32 KV: the draft computes what the target does, every draft is accepted. 8-bit KV: the draft
-         * catches up on the prompt and the first token in one chunk, whose attention reads the chunk's own
-         * positions in f32, while the target read that token's predecessors back quantized: nearly all */
-        if (!bits) assert_int_equal(st.n_draft, st.n_draft_accepted);
+        /* f32 KV on a chunk-invariant backend: the draft computes what the target does, every draft is
+         * accepted. 8-bit KV: the draft catches up on the prompt and the first token in one chunk, whose
+         * attention reads the chunk's own positions in f32, while the target read that token's predecessors
+         * back quantized. A backend whose prompt chunks compute otherwise than its decode steps (the GPU's
+         * GEMM for prefill): the draft's first token differs from the target's in its last bits. Both:
+         * nearly all (the tokens themselves are plain decoding's either way: checked above) */
+        if (!bits && g_invariant) assert_int_equal(st.n_draft, st.n_draft_accepted);
         else assert_true(st.n_draft_accepted * 10 >= st.n_draft * 9);
     }
     free(ids);

@@ -177,7 +177,7 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
     osp_status rc = osp_cu_step_init(s, cap);
-    if (rc == OSP_OK && osp_cu_tc_ws_init(&s->tcws))
+    if (rc == OSP_OK && osp_cu_tc_ws_init(&s->tcws, (int64_t)(max_tok > 0 ? max_tok : 1) * (max_cols > 0 ? max_cols : 1)))
         rc = osp_err(OSP_ERR_NOMEM, "out of GPU memory for a session's matmul workspace");
     if (rc != OSP_OK) {
         session_free(s);

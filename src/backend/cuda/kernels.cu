@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <utility>
 #include "kernels.h"
 
@@ -484,10 +485,15 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight
-template <int KIND, int KS, int MT, int NT, int U, int MINB>
+// MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight;
+// XB: the input comes rounded to bf16 already (osp_cu_to_bf16's rounding is
+// the conversion's below: the same numbers), half the bytes and no
+// conversions in each of the blocks that read it
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
-                                                           const float *__restrict__ x, int64_t n) {
+                                                           const void *__restrict__ xv, int64_t n) {
+    const float *__restrict__ x = (const float *)xv;
+    const uint16_t *__restrict__ xh = (const uint16_t *)xv;
     constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
     constexpr int V = CH / 8;                               // sub-chunks per chunk
     __shared__ float red[KS][NT][4][WARP];
@@ -565,10 +571,15 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                         const int64_t tok = t0 + 8 * j + g;
                         b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
                         if (live && tok < n) {
-                            const float *xp = x + tok * cols + ch * CH + 8 * v;
-                            const float4 p = ld4(xp), q = ld4(xp + 4);
-                            b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
-                            b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                            if constexpr (XB) {
+                                const uint4 q = *reinterpret_cast<const uint4 *>(xh + tok * cols + ch * CH + 8 * v);
+                                b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
+                            } else {
+                                const float *xp = x + tok * cols + ch * CH + 8 * v;
+                                const float4 p = ld4(xp), q = ld4(xp + 4);
+                                b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
+                                b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                            }
                         }
                     }
             }
@@ -659,14 +670,14 @@ static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_c
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB>
-static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n, int sk) {
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
+static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
     for (int i = 0; i < set.nw; i++) {
         const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
         set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
     }
-    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
+    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB, XB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
@@ -674,14 +685,29 @@ static void tc_go(osp_cu_stream st, tc_set set, const float *x, int64_t n, int s
 // token tile of 8 for up to 8 tokens, with the most loads in flight that
 // leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
 // 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
+// OSP_CUDA_TC_WIDE=0: many-token blocks of 2 row tiles, not 4 (for measurements)
+static int tc_wide() {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("OSP_CUDA_TC_WIDE");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
 template <int KIND, int KS>
-static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, int64_t n, int sk) {
+static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     if (n <= 8) {
         if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
         else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
         else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n, sk);
     } else if constexpr (KS == 16) { // 128 registers a thread at most
-        tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
+        if (xb) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
+        else tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
+    } else if (xb && tc_wide()) { // every input value a block reads feeds 4 row tiles (2 for 4-bit: registers)
+        tc_go<KIND, KS, KIND == 4 ? 2 : 4, 4, 1, 1, true>(st, set, xb, n, sk);
+    } else if (xb) {
+        tc_go<KIND, KS, 2, 4, 1, 1, true>(st, set, xb, n, sk);
     } else {
         tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n, sk);
     }
@@ -730,6 +756,14 @@ static int tc_sk(const osp_cu_weight *w) {
     return sk < 1 ? 1 : (int)sk;
 }
 
+// the input rounded to bf16 for the tensor-core kernel (PDL: waits for its producer, lets the matmul start)
+__global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = f32_to_bf16(src[i]);
+}
+
 template <int KIND>
 static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws) {
     const int sk = tc_sk(&set.w[0]);
@@ -742,23 +776,35 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
         if (nc < 1) nc = 1; // (never: the workspace holds 64 tokens at least)
         set.part = ws->part, set.cnt = ws->cnt;
     }
+    // more than 8 tokens: the input rounded to bf16 once, not in every row tile's block
+    const int64_t cols = set.w[0].cols;
+    static int xb_on = -1; // OSP_CUDA_XB=0: every block rounds the f32 input itself (for measurements)
+    if (xb_on < 0) {
+        const char *e = getenv("OSP_CUDA_XB");
+        xb_on = !(e && e[0] == '0');
+    }
+    uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
+    if (xb) pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols);
     float *y0[MV_MAXW];
     for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
     for (int64_t t = 0; t < n; t += nc) {
         const int64_t m = n - t < nc ? n - t : nc;
         for (int i = 0; i < set.nw; i++) set.y[i] = y0[i] + t * set.ldy[i];
-        if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * set.w[0].cols, m, sk);
-        else tc_tiles<KIND, 8>(st, set, x + t * set.w[0].cols, m, sk);
+        const uint16_t *xbt = xb ? xb + t * cols : NULL;
+        if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * cols, xbt, m, sk);
+        else tc_tiles<KIND, 8>(st, set, x + t * cols, xbt, m, sk);
     }
 }
 
-extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws) {
-    ws->part = NULL, ws->cnt = NULL;
+extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems) {
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
+    ws->xb_elems = x_elems;
     ws->part_floats = (int64_t)MV_MAXW * 64 * 64 * sm_count(); // 64 tokens of 4 weights at the rows bound
     ws->n_cnt = (int64_t)MV_MAXW * 2 * sm_count();
     if (cudaMalloc((void **)&ws->part, (size_t)ws->part_floats * sizeof(float)) != cudaSuccess ||
         cudaMalloc((void **)&ws->cnt, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(ws->cnt, 0, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess) {
+        cudaMemset(ws->cnt, 0, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess ||
+        cudaMalloc((void **)&ws->xb, (size_t)ws->xb_elems * sizeof(uint16_t)) != cudaSuccess) {
         cudaGetLastError();
         osp_cu_tc_ws_free(ws);
         return 1;
@@ -767,8 +813,8 @@ extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws) {
 }
 
 extern "C" void osp_cu_tc_ws_free(osp_cu_tc_ws *ws) {
-    cudaFree(ws->part), cudaFree(ws->cnt);
-    ws->part = NULL, ws->cnt = NULL;
+    cudaFree(ws->part), cudaFree(ws->cnt), cudaFree(ws->xb);
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group

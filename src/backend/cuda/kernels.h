@@ -41,6 +41,8 @@ typedef struct osp_cu_tc_ws {
     int64_t part_floats;
     unsigned *cnt;
     int64_t n_cnt;
+    uint16_t *xb; /* a call's input rounded to bf16 once (calls of more than 8 tokens) */
+    int64_t xb_elems;
 } osp_cu_tc_ws;
 /* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
  * on the tensor cores (activations and dequantized weights rounded to bf16,
@@ -48,7 +50,8 @@ typedef struct osp_cu_tc_ws {
  * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                            float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
-int osp_cu_tc_ws_init(osp_cu_tc_ws *ws); /* 0, or 1 when out of GPU memory */
+/* x_elems: the most input values a call has (tokens x columns); 0, or 1 when out of GPU memory */
+int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems);
 void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);
 
 /* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */

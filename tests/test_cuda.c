@@ -3,7 +3,8 @@
  * chunked kernels and the generic one), the production path's GEMM, the
  * row operations, and batch invariance (a token's result is bitwise the
  * same whatever number of tokens shares the call), the head's ids out
- * (the device's argmax against the host's). Skipped (exit 77) on a
+ * (the device's argmax against the host's), routed experts on the device
+ * (against the host's routing, alone and among others, graphs). Skipped (exit 77) on a
  * machine without a CUDA device or a build without the backend. */
 #include <math.h>
 #include <setjmp.h>
@@ -476,6 +477,139 @@ static void test_head_ids(void **state) {
     free(wd);
 }
 
+/* Routed experts in production precision: the device path (routing,
+ * grouping, the grouped matmuls and the combine on the GPU) against the
+ * host path (OSP_CUDA_MOE=host: routing on the host), a token's numbers
+ * bitwise the same alone and among others, and the same in a captured
+ * graph as eager. */
+enum { ME = 12, MK = 3, MH = 256, MI = 128, MN = 9, MV = 64 };
+
+typedef struct moe_fix {
+    host_weight gate[ME], up[ME], down[ME], router, head;
+    osp_weight gw[ME], uw[ME], dw[ME];
+    osp_dbuf *x, *x2, *out, *normed, *probs, *moe_x, *moe_acc, *g, *u, *rs, *pes, *hn, *xn, *hl, *dr, *inv;
+    int32_t top_idx[MN * MK], rows[MN * MK];
+    float top_w[MN * MK], row_w[MN * MK];
+} moe_fix;
+
+static osp_moe_args moe_args(moe_fix *f, int64_t N) {
+    osp_moe_args a = {.x = f->x, .x2 = f->x2, .out = f->out, .n = N, .hidden = MH, .n_experts = ME, .top_k = MK,
+                      .inter = MI, .eps = 1e-6f, .scale = 0.0625f, .router_scale = f->rs, .per_expert_scale = f->pes,
+                      .router = &f->router.w, .gate = f->gw, .up = f->uw, .down = f->dw, .act = OSP_ACT_GELU_TANH,
+                      .normed = f->normed, .probs = f->probs, .moe_x = f->moe_x, .moe_acc = f->moe_acc, .g = f->g,
+                      .u = f->u, .top_idx = f->top_idx, .rows = f->rows, .top_w = f->top_w, .row_w = f->row_w};
+    return a;
+}
+
+/* one chunk of N rows of one token: the experts of x, x2 into out (host); with a head (graphs: a step
+ * ends at its head) when logits is not NULL */
+static void moe_step(osp_be_session *s, moe_fix *f, int64_t N, const float *x, const float *x2, float *out,
+                     float *logits) {
+    be->write(f->x, x, N * MH), be->write(f->x2, x2, N * MH);
+    osp_moe_args a = moe_args(f, N);
+    be->begin_chunk(s, (int32_t)N, 1);
+    if (logits) {
+        int32_t pos[MN];
+        for (int i = 0; i < MN; i++) pos[i] = 3 + i;
+        be->rope(s, f->dr, (int32_t)N, 1, 1, 8, f->inv, pos); /* staged data: the step can become a graph */
+    }
+    be->moe(s, &a);
+    if (logits) {
+        osp_head_args h = {.x = f->out, .norm = f->hn, .w = &f->head.w, .B = (int32_t)N, .T = 1, .hidden = MH,
+                           .vocab = MV, .ld_rows = 1, .eps = 1e-6f, .logits = logits, .xn = f->xn, .hlast = f->hl};
+        be->head(s, &h);
+    }
+    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+    be->read(out, f->out, N * MH);
+}
+
+static void test_moe(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 2; kind++) { /* 4-bit experts, then bf16 */
+        moe_fix *f = calloc(1, sizeof *f);
+        for (int e = 0; e < ME; e++) {
+            if (kind == 0) {
+                make_weight(&f->gate[e], MI, MH, 0, 4, 64, OSP_DT_BF16);
+                make_weight(&f->up[e], MI, MH, 0, 4, 64, OSP_DT_BF16);
+                make_weight(&f->down[e], MH, MI, 0, 4, 64, OSP_DT_BF16);
+            } else {
+                make_weight(&f->gate[e], MI, MH, OSP_DT_BF16, 0, 0, 0);
+                make_weight(&f->up[e], MI, MH, OSP_DT_BF16, 0, 0, 0);
+                make_weight(&f->down[e], MH, MI, OSP_DT_BF16, 0, 0, 0);
+            }
+            f->gw[e] = f->gate[e].w, f->uw[e] = f->up[e].w, f->dw[e] = f->down[e].w;
+        }
+        make_weight(&f->router, ME, MH, OSP_DT_BF16, 0, 0, 0);
+        make_weight(&f->head, MV, MH, OSP_DT_F32, 0, 0, 0);
+        float rs[MH], pes[ME], hn[MH], inv[4];
+        for (int j = 0; j < MH; j++) rs[j] = 1.0f + 0.5f * uniform(), hn[j] = 1.0f + 0.1f * uniform();
+        for (int e = 0; e < ME; e++) pes[e] = 1.0f + 0.25f * uniform();
+        for (int i = 0; i < 4; i++) inv[i] = powf(10000.0f, -0.5f * i);
+        f->rs = upload(rs, MH), f->pes = upload(pes, ME), f->hn = upload(hn, MH), f->inv = upload(inv, 4);
+        osp_dbuf **bufs[] = {&f->x, &f->x2, &f->out, &f->normed, &f->xn, &f->hl};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) assert_non_null(*bufs[i] = be->alloc(MN * MH));
+        assert_non_null(f->probs = be->alloc(MN * ME));
+        assert_non_null(f->moe_x = be->alloc(MN * MK * MH));
+        assert_non_null(f->moe_acc = be->alloc(MN * MK * MH));
+        assert_non_null(f->g = be->alloc(MN * MK * MI));
+        assert_non_null(f->u = be->alloc(MN * MK * MI));
+        assert_non_null(f->dr = be->alloc(MN * 8));
+        float x[MN * MH], x2[MN * MH], dev[MN * MH], host[MN * MH], one[MH];
+        for (int i = 0; i < MN * MH; i++) x[i] = uniform(), x2[i] = uniform();
+
+        osp_be_session *s;
+        assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+        be->set_fast(s, 1);
+        const int64_t Ns[] = {1, 4, MN};
+        for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
+            const int64_t N = Ns[ni];
+            moe_step(s, f, N, x, x2, dev, NULL);
+            setenv("OSP_CUDA_MOE", "host", 1);
+            moe_step(s, f, N, x, x2, host, NULL);
+            unsetenv("OSP_CUDA_MOE");
+            for (int64_t i = 0; i < N; i++) {
+                double mx = 0;
+                for (int j = 0; j < MH; j++) mx = fmax(mx, fabs(host[i * MH + j]));
+                for (int j = 0; j < MH; j++)
+                    if (!(fabs(dev[i * MH + j] - host[i * MH + j]) <= 1e-5 * fmax(1.0, mx)))
+                        fail_msg("kind %d N %lld token %lld col %d: device %.9g, host %.9g", kind, (long long)N,
+                                 (long long)i, j, dev[i * MH + j], host[i * MH + j]);
+            }
+            for (int64_t i = 0; i < N; i++) { /* each token alone: the same bits */
+                moe_step(s, f, 1, x + i * MH, x2 + i * MH, one, NULL);
+                if (memcmp(one, dev + i * MH, sizeof one))
+                    fail_msg("kind %d N %lld token %lld: alone and among others differ", kind, (long long)N,
+                             (long long)i);
+            }
+        }
+        be->session_free(s); /* (the host path turned its graphs off) */
+        assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+        be->set_fast(s, 1);
+        /* graphs: the same steps replayed as eagerly (a session without graphs) */
+        setenv("OSP_CUDA_GRAPHS", "0", 1);
+        osp_be_session *s0;
+        assert_int_equal(be->session_new(64, 4096, &s0), OSP_OK);
+        unsetenv("OSP_CUDA_GRAPHS");
+        be->set_fast(s0, 1);
+        float lg[MN * MV], lg0[MN * MV], out0[MN * MH];
+        for (int it = 0; it < 5; it++) {
+            for (int i = 0; i < 4 * MH; i++) x[i] = uniform(), x2[i] = uniform();
+            moe_step(s, f, 4, x, x2, dev, lg);
+            moe_step(s0, f, 4, x, x2, out0, lg0);
+            if (memcmp(dev, out0, sizeof(float) * 4 * MH) || memcmp(lg, lg0, sizeof(float) * 4 * MV))
+                fail_msg("kind %d step %d: the graph's experts differ from the eager run's", kind, it);
+        }
+        be->session_free(s0);
+        be->session_free(s);
+        for (int e = 0; e < ME; e++) free_weight(&f->gate[e]), free_weight(&f->up[e]), free_weight(&f->down[e]);
+        free_weight(&f->router), free_weight(&f->head);
+        osp_dbuf *all[] = {f->x, f->x2, f->out, f->normed, f->xn, f->hl, f->probs, f->moe_x, f->moe_acc, f->g,
+                           f->u, f->dr, f->rs, f->pes, f->hn, f->inv};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++) be->free(all[i]);
+        free(f);
+    }
+}
+
 int main(void) {
     be = osp_backend_cuda();
     if (!be) {
@@ -488,6 +622,7 @@ int main(void) {
         cmocka_unit_test(test_tc),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_head_ids),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_bandwidth_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -159,6 +159,9 @@ static void session_free(osp_be_session *s) {
     cudaFree(s->part);
     cudaFree(s->xb);
     cudaFree(s->wb);
+    cudaFree(s->moe_i);
+    cudaFree(s->moe_f);
+    for (int i = 0; i < s->n_moe_tab; i++) cudaFree(s->moe_tab[i].dev);
     osp_cu_tc_ws_free(&s->tcws);
     cudaStreamDestroy(s->st);
     free(s);
@@ -678,11 +681,153 @@ static void moe_io_exec(osp_be_session *s, const void *p) {
     else note(s, osp_cu_gather(s->st, a->dst, a->src, a->rows, a->n, a->H), "moe gather");
 }
 
+/* ---- routed experts on the device (production precision) ----
+ * The router's logits stay on the GPU: a kernel routes each token as the
+ * host path below does (expf is the device's: a routing weight may differ
+ * from the host's in its last bit), another groups the (token, expert)
+ * pairs by expert, the experts' matmuls run for every active expert in one
+ * launch each (their weights found through a device table per layer, their
+ * rows through the grouping), and a last kernel adds each token's experts
+ * in expert order. Nothing comes back to the host, so such steps are CUDA
+ * graphs like any other. A token's numbers do not depend on the other
+ * tokens routed with it (the tensor-core matmul's columns are independent,
+ * and it takes no split-K here). OSP_CUDA_MOE=host keeps the host path
+ * (for measurements). */
+
+typedef struct moe_dev_args {
+    int32_t stage; /* 0 route, 1 group, 2 combine */
+    int32_t E, K;
+    int64_t N, H;
+    const float *logits, *pes, *acc;
+    float *out, *top_w;
+    int32_t *top_idx, *g_e, *g_off, *g_cnt, *g_nact, *pair_row, *pos_of, *order;
+} moe_dev_args;
+
+static void moe_dev_exec(osp_be_session *s, const void *p) {
+    const moe_dev_args *a = p;
+    if (a->stage == 0)
+        note(s, osp_cu_moe_route(s->st, a->logits, a->N, a->E, a->K, a->pes, a->top_idx, a->top_w), "moe routing");
+    else if (a->stage == 1)
+        note(s, osp_cu_moe_group(s->st, a->top_idx, a->N, a->K, a->E, a->g_e, a->g_off, a->g_cnt, a->g_nact,
+                                 a->pair_row, a->pos_of, a->order), "moe grouping");
+    else
+        note(s, osp_cu_moe_combine(s->st, a->out, a->acc, a->top_w, a->pos_of, a->order, a->N, a->K, a->H),
+             "moe combine");
+}
+
+typedef struct gmm_args {
+    const osp_cu_weight *shape[2], *tab[2];
+    float *y[2];
+    int64_t ldy[2];
+    const float *x;
+    int64_t slots;
+    const int32_t *e, *off, *cnt, *nact;
+    int32_t nw;
+} gmm_args;
+
+static void gmm_exec(osp_be_session *s, const void *p) {
+    const gmm_args *a = p;
+    note(s, osp_cu_matmul_tc_grouped(s->st, a->shape, a->tab, a->nw, a->x, a->slots, a->e, a->off, a->cnt, a->nact,
+                                     a->y, a->ldy), "experts' matmul");
+}
+
+static int same_expert(const osp_cu_weight *a, const osp_cu_weight *b) {
+    return a && b && a->dtype == b->dtype && a->qbits == b->qbits && a->group == b->group && a->sdtype == b->sdtype &&
+           a->rows == b->rows && a->cols == b->cols;
+}
+
+/* The layer's experts as a device table [3][E] (built once, in an eager step), or NULL. */
+static const osp_cu_weight *moe_table(osp_be_session *s, const osp_moe_args *a) {
+    const int64_t E = a->n_experts;
+    const void *first = a->gate[0].packed, *last = a->down[E - 1].packed;
+    for (int i = 0; i < s->n_moe_tab; i++)
+        if (s->moe_tab[i].key == a->gate && s->moe_tab[i].first == first && s->moe_tab[i].last == last)
+            return s->moe_tab[i].dev;
+    if (s->mode != STEP_EAGER || s->n_moe_tab == OSP_CU_MOE_TABS) return NULL;
+    osp_cu_weight *h = malloc(sizeof *h * (size_t)(3 * E)), *d = NULL;
+    if (!h) return NULL;
+    const osp_weight *const kinds[3] = {a->gate, a->up, a->down};
+    int ok = 1;
+    for (int k = 0; k < 3 && ok; k++)
+        for (int64_t e = 0; e < E && ok; e++) {
+            const osp_cu_weight *w = kinds[k][e].packed;
+            ok = same_expert(w, kinds[k][0].packed) && osp_cu_tc_ok(w);
+            if (ok) h[k * E + e] = *w;
+        }
+    if (ok && cudaMalloc((void **)&d, sizeof *h * (size_t)(3 * E)) == cudaSuccess &&
+        cudaMemcpyAsync(d, h, sizeof *h * (size_t)(3 * E), cudaMemcpyHostToDevice, s->st) == cudaSuccess &&
+        cudaStreamSynchronize(s->st) == cudaSuccess) {
+        s->moe_tab[s->n_moe_tab++] = (struct osp_cu_moe_tab){a->gate, first, last, d};
+    } else {
+        cudaGetLastError();
+        cudaFree(d);
+        d = NULL;
+    }
+    free(h);
+    return d;
+}
+
+static int moe_host_forced(void) {
+    const char *e = getenv("OSP_CUDA_MOE");
+    return e && !strcmp(e, "host");
+}
+
+/* The whole layer's experts on the device; 0 (nothing submitted) when it cannot take them. */
+static int moe_device(osp_be_session *s, const osp_moe_args *a) {
+    const int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter, P = N * K;
+    if (moe_host_forced() || N < 1 || E < 1 || E > 1024 || K < 1 || K > E) return 0;
+    const osp_cu_weight *gate = a->gate[0].packed, *up = a->up[0].packed, *down = a->down[0].packed;
+    if (!same_expert(gate, up) || !down || gate->rows != I || gate->cols != H || down->rows != H || down->cols != I)
+        return 0;
+    const osp_cu_weight *tab = moe_table(s, a);
+    if (!tab) return 0;
+    const size_t ni = (size_t)(4 * P + 3 * E + 1), nf = (size_t)(P + 2 * P * I);
+    if (!osp_cu_grow(s, (void **)&s->moe_i, &s->moe_i_cap, ni, sizeof(int32_t)) ||
+        !osp_cu_grow(s, (void **)&s->moe_f, &s->moe_f_cap, nf, sizeof(float)))
+        return 0;
+    int32_t *top_idx = s->moe_i, *pos_of = top_idx + P, *order = pos_of + P, *pair_row = order + P,
+            *g_e = pair_row + P, *g_off = g_e + E, *g_cnt = g_off + E, *g_nact = g_cnt + E;
+    float *top_w = s->moe_f, *g = top_w + P, *u = g + P * I;
+    const int64_t slots = P < E ? P : E;
+
+    norm(s, D(a->normed), CD(a->x), NULL, N, H, a->eps, 0);
+    ew(s, 4, D(a->normed), CD(a->router_scale), N, H, a->scale);
+    osp_dbuf *pb = a->probs;
+    matmul(s, &a->router, 1, a->normed, N, &pb);
+    ARGS(moe_dev_args, r);
+    r.E = (int32_t)E, r.K = (int32_t)K, r.N = N, r.H = H, r.logits = CD(a->probs), r.pes = CD(a->per_expert_scale);
+    r.acc = CD(a->moe_acc), r.out = D(a->out), r.top_w = top_w, r.top_idx = top_idx, r.g_e = g_e, r.g_off = g_off;
+    r.g_cnt = g_cnt, r.g_nact = g_nact, r.pair_row = pair_row, r.pos_of = pos_of, r.order = order;
+    r.stage = 0;
+    SUBMIT(s, moe_dev_exec, r);
+    r.stage = 1;
+    SUBMIT(s, moe_dev_exec, r);
+    ARGS(moe_io_args, gx);
+    gx.dst = D(a->moe_x), gx.src = CD(a->x2), gx.rows = pair_row, gx.n = P, gx.H = H;
+    SUBMIT(s, moe_io_exec, gx);
+    ARGS(gmm_args, m);
+    m.shape[0] = gate, m.shape[1] = up, m.tab[0] = tab, m.tab[1] = tab + E, m.y[0] = g, m.y[1] = u;
+    m.ldy[0] = m.ldy[1] = I, m.x = CD(a->moe_x), m.slots = slots, m.e = g_e, m.off = g_off, m.cnt = g_cnt;
+    m.nact = g_nact, m.nw = 2;
+    SUBMIT(s, gmm_exec, m);
+    ARGS(act_args, ac);
+    ac.y = g, ac.g = g, ac.u = u, ac.n = P, ac.d = I, ac.ld_u = I, ac.act = a->act == OSP_ACT_SILU ? 0 : 1;
+    SUBMIT(s, act_exec, ac);
+    m.shape[0] = down, m.shape[1] = NULL, m.tab[0] = tab + 2 * E, m.tab[1] = NULL, m.y[0] = D(a->moe_acc);
+    m.y[1] = NULL, m.ldy[0] = H, m.ldy[1] = 0, m.x = g, m.nw = 1;
+    SUBMIT(s, gmm_exec, m);
+    r.stage = 2;
+    SUBMIT(s, moe_dev_exec, r);
+    return 1;
+}
+
 /* Routing on the host (the probabilities come back: E per token), experts
  * on the GPU. The round trip makes such a step uncapturable: a session
- * that routes runs its steps eagerly. */
+ * that routes runs its steps eagerly. Reference precision, and what the
+ * device path does not take. */
 static void moe(osp_be_session *s, const osp_moe_args *a) {
     flush(s);
+    if (s->fast && moe_device(s, a)) return;
     osp_cu_step_eager(s);
     s->use_graphs = 0;
     int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter;

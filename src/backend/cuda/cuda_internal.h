@@ -16,6 +16,7 @@ enum { STEP_EAGER, STEP_CAPTURE, STEP_REPLAY };
 #define MAX_GRAPH_T 16    /* chunks of up to this many tokens a row can be graphs (exact or GEMM-free ones) */
 #define GRAPH_KEYS ((MAX_GRAPH_ROWS + 1) * MAX_GRAPH_T)
 #define OP_ARGS 192 /* bytes of one operation's arguments */
+#define OSP_CU_MOE_TABS 256 /* layers of routed experts a session keeps device tables for */
 
 /* An operation: a function launching kernels, and its arguments (a plain
  * struct, zero-padded: its bytes are the operation's fingerprint). */
@@ -75,6 +76,15 @@ struct osp_be_session {
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */
     osp_cu_tc_ws tcws;       /* the tensor-core matmul's split-K workspace */
     size_t xb_cap, wb_cap;   /* elements */
+    /* routed experts on the device (cuda.c's moe_device) */
+    int32_t *moe_i;          /* routing and grouping */
+    float *moe_f;            /* routing weights, the experts' gate and up rows */
+    size_t moe_i_cap, moe_f_cap;
+    struct osp_cu_moe_tab {
+        const void *key, *first, *last; /* a layer's experts (host), and the placements they had */
+        osp_cu_weight *dev;             /* [3][E]: gate, up, down */
+    } moe_tab[OSP_CU_MOE_TABS];
+    int n_moe_tab;
 };
 
 /* Record the first failure (a cudaError_t) of the step. */

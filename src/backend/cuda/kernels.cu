@@ -435,6 +435,12 @@ struct tc_set {
     float *part;                        // [split][token][row] partial sums per weight (split-K)
     unsigned *cnt;                      // per block column: splits done (split-K; the last one resets it)
     int nw;
+    // grouped (routed experts, tc_kernel's GR): w[i] is the experts' common shape, gtab[i] (device, one per
+    // expert) their data; block x = slot * g_per + (a block of the weights as above); slot j < *g_nact takes
+    // expert g_e[j] on the g_cnt[j] rows of x (and of each y) from row g_off[j]
+    const osp_cu_weight *gtab[MV_MAXW];
+    const int32_t *g_e, *g_off, *g_cnt, *g_nact;
+    int64_t g_per;
 };
 
 // two floats as a bf16 pair (round to nearest even), lo in the low half
@@ -489,7 +495,8 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // XB: the input comes rounded to bf16 already (osp_cu_to_bf16's rounding is
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB>
+// GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
     const float *__restrict__ x = (const float *)xv;
@@ -499,12 +506,27 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     __shared__ float red[KS][NT][4][WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
     int64_t tile = blockIdx.x;
+    [[maybe_unused]] int32_t slot = 0;
+    if constexpr (GR) {
+        slot = (int32_t)(tile / set.g_per);
+        tile -= (int64_t)slot * set.g_per;
+    }
     int wi = 0;
     while (wi < set.nw - 1 && tile >= set.end[wi]) wi++;
     if (wi) tile -= set.end[wi - 1];
     const osp_cu_weight &w = set.w[wi];
+    [[maybe_unused]] const void *gdata = nullptr, *gscales = nullptr, *gbiases = nullptr; // GR: the expert's
     float *__restrict__ y = set.y[wi];
     const int64_t ldy = set.ldy[wi], rows = w.rows, cols = w.cols, nch = cols / CH, nsteps = (nch + 3) / 4;
+    if constexpr (GR) { // the expert and its rows: written by the kernel before this one
+        pdl_wait();
+        if (slot >= __ldg(set.g_nact)) return;
+        const osp_cu_weight *q = set.gtab[wi] + __ldg(set.g_e + slot);
+        gdata = q->data, gscales = q->scales, gbiases = q->biases;
+        const int64_t off = __ldg(set.g_off + slot);
+        n = __ldg(set.g_cnt + slot);
+        x += off * cols, y += off * ldy;
+    }
     // split-K: block row y of SK takes its share of the steps, its warps split that share
     const int SK = (int)gridDim.y, yb = (int)blockIdx.y;
     const int64_t b_lo = nsteps * yb / SK, b_n = nsteps * (yb + 1) / SK - b_lo;
@@ -521,10 +543,10 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
         for (int h = 0; h < 2; h++) {
             const int64_t r = row0 + 16 * m + g + 8 * h;
             rok[m][h] = r < rows;
-            rp[m][h] = (const uint4 *)((const unsigned char *)w.data + (rok[m][h] ? r : 0) * row_bytes);
+            rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
         }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -560,8 +582,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
                             const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
-                            sc[u][m][h] = load_float(w.scales, w.sdtype, gi);
-                            bi[u][m][h] = load_float(w.biases, w.sdtype, gi);
+                            sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
+                            bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
                         }
                     }
 #pragma unroll
@@ -856,6 +878,46 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         case 4: tc_launch<4>(st, set, x, n, tw); break;
         default: tc_launch<8>(st, set, x, n, tw); break;
         }
+    }
+    return launch_status();
+}
+
+extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
+
+// the grouped launch: the few-token tiles (a slot has few tokens in decode), no split-K
+template <int KIND, int KS>
+static void tc_grouped_go(osp_cu_stream st, tc_set &set, const float *x, int64_t slots) {
+    constexpr int U = KIND == 2 ? 4 : 2, MINB = KIND == 4 ? 1 : 16 / KS;
+    for (int i = 0; i < set.nw; i++) {
+        set.end[i] = (i ? set.end[i - 1] : 0) + (set.w[i].rows + 15) / 16;
+        set.poff[i] = 0;
+    }
+    set.g_per = set.end[set.nw - 1];
+    pdl_launch(tc_kernel<KIND, KS, 1, 1, U, MINB, false, true>, dim3((unsigned)(slots * set.g_per)), dim3(KS * WARP),
+               0, st, set, (const void *)x, (int64_t)0);
+}
+
+extern "C" int osp_cu_matmul_tc_grouped(osp_cu_stream st, const osp_cu_weight *const *shapes,
+                                        const osp_cu_weight *const *tabs, int nw, const float *x, int64_t slots,
+                                        const int32_t *e, const int32_t *off, const int32_t *cnt, const int32_t *nact,
+                                        float *const *ys, const int64_t *ldys) {
+    if (nw < 1 || nw > MV_MAXW || slots <= 0) return nw < 1 || nw > MV_MAXW ? (int)cudaErrorInvalidValue : 0;
+    const int kind = tc_kind(shapes[0]);
+    if (kind < 0) return (int)cudaErrorInvalidValue;
+    tc_set set;
+    memset(&set, 0, sizeof set);
+    set.nw = nw;
+    for (int i = 0; i < nw; i++) {
+        if (tc_kind(shapes[i]) != kind || !same_shape(shapes[i], shapes[0]) || tc_ks(shapes[i]) != tc_ks(shapes[0]))
+            return (int)cudaErrorInvalidValue;
+        set.w[i] = *shapes[i], set.gtab[i] = tabs[i], set.y[i] = ys[i], set.ldy[i] = ldys[i];
+    }
+    set.g_e = e, set.g_off = off, set.g_cnt = cnt, set.g_nact = nact;
+    const int ks16 = tc_ks(shapes[0]) == 16;
+    switch (kind) {
+    case 2: ks16 ? tc_grouped_go<2, 16>(st, set, x, slots) : tc_grouped_go<2, 8>(st, set, x, slots); break;
+    case 4: ks16 ? tc_grouped_go<4, 16>(st, set, x, slots) : tc_grouped_go<4, 8>(st, set, x, slots); break;
+    default: ks16 ? tc_grouped_go<8, 16>(st, set, x, slots) : tc_grouped_go<8, 8>(st, set, x, slots); break;
     }
     return launch_status();
 }
@@ -1187,7 +1249,8 @@ __global__ void scatter_axpy_kernel(float *out, const float *acc, const int32_t 
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * H) return;
     int64_t r = i / H, j = i % H;
-    out[(int64_t)rows[r] * H + j] += w[r] * acc[i];
+    float *o = out + (int64_t)rows[r] * H + j;
+    *o = __fmaf_rn(w[r], acc[i], *o); // as osp_cu_moe_combine adds a token's experts
 }
 
 extern "C" int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n,
@@ -1199,6 +1262,149 @@ extern "C" int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, con
 extern "C" int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows,
                                    const float *w, int64_t n, int64_t H) {
     if (n * H > 0) scatter_axpy_kernel<<<blocks_for(n * H, EW), EW, 0, st>>>(out, acc, rows, w, n, H);
+    return launch_status();
+}
+
+// ---- routed experts on the device (osp_cu_moe_*) ----
+
+#define MOE_RW 4 // tokens (warps) a block of the routing
+
+// one warp a token: the host's routing (cuda.c's moe: softmax, top-k with ties to the lower index,
+// renormalized, times the expert's scale), the sums in the host's order
+__global__ void __launch_bounds__(MOE_RW *WARP) moe_route_kernel(const float *logits, int64_t N, int E, int K,
+                                                                 const float *pes, int32_t *top_idx, float *top_w) {
+    extern __shared__ float moe_sm[];
+    const int lane = threadIdx.x % WARP, wl = threadIdx.x / WARP;
+    const int64_t i = (int64_t)blockIdx.x * MOE_RW + wl;
+    if (i >= N) return;
+    float *p = moe_sm + (int64_t)wl * E;
+    const float *l = logits + i * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += WARP) {
+        const float v = l[e];
+        mx = v > mx ? v : mx;
+    }
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, mx, o);
+        mx = v > mx ? v : mx;
+    }
+    for (int e = lane; e < E; e += WARP) p[e] = expf(l[e] - mx);
+    __syncwarp();
+    float sum = 0.0f;
+    if (lane == 0)
+        for (int e = 0; e < E; e++) sum = __fadd_rn(sum, p[e]);
+    const float inv = 1.0f / __shfl_sync(0xffffffffu, sum, 0);
+    for (int e = lane; e < E; e += WARP) p[e] = __fmul_rn(p[e], inv);
+    __syncwarp();
+    unsigned taken = 0; // bit m: expert lane + 32 m is chosen already
+    float wsum = 0.0f;
+    int32_t *ti = top_idx + i * K;
+    float *tw = top_w + i * K;
+    for (int k = 0; k < K; k++) {
+        float bv = 0.0f;
+        int bi = -1;
+        for (int m = 0; lane + WARP * m < E; m++) {
+            const int e = lane + WARP * m;
+            if ((taken >> m) & 1u) continue;
+            if (bi < 0 || p[e] > bv) bv = p[e], bi = e;
+        }
+        for (int o = WARP / 2; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        bi = __shfl_sync(0xffffffffu, bi, 0), bv = __shfl_sync(0xffffffffu, bv, 0);
+        if (bi < 0) bi = 0; // (K <= E: never)
+        if ((bi % WARP) == lane) taken |= 1u << (bi / WARP);
+        if (lane == 0) {
+            ti[k] = bi, tw[k] = bv;
+            wsum = __fadd_rn(wsum, bv);
+        }
+    }
+    if (lane == 0)
+        for (int k = 0; k < K; k++) tw[k] = __fmul_rn(__fdiv_rn(tw[k], wsum), pes[ti[k]]);
+}
+
+#define MOE_GT 1024
+#define MOE_MAX_E 1024
+
+// one block: the routing's pairs (token, k) grouped by expert, the active experts in increasing order as slots
+__global__ void __launch_bounds__(MOE_GT) moe_group_kernel(const int32_t *top_idx, int64_t N, int K, int E,
+                                                           int32_t *g_e, int32_t *g_off, int32_t *g_cnt,
+                                                           int32_t *g_nact, int32_t *pair_row, int32_t *pos_of,
+                                                           int32_t *order) {
+    __shared__ int32_t cnt[MOE_MAX_E], base[MOE_MAX_E], fill[MOE_MAX_E];
+    const int64_t P = N * K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = fill[e] = base[e] = 0;
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[top_idx[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t run = 0, j = 0;
+        for (int e = 0; e < E; e++)
+            if (cnt[e]) {
+                g_e[j] = e, g_off[j] = run, g_cnt[j] = cnt[e], base[e] = run;
+                run += cnt[e], j++;
+            }
+        *g_nact = j;
+    }
+    __syncthreads();
+    // a slot's rows in any order: a token's numbers do not depend on its neighbours in a matmul
+    for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+        const int e = top_idx[p];
+        const int32_t pos = base[e] + atomicAdd(&fill[e], 1);
+        pair_row[pos] = (int32_t)(p / K);
+        pos_of[p] = pos;
+    }
+    // each token's pairs by expert: the host adds the experts' outputs in that order
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        int32_t *o = order + i * K;
+        for (int k = 0; k < K; k++) {
+            const int32_t pk = (int32_t)(i * K + k), ek = top_idx[pk];
+            int j = k;
+            while (j > 0 && top_idx[o[j - 1]] > ek) o[j] = o[j - 1], j--;
+            o[j] = pk;
+        }
+    }
+}
+
+__global__ void moe_combine_kernel(float *out, const float *acc, const float *top_w, const int32_t *pos_of,
+                                   const int32_t *order, int64_t N, int K, int64_t H) {
+    pdl_wait();
+    pdl_trigger();
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * H) return;
+    const int64_t r = i / H, d = i % H;
+    float v = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const int32_t p = order[r * K + k];
+        v = __fmaf_rn(top_w[p], acc[(int64_t)pos_of[p] * H + d], v);
+    }
+    out[i] = v;
+}
+
+extern "C" int osp_cu_moe_route(osp_cu_stream st, const float *logits, int64_t N, int E, int K, const float *pes,
+                                int32_t *top_idx, float *top_w) {
+    if (E < 1 || E > MOE_MAX_E || K < 1 || K > E) return (int)cudaErrorInvalidValue;
+    if (N > 0)
+        moe_route_kernel<<<blocks_for(N, MOE_RW), MOE_RW * WARP, sizeof(float) * MOE_RW * E, st>>>(logits, N, E, K, pes,
+                                                                                                  top_idx, top_w);
+    return launch_status();
+}
+
+extern "C" int osp_cu_moe_group(osp_cu_stream st, const int32_t *top_idx, int64_t N, int K, int E, int32_t *g_e,
+                                int32_t *g_off, int32_t *g_cnt, int32_t *g_nact, int32_t *pair_row, int32_t *pos_of,
+                                int32_t *order) {
+    if (E < 1 || E > MOE_MAX_E) return (int)cudaErrorInvalidValue;
+    moe_group_kernel<<<1, MOE_GT, 0, st>>>(top_idx, N, K, E, g_e, g_off, g_cnt, g_nact, pair_row, pos_of, order);
+    return launch_status();
+}
+
+extern "C" int osp_cu_moe_combine(osp_cu_stream st, float *out, const float *acc, const float *top_w,
+                                  const int32_t *pos_of, const int32_t *order, int64_t N, int K, int64_t H) {
+    if (N * H > 0)
+        pdl_launch(moe_combine_kernel, dim3(blocks_for(N * H, EW)), dim3(EW), 0, st, out, acc, top_w, pos_of, order, N,
+                   K, H);
     return launch_status();
 }
 

@@ -88,6 +88,29 @@ int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t 
 int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,
                         int64_t n, int64_t H);
 
+/* Routed experts on the device (cuda.c's moe in production precision: no host round trip, so a step with
+ * experts can be a graph). The routing: top_idx/top_w [N, K] from the router's logits [N, E] as the host
+ * computes them (softmax with the sums in index order, top-k with ties to the lower index, renormalized,
+ * times pes[e]; E <= 1024). Its grouping: the N*K pairs as rows of their experts' slots (g_e: the active
+ * experts in increasing order, g_off/g_cnt their rows, *g_nact how many), pair_row [N*K] the token of each
+ * row, pos_of [N*K] each pair's row, order [N, K] each token's pairs by expert. The combine: out [N, H] =
+ * the pairs' rows of acc weighted, added in expert order from 0 (as the host path's scatters). */
+int osp_cu_moe_route(osp_cu_stream st, const float *logits, int64_t N, int E, int K, const float *pes,
+                     int32_t *top_idx, float *top_w);
+int osp_cu_moe_group(osp_cu_stream st, const int32_t *top_idx, int64_t N, int K, int E, int32_t *g_e, int32_t *g_off,
+                     int32_t *g_cnt, int32_t *g_nact, int32_t *pair_row, int32_t *pos_of, int32_t *order);
+int osp_cu_moe_combine(osp_cu_stream st, float *out, const float *acc, const float *top_w, const int32_t *pos_of,
+                       const int32_t *order, int64_t N, int K, int64_t H);
+/* Whether the tensor-core matmul takes w (bf16, or 4/8-bit in its layout). */
+int osp_cu_tc_ok(const osp_cu_weight *w);
+/* The experts' matmul for every slot of a grouping at once: for slot j < *nact and weight i,
+ * ys[i][(off[j] + t) * ldys[i]] = x[off[j] + t] · (expert e[j] of tabs[i])ᵀ, t < cnt[j]. tabs[i]: device
+ * arrays of the experts (shapes[i]: their common shape, tensor-core kinds); slots: the most a grouping has
+ * (the grid's size, fixed for a graph). A token's numbers are osp_cu_matmul_tc_multi's without split-K. */
+int osp_cu_matmul_tc_grouped(osp_cu_stream st, const osp_cu_weight *const *shapes, const osp_cu_weight *const *tabs,
+                             int nw, const float *x, int64_t slots, const int32_t *e, const int32_t *off,
+                             const int32_t *cnt, const int32_t *nact, float *const *ys, const int64_t *ldys);
+
 /* A KV layer as the kernels read it (kv/kv.h's layout), one batch row each. */
 typedef struct osp_cu_kvrow {
     unsigned char *mem; /* the row's block */

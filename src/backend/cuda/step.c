@@ -16,7 +16,7 @@
  * never use cuBLAS (graph_key): a speculative verification chunk in exact
  * mode, a draft's catch-up of a token or two; their graphs are kept per
  * (B, T). When none matches, or the step needs the host mid-way (MoE
- * routing), or a capture fails, the recorded operations run eagerly: a
+ * routing in reference precision), or a capture fails, the recorded operations run eagerly: a
  * graph never runs a different computation, and no step is lost. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -25,15 +25,15 @@
 #include "backend/cuda/cuda_internal.h"
 
 /* OSP_CUDA_PROFILE_ROWS=N: a profiler's window (ncu --profile-from-start off)
- * around the third chunk of N rows or more, so that one batched step can be
- * profiled without the prefills before it. */
-static void profile_window(int32_t B) {
+ * around the third decode step (one token a row) of N rows or more, so that
+ * one step can be profiled without the prefills before it. */
+static void profile_window(int32_t B, int32_t T) {
     static int rows = -1, seen = 0;
     if (rows < 0) {
         const char *e = getenv("OSP_CUDA_PROFILE_ROWS");
         rows = e ? atoi(e) : 0;
     }
-    if (rows <= 0 || B < rows) return;
+    if (rows <= 0 || B < rows || T != 1) return;
     if (seen == 2) cudaProfilerStart();
     if (seen == 3) cudaProfilerStop();
     seen++;
@@ -123,7 +123,7 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
         osp_cu_note(s, cudaStreamSynchronize(s->st), "a previous chunk");
         s->pending = 0;
     }
-    profile_window(B);
+    profile_window(B, T);
     s->B = B, s->T = T;
     s->stage_off = 0;
     s->n_ops = 0;

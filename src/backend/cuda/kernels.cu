@@ -717,12 +717,40 @@ static int tc_wide() {
     return on;
 }
 
+// OSP_CUDA_FEW=1..4 (for measurements; the numbers change with the split-K it implies): the few-token kernel
+// of every weight kind with 1, 2, 4 or 8 steps of loads in flight, and two blocks of 8 warps a multiprocessor
+// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps and two blocks, 8-bit 2 and two, 4-bit 2 and one.
+static int tc_few() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSP_CUDA_FEW");
+        v = e ? atoi(e) : 0;
+        if (v < 0 || v > 4) v = 0;
+    }
+    return v;
+}
+
+// blocks of the few-token kernel a multiprocessor holds (tc_sk's wave)
+static int tc_few_blocks(const osp_cu_weight *w, int ks) {
+    if (ks == 16) return 1;
+    const int v = tc_few();
+    if (v) return v <= 2 ? 2 : 1;
+    return w->qbits == 4 ? 1 : 2;
+}
+
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     if (n <= 8) {
-        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
-        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
-        else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n, sk);
+        switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
+        case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
+        case 2: tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk); break;
+        case 3: tc_go<KIND, KS, 1, 1, 4, 1>(st, set, x, n, sk); break;
+        case 4: tc_go<KIND, KS, 1, 1, 8, 1>(st, set, x, n, sk); break;
+        default:
+            if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
+            else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
+            else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n, sk);
+        }
     } else if constexpr (KS == 16) { // 128 registers a thread at most
         if (xb) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
         else tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
@@ -770,7 +798,7 @@ static int sm_count(void) {
 static int tc_sk(const osp_cu_weight *w) {
     const int ks = tc_ks(w);
     // blocks a multiprocessor holds: tc_tiles' few-token variants ask two of 8 warps for bf16 and 8-bit, one else
-    const int64_t tiles = (w->rows + 15) / 16, want = (int64_t)sm_count() * (ks == 16 || w->qbits == 4 ? 1 : 2);
+    const int64_t tiles = (w->rows + 15) / 16, want = (int64_t)sm_count() * tc_few_blocks(w, ks);
     if (tiles >= want) return 1;
     int64_t sk = want / tiles, most = tc_steps(w) / (4 * ks);
     if (sk > most) sk = most;

@@ -477,6 +477,67 @@ static void test_head_ids(void **state) {
     free(wd);
 }
 
+/* Head norms fused into the RoPE that follows them (cuda.c holds an in-place
+ * norm, and k's after q's RoPE): bitwise the separate launches (a session
+ * made with OSP_CUDA_FUSE=0), in the orders the models issue them (Gemma 4,
+ * Qwen 3 now, Qwen 3 before, Llama), with weights, add_one, a weightless
+ * norm and partial RoPE. */
+static void test_norm_rope(void **state) {
+    (void)state;
+    enum { B = 3, T = 5, HQ = 4, HK = 2, DH = 64, NQ = B * T * HQ * DH, NK = B * T * HK * DH };
+    const int32_t pos[B] = {0, 17, 300};
+    static float q[NQ], k[NK], v[NK], out[2][4][3][NQ]; /* [fuse][order][q, k, v] */
+    float inv[DH / 2], wq[DH], wk[DH];
+    for (int i = 0; i < DH / 2; i++) inv[i] = i < DH / 2 - 4 ? powf(10000.0f, -2.0f * i / DH) : 0.0f;
+    for (int i = 0; i < DH; i++) wq[i] = 1.0f + 0.3f * uniform(), wk[i] = 0.2f * uniform();
+    for (int i = 0; i < NQ; i++) q[i] = 3.0f * uniform();
+    for (int i = 0; i < NK; i++) k[i] = uniform(), v[i] = uniform();
+    osp_dbuf *di = upload(inv, DH / 2), *dwq = upload(wq, DH), *dwk = upload(wk, DH);
+    for (int fuse = 0; fuse < 2; fuse++) {
+        if (!fuse) setenv("OSP_CUDA_FUSE", "0", 1);
+        osp_be_session *s;
+        assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+        unsetenv("OSP_CUDA_FUSE");
+        for (int order = 0; order < 4; order++)
+            for (int it = 0; it < 2; it++) { /* twice: nothing held leaks from one chunk into the next */
+                osp_dbuf *dq = upload(q, NQ), *dk = upload(k, NK), *dv = upload(v, NK);
+                be->begin_chunk(s, B, T);
+                if (order == 0) { /* Gemma 4 */
+                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 0);
+                    be->rope(s, dq, B, T, HQ, DH, di, pos);
+                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 1);
+                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                    be->rmsnorm(s, dv, dv, NULL, (int64_t)B * T * HK, DH, 1e-6f, 0);
+                } else if (order == 1) { /* a norm of k held, then a RoPE of another tensor */
+                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 0);
+                    be->rope(s, dq, B, T, HQ, DH, di, pos);
+                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
+                    be->rope(s, dv, B, T, HK, DH, di, pos);
+                } else if (order == 2) { /* both norms, then both RoPEs */
+                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 1);
+                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
+                    be->rope(s, dq, B, T, HQ, DH, di, pos);
+                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                } else { /* no norms; a norm of v last */
+                    be->rope(s, dq, B, T, HQ, DH, di, pos);
+                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                    be->rmsnorm(s, dv, dv, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
+                }
+                if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                be->read(out[fuse][order][0], dq, NQ);
+                be->read(out[fuse][order][1], dk, NK);
+                be->read(out[fuse][order][2], dv, NK);
+                be->free(dq), be->free(dk), be->free(dv);
+            }
+        be->session_free(s);
+    }
+    for (int order = 0; order < 4; order++)
+        for (int t = 0; t < 3; t++)
+            if (memcmp(out[0][order][t], out[1][order][t], sizeof(float) * (t ? NK : NQ)))
+                fail_msg("order %d tensor %d: fused and separate launches differ", order, t);
+    be->free(di), be->free(dwq), be->free(dwk);
+}
+
 /* Routed experts in production precision: the device path (routing,
  * grouping, the grouped matmuls and the combine on the GPU) against the
  * host path (OSP_CUDA_MOE=host: routing on the host), a token's numbers
@@ -623,6 +684,7 @@ int main(void) {
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_head_ids),
         cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_bandwidth_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -257,11 +257,12 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         /* q alone when the layer reads its donor's K/V; no v_proj when K = V */
         be->matmul(bs, ws, donor >= 0 ? 1 : L->wv.data ? 3 : 2, sc->xn, N, ys);
     }
+    if (donor < 0 && !L->wv.data) be->copy(bs, vd, kd, N * Hkv * D); /* K = V: raw k_proj output */
+    /* each tensor's norm right before its RoPE: a backend may fuse the pair (and q's with k's) */
     be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, 0);
     be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
     const osp_dbuf *k, *v;
     if (donor < 0) {
-        if (!L->wv.data) be->copy(bs, vd, kd, N * Hkv * D); /* K = V: raw k_proj output */
         be->rmsnorm(bs, kd, kd, L->k_norm, N * Hkv, D, c->eps, 0);
         be->rope(bs, kd, B, T, Hkv, (int32_t)D, inv, sc->bpos);
         be->rmsnorm(bs, vd, vd, NULL, N * Hkv, D, c->eps, 0);

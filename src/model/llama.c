@@ -112,9 +112,10 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     be->add_bias(bs, sc->q, L->bq, N, Hq * D);
     be->add_bias(bs, sc->k, L->bk, N, Hkv * D);
     be->add_bias(bs, sc->v, L->bv, N, Hkv * D);
+    /* each tensor's norm right before its RoPE: a backend may fuse the pair (and q's with k's) */
     if (L->q_norm) be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, c->norm_add_one);
-    if (L->k_norm) be->rmsnorm(bs, sc->k, sc->k, L->k_norm, N * Hkv, D, c->eps, c->norm_add_one);
     be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
+    if (L->k_norm) be->rmsnorm(bs, sc->k, sc->k, L->k_norm, N * Hkv, D, c->eps, c->norm_add_one);
     be->rope(bs, sc->k, B, T, Hkv, (int32_t)D, inv, sc->bpos);
     osp_attn_args a = {.kv = s->kv, .layer = li, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
                        .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,

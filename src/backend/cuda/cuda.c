@@ -176,6 +176,8 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
         free(s);
         return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
     }
+    const char *fz = getenv("OSP_CUDA_FUSE");
+    s->fuse = !(fz && !strcmp(fz, "0"));
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -283,6 +285,18 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
     }
 }
 
+typedef struct rope_args {
+    float *x, *x2; /* x2: a second tensor at the same positions (k after q), or NULL */
+    const float *inv;
+    const int32_t *pos;
+    int64_t heads, heads2;
+    int32_t B, T, Dh;
+    /* each tensor's head norm first (fused), when norm1/norm2 */
+    const float *w1, *w2;
+    float eps1, eps2;
+    int32_t norm1, norm2, add1, add2;
+} rope_args;
+
 typedef struct norm_args {
     float *y, *x;
     const float *t, *w; /* t: added to x first (a residual add fused with the norm), or NULL */
@@ -310,6 +324,17 @@ static void norm(osp_be_session *s, float *y, const float *x, const float *w, in
             a.t = held[1];
             s->pend = 0;
         }
+    }
+    if (!a.t && y == x && s->fuse) { /* in place: a RoPE of the same rows next may take it */
+        if (s->pend == 2 && !s->pend_n2 && !((rope_args *)s->pend_args)->x2) { /* k's norm after q's RoPE */
+            memcpy(s->pend_n2_args, &a, sizeof a);
+            s->pend_n2 = 1;
+            return;
+        }
+        flush(s);
+        memcpy(s->pend_args, &a, sizeof a);
+        s->pend = 3;
+        return;
     }
     flush(s);
     SUBMIT(s, norm_exec, a);
@@ -383,17 +408,21 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     SUBMIT(s, act_exec, a);
 }
 
-typedef struct rope_args {
-    float *x, *x2; /* x2: a second tensor at the same positions (k after q), or NULL */
-    const float *inv;
-    const int32_t *pos;
-    int64_t heads, heads2;
-    int32_t B, T, Dh;
-} rope_args;
 
 static void rope_exec(osp_be_session *s, const void *p) {
     const rope_args *a = p;
+    if (a->norm1 || a->norm2) {
+        const osp_cu_rope_side s1 = {a->x, a->heads, a->w1, a->eps1, a->norm1, a->add1},
+                               s2 = {a->x2, a->heads2, a->w2, a->eps2, a->norm2, a->add2};
+        note(s, osp_cu_norm_rope(s->st, &s1, a->x2 ? &s2 : NULL, a->B, a->T, a->Dh, a->inv, a->pos), "norm + rope");
+        return;
+    }
     note(s, osp_cu_rope2(s->st, a->x, a->heads, a->x2, a->heads2, a->B, a->T, a->Dh, a->inv, a->pos), "rope");
+}
+
+/* a held norm of n rows of d, in place on x: the head norm of x [B*T, heads, Dh]? */
+static int norm_of(const norm_args *n, const float *x, int32_t B, int32_t T, int64_t heads, int32_t Dh) {
+    return n->y == x && n->x == x && !n->t && n->d == Dh && n->n == (int64_t)B * T * heads;
 }
 
 /* held back: a rope of the same positions next (k after q) joins it */
@@ -401,29 +430,41 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
                  const osp_dbuf *inv, const int32_t *pos) {
     if (s->pend == 2) {
         rope_args *h = (rope_args *)s->pend_args;
-        if (h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos) {
+        const norm_args *n2 = (const norm_args *)s->pend_n2_args;
+        if (h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos &&
+            (!s->pend_n2 || norm_of(n2, D(x), B, T, heads, Dh))) {
             h->x2 = D(x), h->heads2 = heads;
-            s->pend = 0;
+            if (s->pend_n2) h->w2 = n2->w, h->eps2 = n2->eps, h->norm2 = 1, h->add2 = n2->add_one;
+            s->pend = 0, s->pend_n2 = 0;
             SUBMIT(s, rope_exec, *h);
             return;
         }
+    }
+    ARGS(norm_args, held);
+    int with_norm = s->pend == 3 && norm_of((const norm_args *)s->pend_args, D(x), B, T, heads, Dh);
+    if (with_norm) {
+        memcpy(&held, s->pend_args, sizeof held);
+        s->pend = 0;
     }
     flush(s);
     const int32_t *dpos = osp_cu_stage(s, pos, sizeof(int32_t) * (size_t)B);
     if (!dpos) return;
     ARGS(rope_args, a);
     a.x = D(x), a.inv = CD(inv), a.pos = dpos, a.heads = heads, a.B = B, a.T = T, a.Dh = Dh;
+    if (with_norm) a.w1 = held.w, a.eps1 = held.eps, a.norm1 = 1, a.add1 = held.add_one;
     memcpy(s->pend_args, &a, sizeof a);
     s->pend_host = pos;
     s->pend = 2;
 }
 
-/* submit the held-back operation */
+/* submit the held-back operations, in their order */
 static void flush(osp_be_session *s) {
-    int k = s->pend;
-    s->pend = 0;
+    int k = s->pend, n2 = s->pend_n2;
+    s->pend = 0, s->pend_n2 = 0;
     if (k == 1) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
     else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
+    else if (k == 3) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
+    if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }
 
 void osp_cu_flush(osp_be_session *s) { flush(s); }

@@ -61,9 +61,12 @@ struct osp_be_session {
     int n_graphs;
     uint64_t steps;
     /* an operation held back to be fused with the next (cuda.c) */
-    int pend;
+    int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm */
     unsigned char pend_args[OP_ARGS];
     const void *pend_host;   /* a held rope's host positions */
+    int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
+    unsigned char pend_n2_args[OP_ARGS];
+    int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not) */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */

@@ -1015,8 +1015,9 @@ __device__ float block_max(float v, float *sh) {
 // Rows of up to NORM_VEC * 4 * blockDim floats keep their values (and the
 // norm's weight, loaded before the previous kernel ends) in registers.
 #define NORM_VEC 4
-__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
-    __shared__ float sh[32];
+// one row (the block's): yr = rmsnorm(xr (+= tr)) * w; every norm kernel's arithmetic
+__device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
+                                        int add_one, float *sh) {
     const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * blockDim.x;
     float4 wv[NORM_VEC];
     if (vec) {
@@ -1032,9 +1033,6 @@ __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *
     }
     pdl_wait();
     pdl_trigger();
-    float *xr = x + blockIdx.x * d;
-    const float *tr = t ? t + blockIdx.x * d : NULL;
-    float *yr = y + blockIdx.x * d;
     float ss = 0.0f;
     if (vec) {
         float4 xv[NORM_VEC];
@@ -1094,10 +1092,18 @@ __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *
     }
 }
 
+__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
+    __shared__ float sh[32];
+    rms_row(y + blockIdx.x * d, x + blockIdx.x * d, t ? t + blockIdx.x * d : NULL, w, d, eps, add_one, sh);
+}
+
+// threads of a norm's block for rows of d (the block sum's order depends on it)
+static int norm_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
+
 extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
                                   int64_t d, float eps, int add_one) {
     if (n <= 0) return 0;
-    int th = d >= 1024 ? 256 : d >= 256 ? 128 : 64;
+    const int th = norm_threads(d);
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
         pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d, t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one);
@@ -1233,6 +1239,15 @@ extern "C" int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap) 
     return launch_status();
 }
 
+// RoPE's rotation of pair (i, i + D/2) of one head vector at position p: every RoPE kernel's arithmetic
+__device__ __forceinline__ void rope_rot(float *v, int32_t pair, int32_t half, int32_t p, const float *inv) {
+    const float a = __fmul_rn((float)p, inv[pair]);
+    const float c = cosf(a), s = sinf(a);
+    const float a1 = v[pair], a2 = v[pair + half];
+    v[pair] = __fmaf_rn(a1, c, -__fmul_rn(a2, s));
+    v[pair + half] = __fmaf_rn(a2, c, __fmul_rn(a1, s));
+}
+
 // one thread per (row, head, pair) of x1 then of x2 (q and k in one launch)
 __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_t T, int32_t D, const float *inv,
                             const int32_t *pos, int64_t n1, int64_t total) {
@@ -1247,12 +1262,38 @@ __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_
     int64_t pair = i % half, vec = i / half; // vec = row * heads + head
     int64_t row = vec / heads;
     int32_t b = (int32_t)(row / T), t = (int32_t)(row % T);
-    float a = (float)(pos[b] + t) * inv[pair];
-    float c = cosf(a), s = sinf(a);
-    float *v = x + vec * D;
-    float a1 = v[pair], a2 = v[pair + half];
-    v[pair] = a1 * c - a2 * s;
-    v[pair + half] = a2 * c + a1 * s;
+    rope_rot(x + vec * D, (int32_t)pair, half, pos[b] + t, inv);
+}
+
+// one block per head vector, x1's then x2's: the vector's norm when its side has one (rms_row, the norm
+// kernel's block size: bitwise a norm launch), then its RoPE
+__global__ void norm_rope_kernel(osp_cu_rope_side s1, osp_cu_rope_side s2, int64_t n1, int32_t T, int32_t D,
+                                 const float *inv, const int32_t *pos) {
+    __shared__ float sh[32];
+    int64_t vec = blockIdx.x;
+    osp_cu_rope_side sd = s1;
+    if (vec >= n1) vec -= n1, sd = s2;
+    float *v = sd.x + vec * D;
+    if (sd.norm) {
+        rms_row(v, v, NULL, sd.w, D, sd.eps, sd.add_one, sh);
+    } else {
+        pdl_wait();
+        pdl_trigger();
+    }
+    __syncthreads(); // the normed vector, written by the block, is read back by other threads
+    const int64_t row = vec / sd.heads;
+    const int32_t b = (int32_t)(row / T), t = (int32_t)(row % T), half = D / 2;
+    for (int32_t pair = threadIdx.x; pair < half; pair += blockDim.x) rope_rot(v, pair, half, pos[b] + t, inv);
+}
+
+extern "C" int osp_cu_norm_rope(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B,
+                                int32_t T, int32_t D, const float *inv, const int32_t *pos) {
+    const int64_t n1 = (int64_t)B * T * a->heads, n2 = b ? (int64_t)B * T * b->heads : 0;
+    osp_cu_rope_side none = {};
+    if (n1 + n2 > 0)
+        pdl_launch(norm_rope_kernel, dim3((unsigned)(n1 + n2)), dim3(norm_threads(D)), 0, st, *a, b ? *b : none, n1, T,
+                   D, inv, pos);
+    return launch_status();
 }
 
 extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,

@@ -83,6 +83,18 @@ int osp_cu_rope(osp_cu_stream st, float *x, int32_t B, int32_t T, int64_t heads,
 /* the same on two tensors with the same positions (q and k) */
 int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T, int32_t D,
                  const float *inv, const int32_t *pos);
+/* One side of a fused norm + RoPE: x [B*T, heads, D] in place; norm: each head vector rmsnorm'ed first
+ * (weight w, or none; as osp_cu_rmsnorm computes it, bitwise), then rotated as osp_cu_rope does. */
+typedef struct osp_cu_rope_side {
+    float *x;
+    int64_t heads;
+    const float *w;
+    float eps;
+    int32_t norm, add_one;
+} osp_cu_rope_side;
+/* b: a second tensor at the same positions (k after q), or NULL */
+int osp_cu_norm_rope(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B, int32_t T,
+                     int32_t D, const float *inv, const int32_t *pos);
 /* dst[i] = src[rows[i]] (rows of H floats); out[rows[i]] += w[i] * acc[i] */
 int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H);
 int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,

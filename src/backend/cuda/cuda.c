@@ -822,13 +822,15 @@ static int moe_device(osp_be_session *s, const osp_moe_args *a) {
         return 0;
     const osp_cu_weight *tab = moe_table(s, a);
     if (!tab) return 0;
-    const size_t ni = (size_t)(4 * P + 3 * E + 1), nf = (size_t)(P + 2 * P * I);
+    /* every array starts 256-byte aligned: the matmuls read their inputs (g) as float4 */
+    const int64_t Pa = (P + 63) & ~(int64_t)63, Ea = (E + 63) & ~(int64_t)63;
+    const size_t ni = (size_t)(4 * Pa + 3 * Ea + 1), nf = (size_t)(Pa + 2 * Pa * I);
     if (!osp_cu_grow(s, (void **)&s->moe_i, &s->moe_i_cap, ni, sizeof(int32_t)) ||
         !osp_cu_grow(s, (void **)&s->moe_f, &s->moe_f_cap, nf, sizeof(float)))
         return 0;
-    int32_t *top_idx = s->moe_i, *pos_of = top_idx + P, *order = pos_of + P, *pair_row = order + P,
-            *g_e = pair_row + P, *g_off = g_e + E, *g_cnt = g_off + E, *g_nact = g_cnt + E;
-    float *top_w = s->moe_f, *g = top_w + P, *u = g + P * I;
+    int32_t *top_idx = s->moe_i, *pos_of = top_idx + Pa, *order = pos_of + Pa, *pair_row = order + Pa,
+            *g_e = pair_row + Pa, *g_off = g_e + Ea, *g_cnt = g_off + Ea, *g_nact = g_cnt + Ea;
+    float *top_w = s->moe_f, *g = top_w + Pa, *u = g + Pa * I;
     const int64_t slots = P < E ? P : E;
 
     norm(s, D(a->normed), CD(a->x), NULL, N, H, a->eps, 0);

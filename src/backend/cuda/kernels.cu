@@ -707,12 +707,13 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 // token tile of 8 for up to 8 tokens, with the most loads in flight that
 // leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
 // 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
-// OSP_CUDA_TC_WIDE=0: many-token blocks of 2 row tiles, not 4 (for measurements)
+// OSP_CUDA_TC_WIDE=0: many-token blocks of 2 row tiles, not 4 (for measurements); bf16: 2 = 2 row tiles by 64
+// tokens a pass, 3 = 2 row tiles with 2 steps of loads in flight
 static int tc_wide() {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("OSP_CUDA_TC_WIDE");
-        on = !(e && e[0] == '0');
+        on = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
     }
     return on;
 }
@@ -754,6 +755,11 @@ static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const 
     } else if constexpr (KS == 16) { // 128 registers a thread at most
         if (xb) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
         else tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
+    } else if (KIND == 2 && xb && tc_wide() >= 2) { // (measurements) bf16: 2 row tiles by 64 tokens a pass, or
+        if constexpr (KIND == 2) {                    // 2 row tiles with 2 steps of loads in flight
+            if (tc_wide() == 2) tc_go<KIND, KS, 2, 8, 1, 1, true>(st, set, xb, n, sk);
+            else tc_go<KIND, KS, 2, 4, 2, 1, true>(st, set, xb, n, sk);
+        }
     } else if (xb && tc_wide()) { // every input value a block reads feeds 4 row tiles (2 for 4-bit: registers)
         tc_go<KIND, KS, KIND == 4 ? 2 : 4, 4, 1, 1, true>(st, set, xb, n, sk);
     } else if (xb) {
@@ -814,9 +820,27 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
     if (i < n) dst[i] = f32_to_bf16(src[i]);
 }
 
+// OSP_CUDA_SKSET=1 (for measurements): the splits from the whole set's row tiles (q, k and v together: their
+// sum fills the wave), not from the first weight's alone
+static int tc_sk_set(const tc_set &set) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("OSP_CUDA_SKSET");
+        on = e && e[0] == '1';
+    }
+    const osp_cu_weight *w = &set.w[0];
+    int sk = tc_sk(w);
+    if (!on || sk == 1 || set.nw == 1) return sk;
+    int64_t tiles = 0;
+    for (int i = 0; i < set.nw; i++) tiles += (set.w[i].rows + 15) / 16;
+    const int64_t want = (int64_t)sm_count() * tc_few_blocks(w, tc_ks(w));
+    const int64_t s2 = want / tiles;
+    return s2 < 1 ? 1 : s2 < sk ? (int)s2 : sk;
+}
+
 template <int KIND>
 static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws) {
-    const int sk = tc_sk(&set.w[0]);
+    const int sk = tc_sk_set(set);
     int64_t nc = n; // tokens a launch: the splits' partial sums fit the workspace
     if (sk > 1) {
         int64_t per = 0;

@@ -704,23 +704,27 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 }
 
 // Tiles by the number of tokens (the numbers do not depend on them): a
-// token tile of 8 for up to 8 tokens, with the most loads in flight that
-// leave two blocks of 8 warps a multiprocessor (bf16, 8-bit) or one; else
-// 32 rows (16 for blocks of 16 warps) by 32 tokens a pass.
-// OSP_CUDA_TC_WIDE=0: many-token blocks of 2 row tiles, not 4 (for measurements); bf16: 2 = 2 row tiles by 64
-// tokens a pass, 3 = 2 row tiles with 2 steps of loads in flight
+// token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
+// (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
+// (16 for blocks of 16 warps) by 32 tokens a pass.
+// OSP_CUDA_TC_WIDE=1 (for measurements): many-token blocks of 4 row tiles (2 for 4-bit), not 2. On the H200
+// the 64-stream step ran bf16 at 16,662 tok/s with 4 row tiles (one block of 173 registers a thread a
+// multiprocessor), 19,229 with 2 (118 registers: two blocks); 2 row tiles by 64 tokens a pass: 18,548; 2 row
+// tiles with 2 steps of loads in flight: 16,777; 4-bit the same within 2% each way.
 static int tc_wide() {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("OSP_CUDA_TC_WIDE");
-        on = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 1;
+        on = e && e[0] == '1';
     }
     return on;
 }
 
 // OSP_CUDA_FEW=1..4 (for measurements; the numbers change with the split-K it implies): the few-token kernel
 // of every weight kind with 1, 2, 4 or 8 steps of loads in flight, and two blocks of 8 warps a multiprocessor
-// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps and two blocks, 8-bit 2 and two, 4-bit 2 and one.
+// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps, 8-bit 2, 4-bit 1, two blocks each. (H200, Llama-1B shape,
+// batch 1: 4-bit 709 tok/s with 2 steps and one block, 763 with 1 step and two, 755 with 2 and two; bf16
+// 774/780/772 for its default/1/2, 702 and 604 for 4 and 8 steps with one block.)
 static int tc_few() {
     static int v = -1;
     if (v < 0) {
@@ -735,8 +739,8 @@ static int tc_few() {
 static int tc_few_blocks(const osp_cu_weight *w, int ks) {
     if (ks == 16) return 1;
     const int v = tc_few();
-    if (v) return v <= 2 ? 2 : 1;
-    return w->qbits == 4 ? 1 : 2;
+    (void)w;
+    return v && v > 2 ? 1 : 2;
 }
 
 template <int KIND, int KS>
@@ -750,16 +754,11 @@ static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const 
         default:
             if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
             else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
-            else tc_go<KIND, KS, 1, 1, 2, 1>(st, set, x, n, sk);
+            else tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk);
         }
     } else if constexpr (KS == 16) { // 128 registers a thread at most
         if (xb) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
         else tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
-    } else if (KIND == 2 && xb && tc_wide() >= 2) { // (measurements) bf16: 2 row tiles by 64 tokens a pass, or
-        if constexpr (KIND == 2) {                    // 2 row tiles with 2 steps of loads in flight
-            if (tc_wide() == 2) tc_go<KIND, KS, 2, 8, 1, 1, true>(st, set, xb, n, sk);
-            else tc_go<KIND, KS, 2, 4, 2, 1, true>(st, set, xb, n, sk);
-        }
     } else if (xb && tc_wide()) { // every input value a block reads feeds 4 row tiles (2 for 4-bit: registers)
         tc_go<KIND, KS, KIND == 4 ? 2 : 4, 4, 1, 1, true>(st, set, xb, n, sk);
     } else if (xb) {
@@ -820,13 +819,14 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
     if (i < n) dst[i] = f32_to_bf16(src[i]);
 }
 
-// OSP_CUDA_SKSET=1 (for measurements): the splits from the whole set's row tiles (q, k and v together: their
-// sum fills the wave), not from the first weight's alone
+// The splits of a set of weights in one launch (q, k and v) from all their row tiles, so that together they
+// stay in one wave (from q's alone: 384 blocks, 1.45 waves; Llama-1B shape, batch 1 on the H200: bf16
+// 774 -> 814 tok/s). OSP_CUDA_SKSET=0 (for measurements): from the first weight's alone.
 static int tc_sk_set(const tc_set &set) {
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("OSP_CUDA_SKSET");
-        on = e && e[0] == '1';
+        on = !(e && e[0] == '0');
     }
     const osp_cu_weight *w = &set.w[0];
     int sk = tc_sk(w);

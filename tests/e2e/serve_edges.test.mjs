@@ -282,7 +282,15 @@ test('7: SIGTERM finishes and delivers a running stream; /health is 503 and new 
     body: chatBody({ max_tokens: 1500, temperature: 0.7, logit_bias: NO_EOS, stream: true, stream_options: { include_usage: true } }),
   });
   const reader = r.body.getReader();
-  let text = new TextDecoder().decode((await reader.read()).value);
+  // SIGTERM once the request generates (its first token is here), not while it is still queued: a slow build
+  // (ASan) can send the role chunk before the row is admitted
+  let text = '';
+  const generating = () => text.split('\n\n').some((e) => e.startsWith('data: {') && /"content":"[^"]/.test(e));
+  while (!generating()) {
+    const { value, done } = await reader.read();
+    assert.ok(!done, text);
+    text += new TextDecoder().decode(value);
+  }
   s.proc.kill('SIGTERM');
   await new Promise((res) => setTimeout(res, 100));
   const h = await raw(s.base, '/health', { method: 'GET' });

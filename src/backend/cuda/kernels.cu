@@ -743,6 +743,26 @@ static int tc_few_blocks(const osp_cu_weight *w, int ks) {
     return v && v > 2 ? 1 : 2;
 }
 
+// OSP_CUDA_MT1=1 (for measurements): a many-token launch whose blocks of 2 row tiles would not give every
+// multiprocessor two (q/k/v and o of a small model) takes blocks of one row tile
+static int tc_mt1() {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("OSP_CUDA_MT1");
+        on = e && e[0] == '1';
+    }
+    return on;
+}
+
+static int sm_count(void);
+
+// blocks of MT row tiles for a set's weights
+static int64_t tc_blocks(const tc_set &set, int mt) {
+    int64_t b = 0;
+    for (int i = 0; i < set.nw; i++) b += (set.w[i].rows + 16 * mt - 1) / (16 * mt);
+    return b;
+}
+
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     if (n <= 8) {
@@ -762,7 +782,8 @@ static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const 
     } else if (xb && tc_wide()) { // every input value a block reads feeds 4 row tiles (2 for 4-bit: registers)
         tc_go<KIND, KS, KIND == 4 ? 2 : 4, 4, 1, 1, true>(st, set, xb, n, sk);
     } else if (xb) {
-        tc_go<KIND, KS, 2, 4, 1, 1, true>(st, set, xb, n, sk);
+        if (tc_mt1() && tc_blocks(set, 2) * sk < 2 * sm_count()) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
+        else tc_go<KIND, KS, 2, 4, 1, 1, true>(st, set, xb, n, sk);
     } else {
         tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n, sk);
     }

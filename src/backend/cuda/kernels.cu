@@ -671,12 +671,14 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     }
 }
 
+// a switch's value (its first digit), or dflt when unset or not a digit; callers keep it in a static
+static int env_digit(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && e[0] >= '0' && e[0] <= '9' ? e[0] - '0' : dflt;
+}
+
 static int pdl_on() {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("OSP_CUDA_PDL");
-        on = !(e && e[0] == '0');
-    }
+    static const int on = env_digit("OSP_CUDA_PDL", 1) != 0;
     return on;
 }
 
@@ -712,11 +714,7 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 // multiprocessor), 19,229 with 2 (118 registers: two blocks); 2 row tiles by 64 tokens a pass: 18,548; 2 row
 // tiles with 2 steps of loads in flight: 16,777; 4-bit the same within 2% each way.
 static int tc_wide() {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("OSP_CUDA_TC_WIDE");
-        on = e && e[0] == '1';
-    }
+    static const int on = env_digit("OSP_CUDA_TC_WIDE", 0) == 1;
     return on;
 }
 
@@ -736,21 +734,12 @@ static int tc_few() {
 }
 
 // blocks of the few-token kernel a multiprocessor holds (tc_sk's wave)
-static int tc_few_blocks(const osp_cu_weight *w, int ks) {
-    if (ks == 16) return 1;
-    const int v = tc_few();
-    (void)w;
-    return v && v > 2 ? 1 : 2;
-}
+static int tc_few_blocks(int ks) { return ks == 16 || tc_few() > 2 ? 1 : 2; }
 
 // OSP_CUDA_MT1=1 (for measurements): a many-token launch whose blocks of 2 row tiles would not give every
 // multiprocessor two (q/k/v and o of a small model) takes blocks of one row tile
 static int tc_mt1() {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("OSP_CUDA_MT1");
-        on = e && e[0] == '1';
-    }
+    static const int on = env_digit("OSP_CUDA_MT1", 0) == 1;
     return on;
 }
 
@@ -821,16 +810,18 @@ static int sm_count(void) {
 // 16-row blocks, which bounds the partial sums' workspace
 // (osp_cu_tc_ws_init).
 #define TC_MAX_SK 32
-static int tc_sk(const osp_cu_weight *w) {
+// (the splits of w when a launch's row tiles are tiles)
+static int tc_sk_tiles(const osp_cu_weight *w, int64_t tiles) {
     const int ks = tc_ks(w);
-    // blocks a multiprocessor holds: tc_tiles' few-token variants ask two of 8 warps for bf16 and 8-bit, one else
-    const int64_t tiles = (w->rows + 15) / 16, want = (int64_t)sm_count() * tc_few_blocks(w, ks);
+    const int64_t want = (int64_t)sm_count() * tc_few_blocks(ks); // a wave of the few-token kernel's blocks
     if (tiles >= want) return 1;
     int64_t sk = want / tiles, most = tc_steps(w) / (4 * ks);
     if (sk > most) sk = most;
     if (sk > TC_MAX_SK) sk = TC_MAX_SK;
     return sk < 1 ? 1 : (int)sk;
 }
+
+static int tc_sk(const osp_cu_weight *w) { return tc_sk_tiles(w, (w->rows + 15) / 16); }
 
 // the input rounded to bf16 for the tensor-core kernel (PDL: waits for its producer, lets the matmul start)
 __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
@@ -844,19 +835,8 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
 // stay in one wave (from q's alone: 384 blocks, 1.45 waves; Llama-1B shape, batch 1 on the H200: bf16
 // 774 -> 814 tok/s). OSP_CUDA_SKSET=0 (for measurements): from the first weight's alone.
 static int tc_sk_set(const tc_set &set) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("OSP_CUDA_SKSET");
-        on = !(e && e[0] == '0');
-    }
-    const osp_cu_weight *w = &set.w[0];
-    int sk = tc_sk(w);
-    if (!on || sk == 1 || set.nw == 1) return sk;
-    int64_t tiles = 0;
-    for (int i = 0; i < set.nw; i++) tiles += (set.w[i].rows + 15) / 16;
-    const int64_t want = (int64_t)sm_count() * tc_few_blocks(w, tc_ks(w));
-    const int64_t s2 = want / tiles;
-    return s2 < 1 ? 1 : s2 < sk ? (int)s2 : sk;
+    static const int on = env_digit("OSP_CUDA_SKSET", 1) != 0;
+    return on ? tc_sk_tiles(&set.w[0], tc_blocks(set, 1)) : tc_sk(&set.w[0]);
 }
 
 template <int KIND>
@@ -873,11 +853,7 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     }
     // more than 8 tokens: the input rounded to bf16 once, not in every row tile's block
     const int64_t cols = set.w[0].cols;
-    static int xb_on = -1; // OSP_CUDA_XB=0: every block rounds the f32 input itself (for measurements)
-    if (xb_on < 0) {
-        const char *e = getenv("OSP_CUDA_XB");
-        xb_on = !(e && e[0] == '0');
-    }
+    static const int xb_on = env_digit("OSP_CUDA_XB", 1) != 0; // 0: every block rounds its f32 input itself
     uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
     if (xb) pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols);
     float *y0[MV_MAXW];

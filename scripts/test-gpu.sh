@@ -73,8 +73,9 @@ run "logits whisper fast (KL tier)" sh -c "'$(bin osprey)' logits --device cuda 
     '$(bin tensor_compare)' $wg/golden.safetensors logits '$tmp/wf.safetensors' logits --kl"
 # the server end to end with the real openai client, where node and the client are here
 if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
-    for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges serve_cache; do
-        run "e2e $s" sh -c "cd e2e && OSPREY_BIN='$(bin osprey)' node --test $s.test.mjs"
+    # OSPREY_EXPECT_DEVICE: every server the suites start must have loaded its model on the GPU
+    for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges serve_cache serve_spec; do
+        run "e2e $s" sh -c "cd e2e && OSPREY_BIN='$(bin osprey)' OSPREY_EXPECT_DEVICE=cuda node --test $s.test.mjs"
     done
 else
     echo "skip  e2e (no node or no tests/e2e/node_modules: npm ci there)"

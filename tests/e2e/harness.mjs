@@ -46,6 +46,15 @@ export async function startServer(args = [], { model = MODEL, timeoutMs = 60000,
     if (Date.now() - t0 > timeoutMs) throw new Error(`server not ready:\n${log}`);
     await new Promise((res) => setTimeout(res, 20));
   }
+  // OSPREY_EXPECT_DEVICE=cuda|cpu (scripts/test-gpu.sh): the model must have loaded there, not fallen back
+  const want = process.env.OSPREY_EXPECT_DEVICE;
+  if (want && model) {
+    const m = log.match(/loaded .* on (\w+)/);
+    if (!m || m[1] !== want) {
+      proc.kill('SIGKILL');
+      throw new Error(`the model loaded on ${m ? m[1] : '(no load line)'}, not ${want}:\n${log}`);
+    }
+  }
   return {
     port,
     base,

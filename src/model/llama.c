@@ -122,7 +122,10 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
                        .softcap = c->attn_softcap, .window = KL->window, .q = sc->q, .k = sc->k, .v = sc->v,
                        .out = sc->att, .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok,
                        .chunk_stored = s->exact};
-    if (s->exact) { /* each token sees the earlier ones as stored, as in decode steps */
+    /* exact tokens: each token sees the earlier ones as stored, as in decode steps. One token: storing it
+     * first changes nothing its attention reads (its own K/V come from k/v; a ring slot it overwrites is
+     * out of its window), and a backend may store it in the launch that rotates k. */
+    if (s->exact || T == 1) {
         be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
         be->attention(bs, &a);
     } else {

@@ -157,6 +157,7 @@ static void session_free(osp_be_session *s) {
     cudaFree(s->ids_d);
     cudaFreeHost(s->ids_h);
     cudaFree(s->part);
+    cudaFree(s->att_cnt);
     cudaFree(s->xb);
     cudaFree(s->wb);
     cudaFree(s->moe_i);
@@ -177,7 +178,7 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
         return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
     }
     const char *fz = getenv("OSP_CUDA_FUSE");
-    s->fuse = !(fz && !strcmp(fz, "0"));
+    s->fuse = fz && !strcmp(fz, "0") ? 0 : fz && !strcmp(fz, "2") ? 2 : 1;
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -244,13 +245,17 @@ typedef struct mm_args {
     float *y[4];
     int64_t ldy[4];
     const float *x;
+    const float *xu; /* the input is act(x) * xu (an activation taken in: one tensor-core weight) */
     int64_t n;
-    int32_t nw;
+    int32_t nw, act;
 } mm_args;
 
 static void mm_exec(osp_be_session *s, const void *p) {
     const mm_args *a = p;
-    if (use_gemm(s, a->n)) {
+    if (a->xu) {
+        note(s, osp_cu_matmul_tc_act(s->st, a->d[0], a->act, a->x, a->xu, a->n, a->y[0], a->ldy[0], &s->tcws),
+             "activation + matmul");
+    } else if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
         note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws), "matmul");
@@ -265,9 +270,37 @@ static void mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_
     SUBMIT(s, mm_exec, a);
 }
 
+typedef struct act_args {
+    float *y;
+    const float *g, *u;
+    int64_t n, d, ld_u;
+    int32_t act;
+} act_args;
+
+/* a held activation y = act(g) * u that this matmul's input is: taken in by the tensor-core kernel (the
+ * production path's decode steps and verification chunks; a prefill GEMM reads a written input) */
+static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, mm_args *a) {
+    if (s->pend != 4) return 0;
+    const act_args *h = (const act_args *)s->pend_args;
+    if (h->y != x || h->n != n || h->d != d->cols || h->ld_u != h->d || !osp_cu_tc_ok(d) || use_gemm(s, n))
+        return 0;
+    a->x = h->g, a->xu = h->u, a->act = h->act;
+    s->pend = 0;
+    return 1;
+}
+
 /* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
+    const osp_cu_weight *d0 = nw == 1 ? ws[0]->packed : NULL;
+    if (d0) {
+        ARGS(mm_args, a);
+        if (act_into(s, d0, CD(x), n, &a)) {
+            a.d[0] = d0, a.y[0] = D(ys[0]), a.ldy[0] = d0->rows, a.n = n, a.nw = 1;
+            SUBMIT(s, mm_exec, a);
+            return;
+        }
+    }
     flush(s);
     for (int i0 = 0; i0 < nw; i0 += 4) {
         ARGS(mm_args, a);
@@ -295,7 +328,13 @@ typedef struct rope_args {
     const float *w1, *w2;
     float eps1, eps2;
     int32_t norm1, norm2, add1, add2;
+    /* x2 (k) and v stored in the cache once rotated (OSP_CUDA_FUSE=2: kv_write joined the held RoPE), when
+     * kvrows */
+    osp_cu_kvlayer L;
+    const osp_cu_kvrow *kvrows;
+    const float *v;
 } rope_args;
+_Static_assert(sizeof(rope_args) <= OP_ARGS, "a RoPE's arguments fit an operation's");
 
 typedef struct norm_args {
     float *y, *x;
@@ -388,13 +427,6 @@ static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t 
 static void scale(osp_be_session *s, osp_dbuf *y, float a, int64_t n) { ew(s, 2, D(y), NULL, n, 0, a); }
 static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 3, D(y), CD(x), n, 0, 0); }
 
-typedef struct act_args {
-    float *y;
-    const float *g, *u;
-    int64_t n, d, ld_u;
-    int32_t act;
-} act_args;
-
 static void act_exec(osp_be_session *s, const void *p) {
     const act_args *a = p;
     note(s, osp_cu_act_mul(s->st, a->act, a->y, a->g, a->u, a->n, a->d, a->ld_u), "act_mul");
@@ -405,12 +437,24 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
+    if (s->fuse == 2 && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
+        memcpy(s->pend_args, &a, sizeof a);
+        s->pend = 4;
+        return;
+    }
     SUBMIT(s, act_exec, a);
 }
 
 
 static void rope_exec(osp_be_session *s, const void *p) {
     const rope_args *a = p;
+    if (a->kvrows) {
+        const osp_cu_rope_side s1 = {a->x, a->heads, a->w1, a->eps1, a->norm1, a->add1},
+                               s2 = {a->x2, a->heads2, a->w2, a->eps2, a->norm2, a->add2};
+        note(s, osp_cu_norm_rope_store(s->st, &s1, &s2, a->B, a->T, a->Dh, a->inv, a->pos, &a->L, a->kvrows, a->v),
+             "norm + rope + kv store");
+        return;
+    }
     if (a->norm1 || a->norm2) {
         const osp_cu_rope_side s1 = {a->x, a->heads, a->w1, a->eps1, a->norm1, a->add1},
                                s2 = {a->x2, a->heads2, a->w2, a->eps2, a->norm2, a->add2};
@@ -431,11 +475,13 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
     if (s->pend == 2) {
         rope_args *h = (rope_args *)s->pend_args;
         const norm_args *n2 = (const norm_args *)s->pend_n2_args;
-        if (h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos &&
+        if (!h->x2 && h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos &&
             (!s->pend_n2 || norm_of(n2, D(x), B, T, heads, Dh))) {
             h->x2 = D(x), h->heads2 = heads;
             if (s->pend_n2) h->w2 = n2->w, h->eps2 = n2->eps, h->norm2 = 1, h->add2 = n2->add_one;
-            s->pend = 0, s->pend_n2 = 0;
+            s->pend_n2 = 0;
+            if (s->fuse == 2) return; /* held still: the store of k (and v) next may join it (kv_write) */
+            s->pend = 0;
             SUBMIT(s, rope_exec, *h);
             return;
         }
@@ -464,6 +510,7 @@ static void flush(osp_be_session *s) {
     if (k == 1) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
     else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
     else if (k == 3) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
+    else if (k == 4) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
     if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }
 
@@ -528,7 +575,17 @@ static void attn_exec(osp_be_session *s, const void *p) {
         note(s, cudaErrorMemoryAllocation, "attention scratch");
         return;
     }
-    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit), "attention");
+    /* the splits combined by the last of them (the same numbers): counters zeroed once when allocated */
+    unsigned *cnt = NULL;
+    size_t nc = (size_t)a->c.nb * (size_t)a->c.T * (size_t)a->c.L.n_kv_heads;
+    if (s->fuse == 2 && a->nsplit > 1) {
+        size_t had = s->att_cnt_cap;
+        if (osp_cu_grow(s, (void **)&s->att_cnt, &s->att_cnt_cap, nc, sizeof(unsigned))) {
+            if (s->att_cnt_cap != had) note(s, cudaMemsetAsync(s->att_cnt, 0, nc * sizeof(unsigned), s->st), "counters");
+            cnt = s->att_cnt;
+        }
+    }
+    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit, cnt), "attention");
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {
@@ -577,6 +634,19 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
+    if (s->pend == 2 && s->fuse == 2) { /* k's RoPE held: the store joins its launch */
+        rope_args *h = (rope_args *)s->pend_args;
+        const osp_kv_layer *l = &kv->layers[layer];
+        if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
+            h->kvrows = kv_rows(s, kv, layer, rows, nb, &h->L);
+            if (h->kvrows) {
+                h->v = CD(v);
+                s->pend = 0;
+                SUBMIT(s, rope_exec, *h);
+                return;
+            }
+        }
+    }
     flush(s);
     ARGS(kvw_args, a);
     a.rows = kv_rows(s, kv, layer, rows, nb, &a.L);

@@ -61,12 +61,14 @@ struct osp_be_session {
     int n_graphs;
     uint64_t steps;
     /* an operation held back to be fused with the next (cuda.c) */
-    int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm */
+    int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm,
+                                4 an activation (act_mul) */
     unsigned char pend_args[OP_ARGS];
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
     unsigned char pend_n2_args[OP_ARGS];
-    int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not) */
+    int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
+                                (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */
@@ -74,6 +76,8 @@ struct osp_be_session {
     size_t ids_cap;          /* ids (both) */
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
+    unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */
+    size_t att_cnt_cap;
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */

@@ -50,6 +50,17 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// act(g) * u, act = SiLU (0) or GELU's tanh form (1): act_mul_kernel's arithmetic, and the matmuls' that
+// take the activation in their input (OSP_CUDA_FUSE=2); every rounding explicit, so that none is contracted
+// differently in one place than in another
+__device__ __forceinline__ float act_val(int act, float g, float u) {
+    if (act == 0) return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    const float k = 0.7978845608028654f; // sqrt(2/pi)
+    const float c = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+    const float th = tanhf(__fmul_rn(k, __fadd_rn(g, c)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, th)), u);
+}
+
 // ---- matmul: a warp per weight row, tokens in tiles of TT held in registers ----
 
 #define MM_WARPS 4
@@ -441,6 +452,9 @@ struct tc_set {
     const osp_cu_weight *gtab[MV_MAXW];
     const int32_t *g_e, *g_off, *g_cnt, *g_nact;
     int64_t g_per;
+    // the activation taken in the input (not grouped): the kernel's input is act(x) * xu, xu laid out as x
+    const float *xu;
+    int act;
 };
 
 // two floats as a bf16 pair (round to nearest even), lo in the low half
@@ -598,7 +612,15 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                                 b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
                             } else {
                                 const float *xp = x + tok * cols + ch * CH + 8 * v;
-                                const float4 p = ld4(xp), q = ld4(xp + 4);
+                                float4 p = ld4(xp), q = ld4(xp + 4);
+                                if (!GR && set.xu) {
+                                    const float *up = set.xu + tok * cols + ch * CH + 8 * v;
+                                    const float4 pu = ld4(up), qu = ld4(up + 4);
+                                    p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
+                                    p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
+                                    q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
+                                    q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
+                                }
                                 b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
                                 b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
                             }
@@ -824,11 +846,12 @@ static int tc_sk_tiles(const osp_cu_weight *w, int64_t tiles) {
 static int tc_sk(const osp_cu_weight *w) { return tc_sk_tiles(w, (w->rows + 15) / 16); }
 
 // the input rounded to bf16 for the tensor-core kernel (PDL: waits for its producer, lets the matmul start)
-__global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
+// (u: act(src) * u rounded, the activation taken in the matmul's input)
+__global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n, const float *u, int act) {
     pdl_wait();
     pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = f32_to_bf16(src[i]);
+    if (i < n) dst[i] = f32_to_bf16(u ? act_val(act, src[i], u[i]) : src[i]);
 }
 
 // The splits of a set of weights in one launch (q, k and v) from all their row tiles, so that together they
@@ -855,12 +878,17 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     const int64_t cols = set.w[0].cols;
     static const int xb_on = env_digit("OSP_CUDA_XB", 1) != 0; // 0: every block rounds its f32 input itself
     uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
-    if (xb) pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols);
+    const float *xu0 = set.xu;
+    if (xb) {
+        pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols, xu0, set.act);
+        set.xu = nullptr; // the activation is in xb
+    }
     float *y0[MV_MAXW];
     for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
     for (int64_t t = 0; t < n; t += nc) {
         const int64_t m = n - t < nc ? n - t : nc;
         for (int i = 0; i < set.nw; i++) set.y[i] = y0[i] + t * set.ldy[i];
+        if (set.xu) set.xu = xu0 + t * cols;
         const uint16_t *xbt = xb ? xb + t * cols : NULL;
         if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * cols, xbt, m, sk);
         else tc_tiles<KIND, 8>(st, set, x + t * cols, xbt, m, sk);
@@ -911,6 +939,7 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         }
         tc_set set;
         set.nw = 0;
+        set.xu = nullptr, set.act = 0;
         int64_t rows = 0;
         int i = i0;
         for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
@@ -932,6 +961,23 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
 }
 
 extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
+
+extern "C" int osp_cu_matmul_tc_act(osp_cu_stream st, const osp_cu_weight *w, int act, const float *g,
+                                    const float *u, int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw) {
+    const int kind = tc_kind(w);
+    if (kind < 0 || (act != 0 && act != 1)) return (int)cudaErrorInvalidValue;
+    if (n <= 0 || w->rows <= 0) return 0;
+    tc_set set;
+    set.nw = 1;
+    set.w[0] = *w, set.y[0] = y, set.ldy[0] = ldy;
+    set.xu = u, set.act = act;
+    switch (kind) {
+    case 2: tc_launch<2>(st, set, g, n, tw); break;
+    case 4: tc_launch<4>(st, set, g, n, tw); break;
+    default: tc_launch<8>(st, set, g, n, tw); break;
+    }
+    return launch_status();
+}
 
 // the grouped launch: the few-token tiles (a slot has few tokens in decode), no split-K
 template <int KIND, int KS>
@@ -1166,13 +1212,7 @@ __global__ void act_mul_kernel(int act, float *y, const float *g, const float *u
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * d) return;
     int64_t r = i / d, j = i % d;
-    float gv = g[i], uv = u[r * ld_u + j];
-    if (act == 0) {
-        y[i] = gv / (1.0f + expf(-gv)) * uv;
-    } else {
-        const float k = 0.7978845608028654f; // sqrt(2/pi)
-        y[i] = 0.5f * gv * (1.0f + tanhf(k * (gv + 0.044715f * gv * gv * gv))) * uv;
-    }
+    y[i] = act_val(act, g[i], u[r * ld_u + j]);
 }
 
 __global__ void softcap_kernel(float *x, int64_t n, float cap) {
@@ -1286,14 +1326,38 @@ __global__ void rope_kernel(float *x1, int64_t h1, float *x2, int64_t h2, int32_
     rope_rot(x + vec * D, (int32_t)pair, half, pos[b] + t, inv);
 }
 
-// one block per head vector, x1's then x2's: the vector's norm when its side has one (rms_row, the norm
-// kernel's block size: bitwise a norm launch), then its RoPE
+__device__ void kv_store(const osp_cu_kvlayer &L, const osp_cu_kvrow &R, int32_t slot, int64_t h, int which,
+                         const float *x);
+__device__ __forceinline__ int32_t kv_slot(const osp_cu_kvlayer &L, int32_t p);
+
+// The cache store taken in by a norm + RoPE launch (OSP_CUDA_FUSE=2): x2's vectors (k) stored once rotated,
+// and those of v by blocks of their own; tokens t < t0 not stored (kv_write's rule for a long chunk of a ring)
+struct rope_store {
+    osp_cu_kvlayer L;
+    const osp_cu_kvrow *rows; // NULL: no store
+    const float *v;
+    int32_t t0;
+};
+
+// one block per head vector, x1's then x2's (then v's, storing): the vector's norm when its side has one
+// (rms_row, the norm kernel's block size: bitwise a norm launch), then its RoPE
 __global__ void norm_rope_kernel(osp_cu_rope_side s1, osp_cu_rope_side s2, int64_t n1, int32_t T, int32_t D,
-                                 const float *inv, const int32_t *pos) {
+                                 const float *inv, const int32_t *pos, const __grid_constant__ rope_store st,
+                                 int64_t n2) {
     __shared__ float sh[32];
     int64_t vec = blockIdx.x;
+    if (st.rows && vec >= n1 + n2) { // a V vector: stored as it is
+        pdl_wait();
+        pdl_trigger();
+        vec -= n1 + n2;
+        const int64_t H = st.L.n_kv_heads, row = vec / H;
+        const int32_t b = (int32_t)(row / T), t = (int32_t)(row % T);
+        if (t >= st.t0) kv_store(st.L, st.rows[b], kv_slot(st.L, st.rows[b].pos + t), vec % H, 1, st.v + vec * D);
+        return;
+    }
     osp_cu_rope_side sd = s1;
-    if (vec >= n1) vec -= n1, sd = s2;
+    const bool second = vec >= n1;
+    if (second) vec -= n1, sd = s2;
     float *v = sd.x + vec * D;
     if (sd.norm) {
         rms_row(v, v, NULL, sd.w, D, sd.eps, sd.add_one, sh);
@@ -1305,16 +1369,35 @@ __global__ void norm_rope_kernel(osp_cu_rope_side s1, osp_cu_rope_side s2, int64
     const int64_t row = vec / sd.heads;
     const int32_t b = (int32_t)(row / T), t = (int32_t)(row % T), half = D / 2;
     for (int32_t pair = threadIdx.x; pair < half; pair += blockDim.x) rope_rot(v, pair, half, pos[b] + t, inv);
+    if (second && st.rows && t >= st.t0) {
+        __syncthreads(); // the rotated vector, read back by the threads that store it
+        kv_store(st.L, st.rows[b], kv_slot(st.L, st.rows[b].pos + t), vec % sd.heads, 0, v);
+    }
+}
+
+extern "C" int osp_cu_norm_rope_store(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b,
+                                      int32_t B, int32_t T, int32_t D, const float *inv, const int32_t *pos,
+                                      const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, const float *v) {
+    const int64_t n1 = (int64_t)B * T * a->heads, n2 = b ? (int64_t)B * T * b->heads : 0;
+    osp_cu_rope_side none = {};
+    rope_store sto;
+    memset(&sto, 0, sizeof sto);
+    int64_t n3 = 0;
+    if (L && rows) {
+        if (!b || b->heads != L->n_kv_heads || D != L->head_dim || !v) return (int)cudaErrorInvalidValue;
+        sto.L = *L, sto.rows = rows, sto.v = v;
+        sto.t0 = L->sliding && T > L->ring ? T - L->ring : 0;
+        n3 = n2;
+    }
+    if (n1 + n2 + n3 > 0)
+        pdl_launch(norm_rope_kernel, dim3((unsigned)(n1 + n2 + n3)), dim3(norm_threads(D)), 0, st, *a, b ? *b : none,
+                   n1, T, D, inv, pos, sto, n2);
+    return launch_status();
 }
 
 extern "C" int osp_cu_norm_rope(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B,
                                 int32_t T, int32_t D, const float *inv, const int32_t *pos) {
-    const int64_t n1 = (int64_t)B * T * a->heads, n2 = b ? (int64_t)B * T * b->heads : 0;
-    osp_cu_rope_side none = {};
-    if (n1 + n2 > 0)
-        pdl_launch(norm_rope_kernel, dim3((unsigned)(n1 + n2)), dim3(norm_threads(D)), 0, st, *a, b ? *b : none, n1, T,
-                   D, inv, pos);
-    return launch_status();
+    return osp_cu_norm_rope_store(st, a, b, B, T, D, inv, pos, NULL, NULL, NULL);
 }
 
 extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,
@@ -1556,46 +1639,53 @@ __device__ void quantize_group(const float *x, int group, int bits, uint8_t *cod
     *bias_out = bias;
 }
 
-// a block per (batch row i, token t, head h); thread 0 quantizes (exactness over speed: a KV vector is small)
+// Store head vector x (D floats the block can read) as head h of K (which 0) or V (1) at a row's slot: f32
+// and bf16 by the block's threads, quantized by thread 0 (exactness over speed: a KV vector is small).
+// Every store of the cache (kv_write_kernel, norm_rope_kernel's) is this one.
+__device__ void kv_store(const osp_cu_kvlayer &L, const osp_cu_kvrow &R, int32_t slot, int64_t h, int which,
+                         const float *x) {
+    const int64_t H = L.n_kv_heads, D = L.head_dim, cap = R.cap;
+    if (L.bits == 0) {
+        float *dst = (float *)R.mem + ((which * H + h) * cap + slot) * D;
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = x[d];
+        return;
+    }
+    unsigned char *base = R.mem + (int64_t)which * H * cap * L.slot_bytes;
+    const int64_t vi = (int64_t)h * cap + slot;
+    unsigned char *codes = base + vi * L.cb;
+    if (L.bits == 16) {
+        for (int64_t d = threadIdx.x; d < D; d += blockDim.x) ((uint16_t *)codes)[d] = f32_to_bf16(x[d]);
+        return;
+    }
+    if (threadIdx.x != 0) return;
+    uint16_t *scales = (uint16_t *)(base + H * cap * L.cb) + vi * L.ng;
+    uint16_t *biases = (uint16_t *)(base + H * cap * L.cb) + H * cap * L.ng + vi * L.ng;
+    uint8_t q[128];
+    for (int64_t g = 0; g < L.ng; g++) {
+        float s, b;
+        quantize_group(x + g * L.group, L.group, L.bits, q, &s, &b);
+        unsigned char *o = codes + g * L.group * L.bits / 8;
+        if (L.bits == 8)
+            for (int j = 0; j < L.group; j++) o[j] = q[j];
+        else
+            for (int j = 0; j + 1 < L.group; j += 2) o[j / 2] = (uint8_t)((q[j] & 0xF) | (q[j + 1] << 4));
+        scales[g] = f32_to_bf16(s);
+        biases[g] = f32_to_bf16(b);
+    }
+}
+
+// a block per (batch row i, token t, head h)
 __global__ void kv_write_kernel(osp_cu_kvlayer L, const osp_cu_kvrow *rows, int32_t T, int32_t t0, const float *k,
                                 const float *v) {
     pdl_wait();
     pdl_trigger();
     const int32_t i = blockIdx.x, t = t0 + blockIdx.y, h = blockIdx.z;
     const osp_cu_kvrow R = rows[i];
-    const int64_t H = L.n_kv_heads, D = L.head_dim, cap = R.cap;
+    const int64_t H = L.n_kv_heads, D = L.head_dim;
     const int32_t slot = kv_slot(L, R.pos + t);
     const int64_t src = ((int64_t)i * T + t) * H * D + (int64_t)h * D;
-    for (int which = 0; which < 2; which++) {
-        const float *x = (which ? v : k) + src;
-        if (L.bits == 0) {
-            float *dst = (float *)R.mem + ((which * H + h) * cap + slot) * D;
-            for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = x[d];
-            continue;
-        }
-        unsigned char *base = R.mem + (int64_t)which * H * cap * L.slot_bytes;
-        const int64_t vi = (int64_t)h * cap + slot;
-        unsigned char *codes = base + vi * L.cb;
-        if (L.bits == 16) {
-            for (int64_t d = threadIdx.x; d < D; d += blockDim.x) ((uint16_t *)codes)[d] = f32_to_bf16(x[d]);
-            continue;
-        }
-        if (threadIdx.x != 0) continue;
-        uint16_t *scales = (uint16_t *)(base + H * cap * L.cb) + vi * L.ng;
-        uint16_t *biases = (uint16_t *)(base + H * cap * L.cb) + H * cap * L.ng + vi * L.ng;
-        uint8_t q[128];
-        for (int64_t g = 0; g < L.ng; g++) {
-            float s, b;
-            quantize_group(x + g * L.group, L.group, L.bits, q, &s, &b);
-            unsigned char *o = codes + g * L.group * L.bits / 8;
-            if (L.bits == 8)
-                for (int j = 0; j < L.group; j++) o[j] = q[j];
-            else
-                for (int j = 0; j + 1 < L.group; j += 2) o[j / 2] = (uint8_t)((q[j] & 0xF) | (q[j + 1] << 4));
-            scales[g] = f32_to_bf16(s);
-            biases[g] = f32_to_bf16(b);
-        }
-    }
+    kv_store(L, R, slot, h, 0, k + src);
+    kv_store(L, R, slot, h, 1, v + src);
 }
 
 extern "C" int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb,
@@ -1648,9 +1738,29 @@ __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const os
     return (const float *)R.mem + ((int64_t)hk * R.cap + kv_slot(L, j)) * D;
 }
 
-// GM: the query heads per KV head rounded up to a power of two (loops unroll to it)
+// a query head's output value d from its nz splits' partials pp (max, sum, unnormalized output each):
+// out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), the splits in order. CG: the partials
+// were written by other blocks of the running kernel (read from L2).
+template <bool CG> __device__ __forceinline__ float part_at(const float *p) { return CG ? __ldcg(p) : *p; }
+
+template <bool CG> __device__ __forceinline__ float combine_one(const float *pp, int32_t nz, int32_t D, int d) {
+    float m = -INFINITY;
+    for (int32_t z = 0; z < nz; z++) m = fmaxf(m, part_at<CG>(pp + (int64_t)z * (D + 2)));
+    float l = 0.0f, o = 0.0f;
+    for (int32_t z = 0; z < nz; z++) {
+        const float w = expf(part_at<CG>(pp + (int64_t)z * (D + 2)) - m);
+        l = __fmaf_rn(w, part_at<CG>(pp + (int64_t)z * (D + 2) + 1), l);
+        o = __fmaf_rn(w, part_at<CG>(pp + (int64_t)z * (D + 2) + 2 + d), o);
+    }
+    return __fdiv_rn(o, l);
+}
+
+// GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (OSP_CUDA_FUSE=2,
+// several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
+// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows.
 template <int GM>
-__global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
+__global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
+                                                           unsigned *cnt) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ float sm[];
@@ -1802,10 +1912,25 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
             po[2 + d] = o;
         }
     }
+    if (nsplit == 1 || !cnt) return;
+    __shared__ int last;
+    const int32_t nz = min((p - lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
+    unsigned *c = cnt + row * Hkv + hk;
+    __threadfence(); // this block's partials, visible to the last block before it counts this one
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
+        const int g = i / D, d = i % D;
+        const float *pp = part + (pbase - z + (int64_t)g * nsplit) * (D + 2);
+        a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
+    }
+    if (threadIdx.x == 0) *c = 0;
 }
 
-// out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), over the
-// query's own splits in order
+// a block per (query, head): combine_one over the query's own splits
 __global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t nsplit) {
     pdl_wait();
     pdl_trigger();
@@ -1816,24 +1941,15 @@ __global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t ns
     kv_span(a, a.rows[b].pos, t, lo, p);
     const int32_t nz = min((p - lo) / ATT_S + 1, nsplit);
     const float *pp = part + ((row * a.n_heads) + h) * (int64_t)nsplit * (D + 2);
-    float m = -INFINITY;
-    for (int32_t z = 0; z < nz; z++) m = fmaxf(m, pp[(int64_t)z * (D + 2)]);
-    float l = 0.0f;
-    for (int32_t z = 0; z < nz; z++) l = __fmaf_rn(expf(pp[(int64_t)z * (D + 2)] - m), pp[(int64_t)z * (D + 2) + 1], l);
     float *out = a.out + (row * a.n_heads + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float o = 0.0f;
-        for (int32_t z = 0; z < nz; z++)
-            o = __fmaf_rn(expf(pp[(int64_t)z * (D + 2)] - m), pp[(int64_t)z * (D + 2) + 2 + d], o);
-        out[d] = __fdiv_rn(o, l);
-    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = combine_one<false>(pp, nz, D, d);
 }
 
 extern "C" int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit) {
     return nsplit > 1 ? (int64_t)a->nb * a->T * a->n_heads * nsplit * (a->L.head_dim + 2) : 0;
 }
 
-extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit) {
+extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit, unsigned *cnt) {
     const int32_t G = a->n_heads / a->L.n_kv_heads, D = a->L.head_dim;
     if (D > ATT_MAXD || G > ATT_MAXG || G * a->L.n_kv_heads != a->n_heads) return (int)cudaErrorInvalidValue;
     if (nsplit < 1) nsplit = 1;
@@ -1841,14 +1957,15 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     const int nsub = ATT_S / (D / 4);
     size_t qs = (size_t)G * D * (nsub > 1 ? nsub : 1); // q, then the subsets' sums
     size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
-    if (shm > 48 * 1024) return (int)cudaErrorInvalidValue;
+    if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
+    if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
-    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
-    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
-    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
-    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
-    if (nsplit > 1) {
+    if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    if (nsplit > 1 && !cnt) {
         dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
         pdl_launch(attn_combine_kernel, g2, dim3(D < 128 ? 64 : 128), 0, st, *a, (const float *)part, nsplit);
     }

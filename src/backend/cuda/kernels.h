@@ -50,6 +50,11 @@ typedef struct osp_cu_tc_ws {
  * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                            float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
+/* The same for one weight whose input is act(g) * u (act 0 SiLU, 1 GELU's tanh form; u laid out as g):
+ * osp_cu_act_mul's values, taken as the matmul reads its input (no launch of their own, nothing written
+ * but y). The weight must be one of the tensor-core kernel's (osp_cu_tc_ok). */
+int osp_cu_matmul_tc_act(osp_cu_stream st, const osp_cu_weight *w, int act, const float *g, const float *u,
+                         int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw);
 /* x_elems: the most input values a call has (tokens x columns); 0, or 1 when out of GPU memory */
 int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems);
 void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);
@@ -148,13 +153,21 @@ typedef struct osp_cu_attn {
 
 /* Attention of a chunk's queries, positions cut into nsplit splits of 128
  * (at least enough for the longest row's range); part: device scratch of
- * osp_cu_attention_scratch floats (NULL when that is 0). */
+ * osp_cu_attention_scratch floats (NULL when that is 0). cnt: NULL, or
+ * nb * T * n_kv_heads counters, zero (and left zero): the last split of a
+ * query to finish combines the splits, instead of a kernel of its own
+ * (the same numbers). */
 int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit);
-int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit);
+int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit, unsigned *cnt);
 #define OSP_CU_ATT_SPLIT 128
 /* Store k/v [nb*T, Hkv*D] of a chunk at positions rows[i].pos + t. */
 int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,
                     const float *k, const float *v);
+/* osp_cu_norm_rope, then b's vectors (k) and v stored as osp_cu_kv_write stores them, in the same launch
+ * (L, rows, v; b required); L NULL: osp_cu_norm_rope. */
+int osp_cu_norm_rope_store(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B,
+                           int32_t T, int32_t D, const float *inv, const int32_t *pos, const osp_cu_kvlayer *L,
+                           const osp_cu_kvrow *rows, const float *v);
 
 /* ---- the encoder-decoder operations (kernels_encdec.cu; osp_backend's
  * linear .. rows_attention, whose comments give the layouts) ---- */

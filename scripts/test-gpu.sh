@@ -56,6 +56,23 @@ for g in data/goldens/*/; do
             '$(bin golden_compare)' $g '$tmp/out.safetensors'"
     done
 done
+# OSP_CUDA_FUSE=2 (launches joined in decode steps: the activation into the down matmul, the splits'
+# combine into attention, the KV store into the RoPE): every golden's decode-mode logits bitwise the same
+# as without, in both precisions, and the batch, ids-out and speculative suites with it
+for g in data/goldens/*/; do
+    g=${g%/}
+    [ -f "$g/golden.safetensors" ] || continue
+    case $g in *whisper*) continue ;; esac
+    for prec in "" "--fast"; do
+        run "fuse=2 $(basename "$g") decode ${prec:-reference}" sh -c "for f in 1 2; do OSP_CUDA_FUSE=\$f \
+            '$(bin osprey)' logits --device cuda $prec --model $g --input $g/golden.safetensors \
+            --output '$tmp/fuse'\$f.safetensors --mode decode || exit 1; done; \
+            cmp '$tmp/fuse1.safetensors' '$tmp/fuse2.safetensors'"
+    done
+done
+for t in test_batch test_ids_out test_spec test_fast_path; do
+    OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
+done
 # Whisper on the GPU: its operations against double references, the goldens (reference precision, the
 # CPU's bound) in every mode, the production path (bf16 GEMMs) within the KL tier, the speech suites
 run test_encdec "$(bin test_encdec)"

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 #include "backend/backend.h"
 #include "core/core.h"
+#include "kv/kv.h"
 #include "tensor/tensor.h"
 
 static const osp_backend *be;
@@ -671,6 +672,160 @@ static void test_moe(void **state) {
     }
 }
 
+/* OSP_CUDA_FUSE=2's launches against the separate ones (the default), bitwise: an activation taken in the
+ * matmul that reads it (every tensor-core kind, a few tokens and more than 8; the f32 kernel's kind keeps its
+ * own launch), and a decode step's k and v stored by the launch that rotates k, with attention's splits
+ * combined by the last of them (f32, bf16, 8-bit and 4-bit KV; a full layer and a sliding one; rows of 5 to
+ * 600 positions: one split and several), plus a verification chunk of exact tokens. */
+static osp_be_session *fuse_session(int fuse) {
+    setenv("OSP_CUDA_FUSE", fuse == 2 ? "2" : "1", 1);
+    osp_be_session *s;
+    assert_int_equal(be->session_new(64, 8192, &s), OSP_OK);
+    unsetenv("OSP_CUDA_FUSE");
+    be->set_fast(s, 1);
+    return s;
+}
+
+static void test_fuse_act(void **state) {
+    (void)state;
+    const wkind FK[] = {
+        {"bf16", OSP_DT_BF16, 0, 0, 0, 2056},     {"bf16 small", OSP_DT_BF16, 0, 0, 0, 40},
+        {"q4 g64", 0, 4, 64, OSP_DT_BF16, 1024},  {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
+        {"q8 g64", 0, 8, 64, OSP_DT_BF16, 960},   {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
+    };
+    const int64_t ns[] = {1, 3, 8, 9, 33};
+    osp_be_session *s1 = fuse_session(1), *s2 = fuse_session(2);
+    for (size_t k = 0; k < sizeof FK / sizeof *FK; k++) {
+        const wkind *K = &FK[k];
+        const int64_t R = 70, C = K->cols, nmax = 33;
+        const int tc = K->dt != OSP_DT_F16;
+        host_weight h;
+        make_weight(&h, R, C, K->dt, K->bits, K->group, K->sdt);
+        float *g = malloc(sizeof(float) * (size_t)(nmax * C)), *u = malloc(sizeof(float) * (size_t)(nmax * C));
+        float *y[2], *ga[2];
+        for (int f = 0; f < 2; f++)
+            y[f] = malloc(sizeof(float) * (size_t)(nmax * R)), ga[f] = malloc(sizeof(float) * (size_t)(nmax * C));
+        for (int64_t i = 0; i < nmax * C; i++) g[i] = 3.0f * uniform(), u[i] = uniform();
+        for (int act = 0; act < 2; act++)
+            for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+                const int64_t n = ns[j];
+                for (int f = 0; f < 2; f++) {
+                    osp_be_session *s = f ? s2 : s1;
+                    osp_dbuf *dg = upload(g, n * C), *du = upload(u, n * C), *dy = be->alloc((size_t)(n * R));
+                    assert_non_null(dy);
+                    const osp_weight *ws[] = {&h.w};
+                    be->begin_chunk(s, (int32_t)n, 1);
+                    be->act_mul(s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, dg, dg, du, n, C, C);
+                    be->matmul(s, ws, 1, dg, n, &dy);
+                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                    be->read(y[f], dy, n * R), be->read(ga[f], dg, n * C);
+                    be->free(dg), be->free(du), be->free(dy);
+                }
+                if (memcmp(y[0], y[1], sizeof(float) * (size_t)(n * R)))
+                    fail_msg("%s, act %d, %lld tokens: the activation taken in differs from its own launch", K->name,
+                             act, (long long)n);
+                /* taken in: the activation was never written (the fused path ran); else written as without */
+                if (memcmp(ga[1], tc ? g : ga[0], sizeof(float) * (size_t)(n * C)))
+                    fail_msg("%s, act %d, %lld tokens: the activation's buffer is not what the %s path leaves",
+                             K->name, act, (long long)n, tc ? "fused" : "separate");
+            }
+        for (int f = 0; f < 2; f++) free(y[f]), free(ga[f]);
+        free(g), free(u);
+        free_weight(&h);
+    }
+    be->session_free(s1), be->session_free(s2);
+}
+
+enum { FB = 3, FHQ = 4, FHK = 2, FD = 64, FL = 2 };
+
+/* a layer's cache of a row, as bytes on the host */
+static unsigned char *kv_bytes(const osp_kv *kv, int layer, int32_t row, size_t *n) {
+    const osp_kv_layer *l = &kv->layers[layer];
+    *n = (size_t)2 * (size_t)l->n_kv_heads * (size_t)l->cap[row] * (size_t)l->slot_bytes;
+    unsigned char *h = malloc(*n);
+    if (kv->mem) kv->mem->to_host(h, l->mem[row], *n);
+    else memcpy(h, l->mem[row], *n);
+    return h;
+}
+
+static void test_fuse_attention(void **state) {
+    (void)state;
+    const int32_t lens[FB] = {5, 140, 600}, rows[FB] = {0, 1, 2};
+    const int bits[] = {0, 16, 8, 4};
+    float inv[FD / 2];
+    for (int i = 0; i < FD / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / FD);
+    osp_dbuf *di = upload(inv, FD / 2);
+    const int64_t NQ = (int64_t)FB * 3 * FHQ * FD, NK = (int64_t)FB * 3 * FHK * FD; /* up to 3 tokens a row */
+    float *q = malloc(sizeof(float) * (size_t)NQ), *k = malloc(sizeof(float) * (size_t)NK),
+          *v = malloc(sizeof(float) * (size_t)NK), *out[2];
+    out[0] = malloc(sizeof(float) * (size_t)NQ), out[1] = malloc(sizeof(float) * (size_t)NQ);
+    const int64_t pre = 600 * FHK * FD;
+    float *pk = malloc(sizeof(float) * (size_t)pre), *pv = malloc(sizeof(float) * (size_t)pre);
+    for (int64_t i = 0; i < pre; i++) pk[i] = uniform(), pv[i] = uniform();
+    for (size_t bi = 0; bi < sizeof bits / sizeof *bits; bi++) {
+        osp_kv_spec sp[FL] = {{FHK, FD, 0, -1, bits[bi], 32}, {FHK, FD, 100, -1, bits[bi], 32}};
+        osp_kv *kv[2];
+        osp_be_session *ss[2] = {fuse_session(1), fuse_session(2)};
+        for (int f = 0; f < 2; f++) {
+            assert_int_equal(osp_kv_new(FB, FL, sp, 700, 4, be->kv_mem, &kv[f]), OSP_OK);
+            for (int32_t r = 0; r < FB; r++) {
+                assert_int_equal(osp_kv_reserve(kv[f], r, lens[r] + 8), OSP_OK);
+                osp_dbuf *dk = upload(pk, (int64_t)lens[r] * FHK * FD), *dv = upload(pv, (int64_t)lens[r] * FHK * FD);
+                be->begin_chunk(ss[f], 1, lens[r]);
+                for (int li = 0; li < FL; li++) be->kv_write(ss[f], kv[f], li, &rows[r], 1, dk, dv, lens[r]);
+                if (be->status(ss[f]) != OSP_OK) fail_msg("%s", osp_last_error());
+                be->free(dk), be->free(dv);
+                kv[f]->pos[r] = lens[r];
+            }
+        }
+        /* three decode steps, then a chunk of 3 exact tokens */
+        for (int step = 0; step < 4; step++) {
+            const int32_t T = step < 3 ? 1 : 3;
+            const int64_t nq = (int64_t)FB * T * FHQ * FD, nk = (int64_t)FB * T * FHK * FD;
+            for (int64_t i = 0; i < nq; i++) q[i] = uniform();
+            for (int64_t i = 0; i < nk; i++) k[i] = uniform(), v[i] = uniform();
+            for (int li = 0; li < FL; li++) {
+                for (int f = 0; f < 2; f++) {
+                    osp_be_session *s = ss[f];
+                    int32_t pos[FB];
+                    for (int b = 0; b < FB; b++) pos[b] = kv[f]->pos[rows[b]];
+                    osp_dbuf *dq = upload(q, nq), *dk = upload(k, nk), *dv = upload(v, nk), *dout = be->alloc((size_t)nq);
+                    const int64_t stride = 700 + 64;
+                    osp_dbuf *dsc = be->alloc((size_t)(FB * T * FHQ * stride));
+                    assert_non_null(dout), assert_non_null(dsc);
+                    be->set_exact_tokens(s, T > 1);
+                    be->begin_chunk(s, FB, T);
+                    be->rope(s, dq, FB, T, FHQ, FD, di, pos);
+                    be->rope(s, dk, FB, T, FHK, FD, di, pos);
+                    osp_attn_args a = {.kv = kv[f], .layer = li, .rows = rows, .nb = FB, .T = T, .n_heads = FHQ,
+                                       .n_kv_heads = FHK, .head_dim = FD, .scale = 0.125f, .window = li ? 100 : 0,
+                                       .q = dq, .k = dk, .v = dv, .out = dout, .scores = dsc, .score_stride = stride,
+                                       .chunk_stored = T > 1};
+                    be->kv_write(s, kv[f], li, rows, FB, dk, dv, T); /* the model's order for these chunks */
+                    be->attention(s, &a);
+                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                    be->read(out[f], dout, nq);
+                    be->free(dq), be->free(dk), be->free(dv), be->free(dout), be->free(dsc);
+                }
+                if (memcmp(out[0], out[1], sizeof(float) * (size_t)nq))
+                    fail_msg("KV bits %d layer %d step %d: attention differs fused and separate", bits[bi], li, step);
+                for (int32_t r = 0; r < FB; r++) {
+                    size_t n0, n1;
+                    unsigned char *c0 = kv_bytes(kv[0], li, r, &n0), *c1 = kv_bytes(kv[1], li, r, &n1);
+                    if (n0 != n1 || memcmp(c0, c1, n0))
+                        fail_msg("KV bits %d layer %d step %d row %d: the stored cache differs", bits[bi], li, step, r);
+                    free(c0), free(c1);
+                }
+            }
+            for (int f = 0; f < 2; f++)
+                for (int b = 0; b < FB; b++) kv[f]->pos[rows[b]] += T;
+        }
+        for (int f = 0; f < 2; f++) osp_kv_free(kv[f]), be->session_free(ss[f]);
+    }
+    free(q), free(k), free(v), free(out[0]), free(out[1]), free(pk), free(pv);
+    be->free(di);
+}
+
 int main(void) {
     be = osp_backend_cuda();
     if (!be) {
@@ -685,6 +840,8 @@ int main(void) {
         cmocka_unit_test(test_head_ids),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_norm_rope),
+        cmocka_unit_test(test_fuse_act),
+        cmocka_unit_test(test_fuse_attention),
         cmocka_unit_test(test_bandwidth_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

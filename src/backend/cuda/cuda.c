@@ -25,7 +25,8 @@
 #define CD(p) ((const float *)(p))
 #define note osp_cu_note
 /* submit an operation: its argument struct is zeroed first (padding too: its bytes are the fingerprint) */
-#define SUBMIT(s, fn, a) osp_cu_submit((s), (fn), &(a), sizeof(a))
+/* what is held back goes first (flush): an operation always runs after those submitted before it */
+#define SUBMIT(s, fn, a) (flush(s), osp_cu_submit((s), (fn), &(a), sizeof(a)))
 #define ARGS(type, a) type a; memset(&a, 0, sizeof a)
 
 /* ---- memory ---- */
@@ -248,13 +249,17 @@ typedef struct mm_args {
     const float *xu; /* the input is act(x) * xu (an activation taken in: one tensor-core weight) */
     int64_t n;
     int32_t nw, act;
+    int32_t has_tail; /* the residual add and norm after it taken in (one tensor-core weight, n <= 8) */
+    osp_cu_tail tail;
 } mm_args;
+_Static_assert(sizeof(mm_args) <= OP_ARGS, "a matmul's arguments fit an operation's");
 
 static void mm_exec(osp_be_session *s, const void *p) {
     const mm_args *a = p;
-    if (a->xu) {
-        note(s, osp_cu_matmul_tc_act(s->st, a->d[0], a->act, a->x, a->xu, a->n, a->y[0], a->ldy[0], &s->tcws),
-             "activation + matmul");
+    if (a->xu || a->has_tail) {
+        note(s, osp_cu_matmul_tc_fused(s->st, a->d[0], a->x, a->xu, a->act, a->n, a->y[0], a->ldy[0], &s->tcws,
+                                       a->has_tail ? &a->tail : NULL),
+             "matmul (fused)");
     } else if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
@@ -289,14 +294,27 @@ static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, i
     return 1;
 }
 
+/* A matmul of one tensor-core weight in a decode step (few tokens) is held back (OSP_CUDA_FUSE=2): the
+ * residual add of its output and the norm of that sum, which usually follow, join its launch (add, norm). */
+static int hold_mm(osp_be_session *s, const osp_cu_weight *d, int64_t n) {
+    return s->fuse == 2 && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
+}
+
 /* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
     const osp_cu_weight *d0 = nw == 1 ? ws[0]->packed : NULL;
     if (d0) {
         ARGS(mm_args, a);
-        if (act_into(s, d0, CD(x), n, &a)) {
+        int act = act_into(s, d0, CD(x), n, &a); /* before the flush: it takes a held activation */
+        if (act || hold_mm(s, d0, n)) {
+            if (!act) flush(s), a.x = CD(x);
             a.d[0] = d0, a.y[0] = D(ys[0]), a.ldy[0] = d0->rows, a.n = n, a.nw = 1;
+            if (hold_mm(s, d0, n)) {
+                memcpy(s->pend_args, &a, sizeof a);
+                s->pend = 5;
+                return;
+            }
             SUBMIT(s, mm_exec, a);
             return;
         }
@@ -317,6 +335,15 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
         SUBMIT(s, mm_exec, a);
     }
 }
+
+/* the element-wise operations: y op= x / b / a */
+typedef struct ew_args {
+    float *y;
+    const float *x;
+    int64_t n, d;
+    float a;
+    int32_t kind; /* 0 add, 1 add_bias, 2 scale, 3 copy, 4 mul_vec */
+} ew_args;
 
 typedef struct rope_args {
     float *x, *x2; /* x2: a second tensor at the same positions (k after q), or NULL */
@@ -353,6 +380,22 @@ static void flush(osp_be_session *s);
 
 static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                  int add_one) {
+    if (s->pend == 6) { /* a matmul and the add of its output held: this norm of the sum joins them */
+        mm_args *h = (mm_args *)s->pend_args;
+        const ew_args *ad = (const ew_args *)s->pend_n2_args;
+        if ((const float *)ad->y == x && d == h->d[0]->rows && n == h->n) {
+            h->tail = (osp_cu_tail){ad->y, y, w, eps, add_one};
+            h->has_tail = 1;
+            s->pend = 0;
+            SUBMIT(s, mm_exec, *h);
+            return;
+        }
+        /* another norm: the matmul goes, the add stays held (and may join this norm, below) */
+        s->pend = 0;
+        osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
+        memcpy(s->pend_args, s->pend_n2_args, sizeof(ew_args));
+        s->pend = 1;
+    }
     ARGS(norm_args, a);
     a.y = y, a.x = (float *)x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
     if (s->pend == 1) { /* x += t held back: fused when this norm reads that sum */
@@ -384,14 +427,7 @@ static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp
     norm(s, D(y), CD(x), CD(w), n, d, eps, add_one);
 }
 
-/* the element-wise operations: y op= x / b / a */
-typedef struct ew_args {
-    float *y;
-    const float *x;
-    int64_t n, d;
-    float a;
-    int32_t kind; /* 0 add, 1 add_bias, 2 scale, 3 copy, 4 mul_vec */
-} ew_args;
+/* the element-wise operations: y op= x / b / a (ew_args above) */
 
 static void ew_exec(osp_be_session *s, const void *p) {
     const ew_args *a = p;
@@ -411,11 +447,20 @@ static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n,
     SUBMIT(s, ew_exec, a);
 }
 
-/* y += x is held back: the norm that usually follows reads y and fuses it */
+/* y += x is held back: the norm that usually follows reads y and fuses it (and a held matmul whose output
+ * x is, with both) */
 static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
-    flush(s);
     ARGS(ew_args, a);
     a.y = D(y), a.x = CD(x), a.n = n, a.kind = 0;
+    if (s->pend == 5) {
+        const mm_args *h = (const mm_args *)s->pend_args;
+        if ((const float *)h->y[0] == a.x && h->n * h->d[0]->rows == n && a.y != a.x) {
+            memcpy(s->pend_n2_args, &a, sizeof a);
+            s->pend = 6;
+            return;
+        }
+    }
+    flush(s);
     memcpy(s->pend_args, &a, sizeof a);
     s->pend = 1;
 }
@@ -511,6 +556,8 @@ static void flush(osp_be_session *s) {
     else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
     else if (k == 3) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
     else if (k == 4) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
+    else if (k == 5 || k == 6) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
+    if (k == 6) osp_cu_submit(s, ew_exec, s->pend_n2_args, sizeof(ew_args));
     if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }
 

@@ -62,13 +62,16 @@ struct osp_be_session {
     uint64_t steps;
     /* an operation held back to be fused with the next (cuda.c) */
     int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm,
-                                4 an activation (act_mul) */
+                                4 an activation (act_mul), 5 a matmul, 6 a matmul and an add of its output
+                                (the add in pend_n2_args) */
     unsigned char pend_args[OP_ARGS];
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
     unsigned char pend_n2_args[OP_ARGS];
     int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
-                                (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it */
+                                (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it, a
+                                residual add and norm into the matmul before them, the KV store into the
+                                RoPE of k, attention's combine into its splits */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */

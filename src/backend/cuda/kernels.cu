@@ -455,7 +455,18 @@ struct tc_set {
     // the activation taken in the input (not grouped): the kernel's input is act(x) * xu, xu laid out as x
     const float *xu;
     int act;
+    // the residual add and norm that follow (one weight, not grouped): once every block has written y, the
+    // last one computes tx += y, txn = rmsnorm(tx) * tw per token (a norm launch's numbers: tnth threads)
+    float *tx, *txn;
+    const float *tw;
+    float teps;
+    int tadd, tnth;
+    unsigned *tcnt; // zero before and after
 };
+
+template <bool CG>
+__device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
+                                           int add_one, float *sh, int nth);
 
 // two floats as a bf16 pair (round to nearest even), lo in the low half
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
@@ -691,6 +702,22 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
         }
         if (threadIdx.x == 0) set.cnt[blockIdx.x] = 0;
     }
+    // (few-token tiles only: the tail is for n <= 8)
+    if constexpr (!GR && NT == 1) if (set.tx) { // every row tile's y written (its block, or its splits' last):
+                                                 // the last one adds and norms
+        __shared__ int tlast;
+        __shared__ float tsh[32];
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) tlast = atomicAdd(set.tcnt, 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (!tlast) return;
+        __threadfence();
+        for (int64_t tok = 0; tok < n; tok++)
+            rms_row_nt<true>(set.txn + tok * rows, set.tx + tok * rows, y + tok * ldy, set.tw, rows, set.teps,
+                             set.tadd, tsh, set.tnth);
+        if (threadIdx.x == 0) *set.tcnt = 0;
+    }
 }
 
 // a switch's value (its first digit), or dflt when unset or not a digit; callers keep it in a static
@@ -879,6 +906,7 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     static const int xb_on = env_digit("OSP_CUDA_XB", 1) != 0; // 0: every block rounds its f32 input itself
     uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
     const float *xu0 = set.xu;
+    float *tx0 = set.tx, *txn0 = set.txn;
     if (xb) {
         pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols, xu0, set.act);
         set.xu = nullptr; // the activation is in xb
@@ -889,6 +917,7 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
         const int64_t m = n - t < nc ? n - t : nc;
         for (int i = 0; i < set.nw; i++) set.y[i] = y0[i] + t * set.ldy[i];
         if (set.xu) set.xu = xu0 + t * cols;
+        if (set.tx) set.tx = tx0 + t * set.w[0].rows, set.txn = txn0 + t * set.w[0].rows;
         const uint16_t *xbt = xb ? xb + t * cols : NULL;
         if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * cols, xbt, m, sk);
         else tc_tiles<KIND, 8>(st, set, x + t * cols, xbt, m, sk);
@@ -896,24 +925,25 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
 }
 
 extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems) {
-    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL, ws->tail_cnt = NULL;
     ws->xb_elems = x_elems;
     ws->part_floats = (int64_t)MV_MAXW * 64 * 64 * sm_count(); // 64 tokens of 4 weights at the rows bound
     ws->n_cnt = (int64_t)MV_MAXW * 2 * sm_count();
     if (cudaMalloc((void **)&ws->part, (size_t)ws->part_floats * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&ws->cnt, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess ||
-        cudaMemset(ws->cnt, 0, (size_t)ws->n_cnt * sizeof(unsigned)) != cudaSuccess ||
+        cudaMalloc((void **)&ws->cnt, (size_t)(ws->n_cnt + 1) * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(ws->cnt, 0, (size_t)(ws->n_cnt + 1) * sizeof(unsigned)) != cudaSuccess ||
         cudaMalloc((void **)&ws->xb, (size_t)ws->xb_elems * sizeof(uint16_t)) != cudaSuccess) {
         cudaGetLastError();
         osp_cu_tc_ws_free(ws);
         return 1;
     }
+    ws->tail_cnt = ws->cnt + ws->n_cnt;
     return 0;
 }
 
 extern "C" void osp_cu_tc_ws_free(osp_cu_tc_ws *ws) {
     cudaFree(ws->part), cudaFree(ws->cnt), cudaFree(ws->xb);
-    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL, ws->tail_cnt = NULL;
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
@@ -939,7 +969,7 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         }
         tc_set set;
         set.nw = 0;
-        set.xu = nullptr, set.act = 0;
+        set.xu = nullptr, set.act = 0, set.tx = nullptr;
         int64_t rows = 0;
         int i = i0;
         for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
@@ -962,19 +992,27 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
 
 extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
 
-extern "C" int osp_cu_matmul_tc_act(osp_cu_stream st, const osp_cu_weight *w, int act, const float *g,
-                                    const float *u, int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw) {
+static int norm_threads(int64_t d);
+
+extern "C" int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, const float *x, const float *u,
+                                      int act, int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw,
+                                      const osp_cu_tail *tail) {
     const int kind = tc_kind(w);
-    if (kind < 0 || (act != 0 && act != 1)) return (int)cudaErrorInvalidValue;
+    if (kind < 0 || (u && act != 0 && act != 1) || (tail && (n > 8 || !tail->x || !tail->xn || !tw->tail_cnt)))
+        return (int)cudaErrorInvalidValue;
     if (n <= 0 || w->rows <= 0) return 0;
     tc_set set;
     set.nw = 1;
     set.w[0] = *w, set.y[0] = y, set.ldy[0] = ldy;
-    set.xu = u, set.act = act;
+    set.xu = u, set.act = act, set.tx = nullptr;
+    if (tail) {
+        set.tx = tail->x, set.txn = tail->xn, set.tw = tail->w, set.teps = tail->eps, set.tadd = tail->add_one;
+        set.tnth = norm_threads(w->rows), set.tcnt = tw->tail_cnt;
+    }
     switch (kind) {
-    case 2: tc_launch<2>(st, set, g, n, tw); break;
-    case 4: tc_launch<4>(st, set, g, n, tw); break;
-    default: tc_launch<8>(st, set, g, n, tw); break;
+    case 2: tc_launch<2>(st, set, x, n, tw); break;
+    case 4: tc_launch<4>(st, set, x, n, tw); break;
+    default: tc_launch<8>(st, set, x, n, tw); break;
     }
     return launch_status();
 }
@@ -1082,17 +1120,29 @@ __device__ float block_max(float v, float *sh) {
 // Rows of up to NORM_VEC * 4 * blockDim floats keep their values (and the
 // norm's weight, loaded before the previous kernel ends) in registers.
 #define NORM_VEC 4
-// one row (the block's): yr = rmsnorm(xr (+= tr)) * w; every norm kernel's arithmetic
-__device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
-                                        int add_one, float *sh) {
-    const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * blockDim.x;
+// one row (the block's): yr = rmsnorm(xr (+= tr)) * w; every norm kernel's arithmetic. nth: the threads
+// that take part (the block's first; the others add zeros to the block's sum, which changes nothing), so
+// that a block of another size computes a norm launch's numbers bitwise; CG: xr and tr written by other
+// blocks of the running kernel (read from L2)
+template <bool CG> __device__ __forceinline__ float4 ld4x(const float *p) {
+    if (CG) return __ldcg(reinterpret_cast<const float4 *>(p));
+    return *reinterpret_cast<const float4 *>(p);
+}
+template <bool CG> __device__ __forceinline__ float ldx(const float *p) { return CG ? __ldcg(p) : *p; }
+
+template <bool CG>
+__device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
+                                           int add_one, float *sh, int nth) {
+    const bool on = (int)threadIdx.x < nth;
+    const int tid = on ? (int)threadIdx.x : 0;
+    const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * nth;
     float4 wv[NORM_VEC];
     if (vec) {
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) {
-            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            const int64_t i = tid + (int64_t)k * nth;
             wv[k] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            if (w && i < d / 4) {
+            if (on && w && i < d / 4) {
                 wv[k] = ld4(w + 4 * i);
                 if (add_one) wv[k].x += 1.0f, wv[k].y += 1.0f, wv[k].z += 1.0f, wv[k].w += 1.0f;
             }
@@ -1105,12 +1155,12 @@ __device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, c
         float4 xv[NORM_VEC];
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) {
-            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+            const int64_t i = tid + (int64_t)k * nth;
             xv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (i < d / 4) {
-                xv[k] = ld4(xr + 4 * i);
+            if (on && i < d / 4) {
+                xv[k] = ld4x<CG>(xr + 4 * i);
                 if (tr) {
-                    const float4 u = ld4(tr + 4 * i);
+                    const float4 u = ld4x<CG>(tr + 4 * i);
                     xv[k].x = __fadd_rn(xv[k].x, u.x), xv[k].y = __fadd_rn(xv[k].y, u.y);
                     xv[k].z = __fadd_rn(xv[k].z, u.z), xv[k].w = __fadd_rn(xv[k].w, u.w);
                     reinterpret_cast<float4 *>(xr)[i] = xv[k];
@@ -1126,8 +1176,8 @@ __device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, c
         const float inv = 1.0f / sqrtf(ss / (float)d + eps);
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) {
-            const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-            if (i < d / 4)
+            const int64_t i = tid + (int64_t)k * nth;
+            if (on && i < d / 4)
                 reinterpret_cast<float4 *>(yr)[i] = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
                                                                 xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
         }
@@ -1135,28 +1185,33 @@ __device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, c
     }
     if ((d & 3) == 0) {
         const int64_t d4 = d / 4;
-        for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
-            float4 v = reinterpret_cast<const float4 *>(xr)[i];
+        for (int64_t i = tid; on && i < d4; i += nth) {
+            float4 v = ld4x<CG>(xr + 4 * i);
             if (tr) {
-                const float4 u = reinterpret_cast<const float4 *>(tr)[i];
+                const float4 u = ld4x<CG>(tr + 4 * i);
                 v.x = __fadd_rn(v.x, u.x), v.y = __fadd_rn(v.y, u.y), v.z = __fadd_rn(v.z, u.z), v.w = __fadd_rn(v.w, u.w);
                 reinterpret_cast<float4 *>(xr)[i] = v;
             }
             ss = __fmaf_rn(v.x, v.x, ss), ss = __fmaf_rn(v.y, v.y, ss), ss = __fmaf_rn(v.z, v.z, ss), ss = __fmaf_rn(v.w, v.w, ss);
         }
     } else {
-        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-            float v = xr[i];
-            if (tr) v = __fadd_rn(v, tr[i]), xr[i] = v;
+        for (int64_t i = tid; on && i < d; i += nth) {
+            float v = ldx<CG>(xr + i);
+            if (tr) v = __fadd_rn(v, ldx<CG>(tr + i)), xr[i] = v;
             ss = __fmaf_rn(v, v, ss);
         }
     }
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    for (int64_t i = tid; on && i < d; i += nth) {
         float m = w ? (add_one ? 1.0f + w[i] : w[i]) : 1.0f;
         yr[i] = xr[i] * inv * m;
     }
+}
+
+__device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
+                                        int add_one, float *sh) {
+    rms_row_nt<false>(yr, xr, tr, w, d, eps, add_one, sh, (int)blockDim.x);
 }
 
 __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {

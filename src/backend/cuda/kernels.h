@@ -43,6 +43,7 @@ typedef struct osp_cu_tc_ws {
     int64_t n_cnt;
     uint16_t *xb; /* a call's input rounded to bf16 once (calls of more than 8 tokens) */
     int64_t xb_elems;
+    unsigned *tail_cnt; /* the fused matmul's tail counter (zero between launches) */
 } osp_cu_tc_ws;
 /* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
  * on the tensor cores (activations and dequantized weights rounded to bf16,
@@ -50,11 +51,20 @@ typedef struct osp_cu_tc_ws {
  * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                            float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
-/* The same for one weight whose input is act(g) * u (act 0 SiLU, 1 GELU's tanh form; u laid out as g):
- * osp_cu_act_mul's values, taken as the matmul reads its input (no launch of their own, nothing written
- * but y). The weight must be one of the tensor-core kernel's (osp_cu_tc_ok). */
-int osp_cu_matmul_tc_act(osp_cu_stream st, const osp_cu_weight *w, int act, const float *g, const float *u,
-                         int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw);
+/* What the fused matmul does after it (osp_cu_matmul_tc_fused): x += y, then xn = rmsnorm(x) * w
+ * (add_one: 1 + w), per token: osp_cu_add_rmsnorm's numbers on rows of the weight's rows. */
+typedef struct osp_cu_tail {
+    float *x, *xn;
+    const float *w;
+    float eps;
+    int add_one;
+} osp_cu_tail;
+/* The same for one weight of the tensor-core kernel's (osp_cu_tc_ok), with what would follow it in
+ * launches of their own taken in: u non-NULL: the input is act(x) * u (act 0 SiLU, 1 GELU's tanh form; u
+ * laid out as x), osp_cu_act_mul's values, never written; tail non-NULL (n <= 8): the residual add and
+ * norm above, done by the last block to finish. */
+int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, const float *x, const float *u, int act,
+                           int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw, const osp_cu_tail *tail);
 /* x_elems: the most input values a call has (tokens x columns); 0, or 1 when out of GPU memory */
 int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems);
 void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);

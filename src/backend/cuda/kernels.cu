@@ -521,9 +521,23 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
 // GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false>
+// STG > 0 (OSP_CUDA_CPA=1; bf16 few-token tiles: KIND 2, MT 1, NT 1, not grouped): each warp streams its
+// steps through a ring of STG stages in shared memory with cp.async (weights, inputs, and the activation's
+// second operand), STG - 1 steps in flight without registers held for them; every mma the same, in the
+// same order, as with registers (the same numbers)
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, int STG = 0>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
+    static_assert(STG == 0 || (KIND == 2 && MT == 1 && NT == 1 && !XB && !GR), "the staged kernel's shapes");
     const float *__restrict__ x = (const float *)xv;
     const uint16_t *__restrict__ xh = (const uint16_t *)xv;
     constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
@@ -570,8 +584,35 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rok[m][h] = r < rows;
             rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
         }
+    [[maybe_unused]] extern __shared__ uint4 cpa[]; // STG: [warp][stage][slot][lane]
+    [[maybe_unused]] const int SL = set.xu ? 6 : 4;  // slots: weight rows g and g + 8, input, activation's u
+    auto ring = [&](int64_t s, int k) -> uint4 * {
+        return cpa + ((int64_t)((warp * STG + (int)((s - s_lo) % (STG > 0 ? STG : 1))) * SL + k)) * WARP + lane;
+    };
+    auto issue_w = [&](int64_t s) { // step s's weights
+        const int64_t ch = s * 4 + t;
+        if (s < s_hi && ch < nch)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (rok[0][h]) cp_async16(ring(s, h), rp[0][h] + ch);
+    };
+    auto issue_x = [&](int64_t s) { // step s's inputs (token g's), and u's
+        const int64_t ch = s * 4 + t;
+        if (s < s_hi && ch < nch && g < n) {
+            const float *xp = x + (int64_t)g * cols + ch * CH;
+            cp_async16(ring(s, 2), xp), cp_async16(ring(s, 3), xp + 4);
+            if (set.xu) {
+                const float *up = set.xu + (int64_t)g * cols + ch * CH;
+                cp_async16(ring(s, 4), up), cp_async16(ring(s, 5), up + 4);
+            }
+        }
+    };
+    if constexpr (STG > 0) { // the weights (never written by a kernel) of the first steps: one group
+        for (int i = 0; i < STG - 1; i++) issue_w(s_lo + i);
+        cp_async_commit();
+    }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && STG == 0 && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -589,73 +630,113 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
-        for (int64_t s = s_lo; s < s_hi; s += U) {
-            // U steps of weights and inputs in flight together
-            uint4 a[U][MT][2];
-            float sc[U][MT][2], bi[U][MT][2];
-            uint32_t b[U][V][NT][4];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int64_t ch = (s + u) * 4 + t;
-                const bool live = s + u < s_hi && ch < nch;
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const bool ok = live && rok[m][h];
-                        a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
-                        sc[u][m][h] = bi[u][m][h] = 0.0f;
-                        if (KIND != 2 && ok) {
-                            const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
-                            sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
-                            bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
-                        }
+        if constexpr (STG > 0) {
+            // groups: the prologue's weights, then the first steps' inputs one group each, then one group per
+            // step issued in the loop; the step consumed always has STG - 1 groups after its own
+            for (int i = 0; i < STG - 1; i++) {
+                issue_x(s_lo + i);
+                cp_async_commit();
+            }
+            for (int64_t s = s_lo; s < s_hi; s++) {
+                issue_w(s + STG - 1), issue_x(s + STG - 1); // into the stage consumed one step ago
+                cp_async_commit();
+                cp_async_wait<STG - 1>();
+                const int64_t ch = s * 4 + t;
+                const bool live = ch < nch;
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                const uint4 a0 = live && rok[0][0] ? *ring(s, 0) : zero, a1 = live && rok[0][1] ? *ring(s, 1) : zero;
+                uint32_t bb[4] = {0, 0, 0, 0};
+                if (live && g < n) {
+                    const uint4 pw = *ring(s, 2), qw = *ring(s, 3);
+                    float4 p = make_float4(__uint_as_float(pw.x), __uint_as_float(pw.y), __uint_as_float(pw.z),
+                                           __uint_as_float(pw.w));
+                    float4 q = make_float4(__uint_as_float(qw.x), __uint_as_float(qw.y), __uint_as_float(qw.z),
+                                           __uint_as_float(qw.w));
+                    if (set.xu) {
+                        const uint4 pu = *ring(s, 4), qu = *ring(s, 5);
+                        p.x = act_val(set.act, p.x, __uint_as_float(pu.x)), p.y = act_val(set.act, p.y, __uint_as_float(pu.y));
+                        p.z = act_val(set.act, p.z, __uint_as_float(pu.z)), p.w = act_val(set.act, p.w, __uint_as_float(pu.w));
+                        q.x = act_val(set.act, q.x, __uint_as_float(qu.x)), q.y = act_val(set.act, q.y, __uint_as_float(qu.y));
+                        q.z = act_val(set.act, q.z, __uint_as_float(qu.z)), q.w = act_val(set.act, q.w, __uint_as_float(qu.w));
                     }
-#pragma unroll
-                for (int v = 0; v < V; v++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const int64_t tok = t0 + 8 * j + g;
-                        b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
-                        if (live && tok < n) {
-                            if constexpr (XB) {
-                                const uint4 q = *reinterpret_cast<const uint4 *>(xh + tok * cols + ch * CH + 8 * v);
-                                b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
-                            } else {
-                                const float *xp = x + tok * cols + ch * CH + 8 * v;
-                                float4 p = ld4(xp), q = ld4(xp + 4);
-                                if (!GR && set.xu) {
-                                    const float *up = set.xu + tok * cols + ch * CH + 8 * v;
-                                    const float4 pu = ld4(up), qu = ld4(up + 4);
-                                    p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
-                                    p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
-                                    q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
-                                    q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
-                                }
-                                b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
-                                b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                    bb[0] = bf16x2(p.x, p.y), bb[1] = bf16x2(p.z, p.w), bb[2] = bf16x2(q.x, q.y), bb[3] = bf16x2(q.z, q.w);
+                }
+                uint32_t A0[4], A1[4];
+                tc_sub<KIND>(a0, 0.0f, 0.0f, 0, A0);
+                tc_sub<KIND>(a1, 0.0f, 0.0f, 0, A1);
+                mma_bf16(acc[0][0], A0[0], A1[0], A0[1], A1[1], bb[0], bb[1]);
+                mma_bf16(acc[0][0], A0[2], A1[2], A0[3], A1[3], bb[2], bb[3]);
+            }
+            cp_async_wait<0>();
+        } else {
+            for (int64_t s = s_lo; s < s_hi; s += U) {
+                // U steps of weights and inputs in flight together
+                uint4 a[U][MT][2];
+                float sc[U][MT][2], bi[U][MT][2];
+                uint32_t b[U][V][NT][4];
+    #pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int64_t ch = (s + u) * 4 + t;
+                    const bool live = s + u < s_hi && ch < nch;
+    #pragma unroll
+                    for (int m = 0; m < MT; m++)
+    #pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const bool ok = live && rok[m][h];
+                            a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
+                            sc[u][m][h] = bi[u][m][h] = 0.0f;
+                            if (KIND != 2 && ok) {
+                                const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                                sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
+                                bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
                             }
                         }
-                    }
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (s + u >= s_hi) break;
-#pragma unroll
-                for (int v = 0; v < V; v++) {
-                    uint32_t A[MT][2][4];
-#pragma unroll
-                    for (int m = 0; m < MT; m++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        if (t0 + 8 * j >= n) break; // no token in this tile
-#pragma unroll
-                        for (int m = 0; m < MT; m++) {
-                            const uint32_t *bb = b[u][v][j];
-                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
-                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
+    #pragma unroll
+                    for (int v = 0; v < V; v++)
+    #pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            const int64_t tok = t0 + 8 * j + g;
+                            b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
+                            if (live && tok < n) {
+                                if constexpr (XB) {
+                                    const uint4 q = *reinterpret_cast<const uint4 *>(xh + tok * cols + ch * CH + 8 * v);
+                                    b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
+                                } else {
+                                    const float *xp = x + tok * cols + ch * CH + 8 * v;
+                                    float4 p = ld4(xp), q = ld4(xp + 4);
+                                    if (!GR && set.xu) {
+                                        const float *up = set.xu + tok * cols + ch * CH + 8 * v;
+                                        const float4 pu = ld4(up), qu = ld4(up + 4);
+                                        p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
+                                        p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
+                                        q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
+                                        q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
+                                    }
+                                    b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
+                                    b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
+                                }
+                            }
+                        }
+                }
+    #pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (s + u >= s_hi) break;
+    #pragma unroll
+                    for (int v = 0; v < V; v++) {
+                        uint32_t A[MT][2][4];
+    #pragma unroll
+                        for (int m = 0; m < MT; m++)
+    #pragma unroll
+                            for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
+    #pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            if (t0 + 8 * j >= n) break; // no token in this tile
+    #pragma unroll
+                            for (int m = 0; m < MT; m++) {
+                                const uint32_t *bb = b[u][v][j];
+                                mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
+                                mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
+                            }
                         }
                     }
                 }
@@ -754,6 +835,29 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
+// OSP_CUDA_CPA=1 (for measurements; not yet run on a GPU): bf16's few-token tiles through tc_kernel's staged
+// loop (STG = 4 stages a warp); the same numbers
+static int tc_cpa() {
+    static const int on = env_digit("OSP_CUDA_CPA", 0) == 1;
+    return on;
+}
+
+#define TC_STG 4
+template <int KS> static void tc_go_cpa(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
+    auto k = tc_kernel<2, KS, 1, 1, 1, 16 / KS, false, false, TC_STG>;
+    static int attr = 0; // the largest ring (with u) allowed once
+    const size_t most = (size_t)KS * TC_STG * 6 * WARP * sizeof(uint4);
+    if (!attr && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most) == cudaSuccess)
+        attr = 1;
+    const size_t shm = (size_t)KS * TC_STG * (set.xu ? 6 : 4) * WARP * sizeof(uint4);
+    for (int i = 0; i < set.nw; i++) {
+        const int64_t blocks = (set.w[i].rows + 15) / 16;
+        set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
+        set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
+    }
+    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
+}
+
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
 // (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
@@ -803,7 +907,9 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
-    if (n <= 8) {
+    if (n <= 8 && KIND == 2 && tc_cpa()) {
+        tc_go_cpa<KS>(st, set, x, n, sk);
+    } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
         case 2: tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk); break;

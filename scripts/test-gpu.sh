@@ -73,7 +73,7 @@ done
 for t in test_batch test_ids_out test_spec test_fast_path; do
     OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
 done
-# OSP_CUDA_CPA=1 (bf16's few-token tiles staged through shared memory): test_cuda's tensor-core checks hold a
+# OSP_CUDA_CPA=1 (the few-token tiles staged through shared memory): test_cuda's tensor-core checks hold a
 # token alone (the staged kernel) bitwise to the same token among 9 to 70 (the many-token kernel)
 OSP_CUDA_CPA=1 run "test_cuda (cpa=1)" "$(bin test_cuda)"
 OSP_CUDA_CPA=1 OSP_CUDA_FUSE=2 run "test_batch (cpa=1, fuse=2)" "$(bin test_batch)"

@@ -521,13 +521,28 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
 // GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
-// STG > 0 (OSP_CUDA_CPA=1; bf16 few-token tiles: KIND 2, MT 1, NT 1, not grouped): each warp streams its
-// steps through a ring of STG stages in shared memory with cp.async (weights, inputs, and the activation's
-// second operand), STG - 1 steps in flight without registers held for them; every mma the same, in the
-// same order, as with registers (the same numbers)
+// STG > 0 (OSP_CUDA_CPA=1; few-token tiles: MT 1, NT 1, not grouped): each warp streams its steps through a
+// ring of STG stages in shared memory with cp.async (weights, and for bf16 the inputs and the activation's
+// second operand; for codes their scales' and biases' words, the inputs read as the step is computed: L1
+// hits, shared by every row tile), STG - 1 steps in flight without registers held for them; every mma the
+// same, with the same operands in the same order, as the register loop's (the same numbers)
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
+}
+// element i of a scales/biases array (dt 0 f32, 1 f16, 2 bf16) from the 4-byte word holding it (load_float's
+// value): the word at byte (i * size) & ~3
+__device__ __forceinline__ const void *scale_word(const void *p, int dt, int64_t i) {
+    return dt == 0 ? (const void *)((const float *)p + i) : (const void *)((const unsigned char *)p + ((i * 2) & ~(int64_t)3));
+}
+__device__ __forceinline__ float word_float(uint32_t wd, int dt, int64_t i) {
+    if (dt == 0) return __uint_as_float(wd);
+    const uint16_t h = (uint16_t)(wd >> (16 * (int)(i & 1)));
+    return dt == 2 ? bf16_to_f32(h) : __half2float(__ushort_as_half(h));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
@@ -537,7 +552,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, int STG = 0>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
-    static_assert(STG == 0 || (KIND == 2 && MT == 1 && NT == 1 && !XB && !GR), "the staged kernel's shapes");
+    static_assert(STG == 0 || (MT == 1 && NT == 1 && !XB && !GR), "the staged kernel's shapes");
     const float *__restrict__ x = (const float *)xv;
     const uint16_t *__restrict__ xh = (const uint16_t *)xv;
     constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
@@ -585,20 +600,29 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
         }
     [[maybe_unused]] extern __shared__ uint4 cpa[]; // STG: [warp][stage][slot][lane]
-    [[maybe_unused]] const int SL = set.xu ? 6 : 4;  // slots: weight rows g and g + 8, input, activation's u
+    // slots: weight rows g and g + 8; bf16: input, activation's u; codes: the scale and bias words of both rows
+    [[maybe_unused]] const int SL = KIND != 2 ? 3 : set.xu ? 6 : 4;
     auto ring = [&](int64_t s, int k) -> uint4 * {
         return cpa + ((int64_t)((warp * STG + (int)((s - s_lo) % (STG > 0 ? STG : 1))) * SL + k)) * WARP + lane;
     };
-    auto issue_w = [&](int64_t s) { // step s's weights
+    auto issue_w = [&](int64_t s) { // step s's weights (and their scales and biases)
         const int64_t ch = s * 4 + t;
         if (s < s_hi && ch < nch)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                if (rok[0][h]) cp_async16(ring(s, h), rp[0][h] + ch);
+                if (rok[0][h]) {
+                    cp_async16(ring(s, h), rp[0][h] + ch);
+                    if (KIND != 2) {
+                        const int64_t gi = (row0 + g + 8 * h) * ng + ch * CH / w.group;
+                        uint32_t *wd = (uint32_t *)ring(s, 2);
+                        cp_async4(wd + 2 * h, scale_word(w.scales, w.sdtype, gi));
+                        cp_async4(wd + 2 * h + 1, scale_word(w.biases, w.sdtype, gi));
+                    }
+                }
     };
-    auto issue_x = [&](int64_t s) { // step s's inputs (token g's), and u's
+    auto issue_x = [&](int64_t s) { // step s's inputs (token g's), and u's (bf16)
         const int64_t ch = s * 4 + t;
-        if (s < s_hi && ch < nch && g < n) {
+        if (KIND == 2 && s < s_hi && ch < nch && g < n) {
             const float *xp = x + (int64_t)g * cols + ch * CH;
             cp_async16(ring(s, 2), xp), cp_async16(ring(s, 3), xp + 4);
             if (set.xu) {
@@ -645,27 +669,57 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                 const bool live = ch < nch;
                 const uint4 zero = make_uint4(0, 0, 0, 0);
                 const uint4 a0 = live && rok[0][0] ? *ring(s, 0) : zero, a1 = live && rok[0][1] ? *ring(s, 1) : zero;
-                uint32_t bb[4] = {0, 0, 0, 0};
-                if (live && g < n) {
-                    const uint4 pw = *ring(s, 2), qw = *ring(s, 3);
-                    float4 p = make_float4(__uint_as_float(pw.x), __uint_as_float(pw.y), __uint_as_float(pw.z),
-                                           __uint_as_float(pw.w));
-                    float4 q = make_float4(__uint_as_float(qw.x), __uint_as_float(qw.y), __uint_as_float(qw.z),
-                                           __uint_as_float(qw.w));
-                    if (set.xu) {
-                        const uint4 pu = *ring(s, 4), qu = *ring(s, 5);
-                        p.x = act_val(set.act, p.x, __uint_as_float(pu.x)), p.y = act_val(set.act, p.y, __uint_as_float(pu.y));
-                        p.z = act_val(set.act, p.z, __uint_as_float(pu.z)), p.w = act_val(set.act, p.w, __uint_as_float(pu.w));
-                        q.x = act_val(set.act, q.x, __uint_as_float(qu.x)), q.y = act_val(set.act, q.y, __uint_as_float(qu.y));
-                        q.z = act_val(set.act, q.z, __uint_as_float(qu.z)), q.w = act_val(set.act, q.w, __uint_as_float(qu.w));
-                    }
-                    bb[0] = bf16x2(p.x, p.y), bb[1] = bf16x2(p.z, p.w), bb[2] = bf16x2(q.x, q.y), bb[3] = bf16x2(q.z, q.w);
+                float sc[2] = {0.0f, 0.0f}, bi[2] = {0.0f, 0.0f};
+                if (KIND != 2) {
+                    const uint4 wd = *ring(s, 2);
+                    const uint32_t wv[4] = {wd.x, wd.y, wd.z, wd.w};
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        if (live && rok[0][h]) {
+                            const int64_t gi = (row0 + g + 8 * h) * ng + ch * CH / w.group;
+                            sc[h] = word_float(wv[2 * h], w.sdtype, gi), bi[h] = word_float(wv[2 * h + 1], w.sdtype, gi);
+                        }
                 }
-                uint32_t A0[4], A1[4];
-                tc_sub<KIND>(a0, 0.0f, 0.0f, 0, A0);
-                tc_sub<KIND>(a1, 0.0f, 0.0f, 0, A1);
-                mma_bf16(acc[0][0], A0[0], A1[0], A0[1], A1[1], bb[0], bb[1]);
-                mma_bf16(acc[0][0], A0[2], A1[2], A0[3], A1[3], bb[2], bb[3]);
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    uint32_t bb[4] = {0, 0, 0, 0};
+                    if (live && g < n) {
+                        float4 p, q, pu, qu;
+                        if (KIND == 2) {
+                            const uint4 pw = *ring(s, 2), qw = *ring(s, 3);
+                            p = make_float4(__uint_as_float(pw.x), __uint_as_float(pw.y), __uint_as_float(pw.z),
+                                            __uint_as_float(pw.w));
+                            q = make_float4(__uint_as_float(qw.x), __uint_as_float(qw.y), __uint_as_float(qw.z),
+                                            __uint_as_float(qw.w));
+                            if (set.xu) {
+                                const uint4 a = *ring(s, 4), b = *ring(s, 5);
+                                pu = make_float4(__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z),
+                                                 __uint_as_float(a.w));
+                                qu = make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z),
+                                                 __uint_as_float(b.w));
+                            }
+                        } else {
+                            const float *xp = x + (int64_t)g * cols + ch * CH + 8 * v;
+                            p = ld4(xp), q = ld4(xp + 4);
+                            if (set.xu) {
+                                const float *up = set.xu + (int64_t)g * cols + ch * CH + 8 * v;
+                                pu = ld4(up), qu = ld4(up + 4);
+                            }
+                        }
+                        if (set.xu) {
+                            p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
+                            p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
+                            q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
+                            q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
+                        }
+                        bb[0] = bf16x2(p.x, p.y), bb[1] = bf16x2(p.z, p.w), bb[2] = bf16x2(q.x, q.y), bb[3] = bf16x2(q.z, q.w);
+                    }
+                    uint32_t A0[4], A1[4];
+                    tc_sub<KIND>(a0, sc[0], bi[0], v, A0);
+                    tc_sub<KIND>(a1, sc[1], bi[1], v, A1);
+                    mma_bf16(acc[0][0], A0[0], A1[0], A0[1], A1[1], bb[0], bb[1]);
+                    mma_bf16(acc[0][0], A0[2], A1[2], A0[3], A1[3], bb[2], bb[3]);
+                }
             }
             cp_async_wait<0>();
         } else {
@@ -835,7 +889,7 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
-// OSP_CUDA_CPA=1 (for measurements; not yet run on a GPU): bf16's few-token tiles through tc_kernel's staged
+// OSP_CUDA_CPA=1 (for measurements; not yet run on a GPU): the few-token tiles through tc_kernel's staged
 // loop (STG = 4 stages a warp); the same numbers
 static int tc_cpa() {
     static const int on = env_digit("OSP_CUDA_CPA", 0) == 1;
@@ -843,13 +897,13 @@ static int tc_cpa() {
 }
 
 #define TC_STG 4
-template <int KS> static void tc_go_cpa(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
-    auto k = tc_kernel<2, KS, 1, 1, 1, 16 / KS, false, false, TC_STG>;
-    static int attr = 0; // the largest ring (with u) allowed once
-    const size_t most = (size_t)KS * TC_STG * 6 * WARP * sizeof(uint4);
+template <int KIND, int KS> static void tc_go_cpa(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
+    auto k = tc_kernel<KIND, KS, 1, 1, 1, 16 / KS, false, false, TC_STG>;
+    static int attr = 0; // the largest ring (bf16 with u) allowed once
+    const size_t most = (size_t)KS * TC_STG * (KIND == 2 ? 6 : 3) * WARP * sizeof(uint4);
     if (!attr && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most) == cudaSuccess)
         attr = 1;
-    const size_t shm = (size_t)KS * TC_STG * (set.xu ? 6 : 4) * WARP * sizeof(uint4);
+    const size_t shm = (size_t)KS * TC_STG * (KIND != 2 ? 3 : set.xu ? 6 : 4) * WARP * sizeof(uint4);
     for (int i = 0; i < set.nw; i++) {
         const int64_t blocks = (set.w[i].rows + 15) / 16;
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
@@ -907,8 +961,8 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
-    if (n <= 8 && KIND == 2 && tc_cpa()) {
-        tc_go_cpa<KS>(st, set, x, n, sk);
+    if (n <= 8 && tc_cpa()) {
+        tc_go_cpa<KIND, KS>(st, set, x, n, sk);
     } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;

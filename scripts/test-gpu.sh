@@ -7,6 +7,7 @@
 #   scripts/test-gpu.sh                builds build/ (scripts/setup.sh) and runs it
 #   OSP_BIN=DIR scripts/test-gpu.sh    runs prebuilt binaries from DIR (osprey,
 #                                      golden_compare, test_*; also DIR/tests/)
+#   OSP_GPU_PARTS="core fuse e2e"      the parts to run (the default: all; see want below)
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -36,7 +37,11 @@ run() {
         fails=$((fails + 1))
     fi
 }
+# OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
+# OSP_CUDA_FUSE=2 and OSP_CUDA_CPA=1 checks), e2e (the server with the openai client)
+want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
+if want core; then
 run test_cuda "$(bin test_cuda)"
 for t in test_parity test_shapes test_batch test_ids_out test_fast_path test_kv_quant test_generate test_fortune \
     test_mixed_quant test_gemma4_layouts test_prefix_cache test_spec; do
@@ -56,6 +61,8 @@ for g in data/goldens/*/; do
             '$(bin golden_compare)' $g '$tmp/out.safetensors'"
     done
 done
+fi
+if want fuse; then
 # OSP_CUDA_FUSE=2 (launches joined in decode steps: the activation into the down matmul, the splits'
 # combine into attention, the KV store into the RoPE): every golden's decode-mode logits bitwise the same
 # as without, in both precisions, and the batch, ids-out and speculative suites with it
@@ -77,6 +84,8 @@ done
 # token alone (the staged kernel) bitwise to the same token among 9 to 70 (the many-token kernel)
 OSP_CUDA_CPA=1 run "test_cuda (cpa=1)" "$(bin test_cuda)"
 OSP_CUDA_CPA=1 OSP_CUDA_FUSE=2 run "test_batch (cpa=1, fuse=2)" "$(bin test_batch)"
+fi
+if want core; then
 # Whisper on the GPU: its operations against double references, the goldens (reference precision, the
 # CPU's bound) in every mode, the production path (bf16 GEMMs) within the KL tier, the speech suites
 run test_encdec "$(bin test_encdec)"
@@ -92,6 +101,8 @@ done
 run "logits whisper fast (KL tier)" sh -c "'$(bin osprey)' logits --device cuda --fast --model $wg \
     --audio $wg/audio.wav --input $wg/golden.safetensors --output '$tmp/wf.safetensors' && \
     '$(bin tensor_compare)' $wg/golden.safetensors logits '$tmp/wf.safetensors' logits --kl"
+fi
+if want e2e; then
 # the server end to end with the real openai client, where node and the client are here
 if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
     # OSPREY_EXPECT_DEVICE: every server the suites start must have loaded its model on the GPU
@@ -100,6 +111,7 @@ if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
     done
 else
     echo "skip  e2e (no node or no tests/e2e/node_modules: npm ci there)"
+fi
 fi
 echo "test-gpu: $fails failed"
 [ "$fails" -eq 0 ]

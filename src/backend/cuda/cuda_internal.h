@@ -80,6 +80,8 @@ struct osp_be_session {
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
     unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */
+    int att_pf;              /* OSP_CUDA_ATTPF=1 (for measurements; not yet run on a GPU): attention prefetches
+                                its K/V rows to L2 before the kernel before it ends */
     size_t att_cnt_cap;
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;

@@ -1976,8 +1976,6 @@ template <bool CG> __device__ __forceinline__ float combine_one(const float *pp,
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
                                                            unsigned *cnt) {
-    pdl_wait();
-    pdl_trigger();
     extern __shared__ float sm[];
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
     float *qs = sm;                        // [G][D]
@@ -1993,6 +1991,32 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1);
     const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z; // + g * nsplit
     if (j0 > p) return; // an empty split: the combine reads a query's own splits only
+    if (a.prefetch && (int32_t)(j0 + threadIdx.x) < j1) {
+        // (OSP_CUDA_ATTPF=1) this thread's position's K and V rows on their way to L2 while the kernel before
+        // ends: the bytes the kernel reads below (L2 is coherent: rows the kernel before writes are not read stale)
+        const int32_t j = j0 + threadIdx.x;
+        const osp_cu_kvlayer &L = a.L;
+        for (int which = 0; which < 2; which++) {
+            const unsigned char *rp;
+            int64_t bytes;
+            if (j < cend) {
+                const int32_t slot = kv_slot(L, j);
+                if (L.bits == 0) {
+                    rp = R.mem + (((int64_t)which * Hkv + hk) * R.cap + slot) * D * 4, bytes = (int64_t)D * 4;
+                } else {
+                    rp = R.mem + (int64_t)which * Hkv * R.cap * L.slot_bytes + ((int64_t)hk * R.cap + slot) * L.cb;
+                    bytes = L.cb;
+                }
+            } else {
+                rp = (const unsigned char *)((which ? a.v : a.k) +
+                                             (((int64_t)b * a.T + (j - R.pos)) * Hkv + hk) * D);
+                bytes = (int64_t)D * 4;
+            }
+            for (int64_t off = 0; off < bytes; off += 128) prefetch_l2(rp + off);
+        }
+    }
+    pdl_wait();
+    pdl_trigger();
     for (int i = threadIdx.x; i < G * D; i += ATT_S) {
         const int g = i / D, d = i % D;
         qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G + g) * D + d];

@@ -159,6 +159,7 @@ typedef struct osp_cu_attn {
     const float *q, *k, *v; /* [nb*T, heads*D] */
     float *out;
     int32_t chunk_stored;   /* the chunk is in the cache already: a query reads only its own position from k/v */
+    int32_t prefetch;       /* each position's K and V rows prefetched to L2 before the kernel before it ends */
 } osp_cu_attn;
 
 /* Attention of a chunk's queries, positions cut into nsplit splits of 128

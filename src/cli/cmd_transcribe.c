@@ -19,8 +19,8 @@ static int usage(void) {
             "  -f txt: one segment a line; --beam-size 5 (default; 1 = greedy) at\n"
             "  temperature 0, --best-of 5 samples above; --sample-len: tokens a 30 s window at most (224);\n"
             "  at the end of each file its time and real-time factor on stderr; -q: neither progress nor that;\n"
-            "  --device: where the model runs (auto: the CPU for Whisper until its GPU path has been verified on\n"
-            "  a GPU; cuda asks for the GPU); --fast: the GPU's production precision (bf16 GEMMs)\n");
+            "  --device: where the model runs (auto: the GPU when one is present, else the CPU; cuda asks for\n"
+            "  the GPU); --fast: the GPU's production precision (bf16 GEMMs)\n");
     return 2;
 }
 

@@ -106,7 +106,7 @@ if want e2e; then
 # the server end to end with the real openai client, where node and the client are here
 if command -v node >/dev/null 2>&1 && [ -d e2e/node_modules/openai ]; then
     # OSPREY_EXPECT_DEVICE: every server the suites start must have loaded its model on the GPU
-    for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges serve_cache serve_spec; do
+    for s in serve serve_config serve_badinput serve_tools serve_batch serve_edges serve_cache serve_spec serve_audio; do
         run "e2e $s" sh -c "cd e2e && OSPREY_BIN='$(bin osprey)' OSPREY_EXPECT_DEVICE=cuda node --test $s.test.mjs"
     done
 else

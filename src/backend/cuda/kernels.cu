@@ -61,6 +61,13 @@ __device__ __forceinline__ float act_val(int act, float g, float u) {
     return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, th)), u);
 }
 
+// act_val on 8 inputs (p, q) with their u (pu, qu): the tensor-core kernels' sub-chunk
+__device__ __forceinline__ void act8(int act, float4 &p, float4 &q, const float4 &pu, const float4 &qu) {
+    p.x = act_val(act, p.x, pu.x), p.y = act_val(act, p.y, pu.y), p.z = act_val(act, p.z, pu.z);
+    p.w = act_val(act, p.w, pu.w), q.x = act_val(act, q.x, qu.x), q.y = act_val(act, q.y, qu.y);
+    q.z = act_val(act, q.z, qu.z), q.w = act_val(act, q.w, qu.w);
+}
+
 // ---- matmul: a warp per weight row, tokens in tiles of TT held in registers ----
 
 #define MM_WARPS 4
@@ -707,10 +714,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                             }
                         }
                         if (set.xu) {
-                            p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
-                            p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
-                            q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
-                            q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
+                            act8(set.act, p, q, pu, qu);
                         }
                         bb[0] = bf16x2(p.x, p.y), bb[1] = bf16x2(p.z, p.w), bb[2] = bf16x2(q.x, q.y), bb[3] = bf16x2(q.z, q.w);
                     }
@@ -761,10 +765,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                                     if (!GR && set.xu) {
                                         const float *up = set.xu + tok * cols + ch * CH + 8 * v;
                                         const float4 pu = ld4(up), qu = ld4(up + 4);
-                                        p.x = act_val(set.act, p.x, pu.x), p.y = act_val(set.act, p.y, pu.y);
-                                        p.z = act_val(set.act, p.z, pu.z), p.w = act_val(set.act, p.w, pu.w);
-                                        q.x = act_val(set.act, q.x, qu.x), q.y = act_val(set.act, q.y, qu.y);
-                                        q.z = act_val(set.act, q.z, qu.z), q.w = act_val(set.act, q.w, qu.w);
+                                        act8(set.act, p, q, pu, qu);
                                     }
                                     b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
                                     b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);

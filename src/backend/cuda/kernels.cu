@@ -732,13 +732,13 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                 uint4 a[U][MT][2];
                 float sc[U][MT][2], bi[U][MT][2];
                 uint32_t b[U][V][NT][4];
-    #pragma unroll
+#pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int64_t ch = (s + u) * 4 + t;
                     const bool live = s + u < s_hi && ch < nch;
-    #pragma unroll
+#pragma unroll
                     for (int m = 0; m < MT; m++)
-    #pragma unroll
+#pragma unroll
                         for (int h = 0; h < 2; h++) {
                             const bool ok = live && rok[m][h];
                             a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
@@ -749,9 +749,9 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                                 bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
                             }
                         }
-    #pragma unroll
+#pragma unroll
                     for (int v = 0; v < V; v++)
-    #pragma unroll
+#pragma unroll
                         for (int j = 0; j < NT; j++) {
                             const int64_t tok = t0 + 8 * j + g;
                             b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
@@ -773,20 +773,20 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                             }
                         }
                 }
-    #pragma unroll
+#pragma unroll
                 for (int u = 0; u < U; u++) {
                     if (s + u >= s_hi) break;
-    #pragma unroll
+#pragma unroll
                     for (int v = 0; v < V; v++) {
                         uint32_t A[MT][2][4];
-    #pragma unroll
+#pragma unroll
                         for (int m = 0; m < MT; m++)
-    #pragma unroll
+#pragma unroll
                             for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
-    #pragma unroll
+#pragma unroll
                         for (int j = 0; j < NT; j++) {
                             if (t0 + 8 * j >= n) break; // no token in this tile
-    #pragma unroll
+#pragma unroll
                             for (int m = 0; m < MT; m++) {
                                 const uint32_t *bb = b[u][v][j];
                                 mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);

@@ -180,6 +180,10 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     }
     const char *fz = getenv("OSP_CUDA_FUSE");
     s->fuse = fz && !strcmp(fz, "0") ? 0 : fz && !strcmp(fz, "2") ? 2 : 1;
+    /* OSP_CUDA_FUSE=2's parts (all of them), or those OSP_CUDA_FUSE_MASK names (bits: 1 the activation, 2 the
+     * add + norm after a matmul, 4 the KV store, 8 attention's combine): one can be left out if it fails */
+    const char *fm = getenv("OSP_CUDA_FUSE_MASK");
+    s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
     const char *pf = getenv("OSP_CUDA_ATTPF");
     s->att_pf = pf && !strcmp(pf, "1");
     /* the embedding rows of a full chunk and room for the small arrays */
@@ -299,7 +303,7 @@ static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, i
 /* A matmul of one tensor-core weight in a decode step (few tokens) is held back (OSP_CUDA_FUSE=2): the
  * residual add of its output and the norm of that sum, which usually follow, join its launch (add, norm). */
 static int hold_mm(osp_be_session *s, const osp_cu_weight *d, int64_t n) {
-    return s->fuse == 2 && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
+    return (s->fuse2 & FUSE_TAIL) && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
 }
 
 /* weights sharing an input go in one operation, four at a time */
@@ -484,7 +488,7 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
-    if (s->fuse == 2 && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
+    if ((s->fuse2 & FUSE_ACT) && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
         memcpy(s->pend_args, &a, sizeof a);
         s->pend = 4;
         return;
@@ -527,7 +531,7 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
             h->x2 = D(x), h->heads2 = heads;
             if (s->pend_n2) h->w2 = n2->w, h->eps2 = n2->eps, h->norm2 = 1, h->add2 = n2->add_one;
             s->pend_n2 = 0;
-            if (s->fuse == 2) return; /* held still: the store of k (and v) next may join it (kv_write) */
+            if (s->fuse2 & FUSE_KV) return; /* held still: the store of k (and v) next may join it (kv_write) */
             s->pend = 0;
             SUBMIT(s, rope_exec, *h);
             return;
@@ -627,7 +631,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
     /* the splits combined by the last of them (the same numbers): counters zeroed once when allocated */
     unsigned *cnt = NULL;
     size_t nc = (size_t)a->c.nb * (size_t)a->c.T * (size_t)a->c.L.n_kv_heads;
-    if (s->fuse == 2 && a->nsplit > 1) {
+    if ((s->fuse2 & FUSE_COMBINE) && a->nsplit > 1) {
         size_t had = s->att_cnt_cap;
         if (osp_cu_grow(s, (void **)&s->att_cnt, &s->att_cnt_cap, nc, sizeof(unsigned))) {
             if (s->att_cnt_cap != had) note(s, cudaMemsetAsync(s->att_cnt, 0, nc * sizeof(unsigned), s->st), "counters");
@@ -684,7 +688,7 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
-    if (s->pend == 2 && s->fuse == 2) { /* k's RoPE held: the store joins its launch */
+    if (s->pend == 2 && (s->fuse2 & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
         rope_args *h = (rope_args *)s->pend_args;
         const osp_kv_layer *l = &kv->layers[layer];
         if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {

@@ -68,6 +68,7 @@ struct osp_be_session {
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
     unsigned char pend_n2_args[OP_ARGS];
+    int fuse2;               /* OSP_CUDA_FUSE=2's parts on (FUSE_ACT ...; OSP_CUDA_FUSE_MASK) */
     int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
                                 (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it, a
                                 residual add and norm into the matmul before them, the KV store into the
@@ -98,6 +99,9 @@ struct osp_be_session {
     } moe_tab[OSP_CU_MOE_TABS];
     int n_moe_tab;
 };
+
+/* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */
+enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ALL = 15 };
 
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);

@@ -366,6 +366,8 @@ typedef struct rope_args {
     osp_cu_kvlayer L;
     const osp_cu_kvrow *kvrows;
     const float *v;
+    const void *kv; /* the store's cache and layer (held for an attention of that layer: pend 7) */
+    int32_t layer;
 } rope_args;
 _Static_assert(sizeof(rope_args) <= OP_ARGS, "a RoPE's arguments fit an operation's");
 
@@ -559,7 +561,7 @@ static void flush(osp_be_session *s) {
     int k = s->pend, n2 = s->pend_n2;
     s->pend = 0, s->pend_n2 = 0;
     if (k == 1) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
-    else if (k == 2) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
+    else if (k == 2 || k == 7) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
     else if (k == 3) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
     else if (k == 4) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
     else if (k == 5 || k == 6) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
@@ -642,9 +644,20 @@ static void attn_exec(osp_be_session *s, const void *p) {
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {
+    const float *rope_inv = NULL;
+    if (s->pend == 7) { /* a one-token step's RoPE of q and k and its KV store held: this attention does them */
+        const rope_args *h = (const rope_args *)s->pend_args;
+        if (CD(a->q) == h->x && CD(a->k) == h->x2 && CD(a->v) == h->v && (const void *)a->kv == h->kv &&
+            a->layer == h->layer && a->nb == h->B && a->T == 1 && h->T == 1 && !a->chunk_stored &&
+            h->heads == a->n_heads && h->heads2 == a->n_kv_heads && h->Dh == a->head_dim) {
+            rope_inv = h->inv;
+            s->pend = 0;
+        }
+    }
     flush(s);
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
+    c->rope = rope_inv != NULL, c->rope_inv = rope_inv;
     c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
     if (!c->rows) return;
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
@@ -694,7 +707,11 @@ static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const 
         if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
             h->kvrows = kv_rows(s, kv, layer, rows, nb, &h->L);
             if (h->kvrows) {
-                h->v = CD(v);
+                h->v = CD(v), h->kv = kv, h->layer = layer;
+                if ((s->fuse2 & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
+                    s->pend = 7; /* held once more: the attention of this step may rotate and store itself */
+                    return;
+                }
                 s->pend = 0;
                 SUBMIT(s, rope_exec, *h);
                 return;

@@ -63,7 +63,8 @@ struct osp_be_session {
     /* an operation held back to be fused with the next (cuda.c) */
     int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm,
                                 4 an activation (act_mul), 5 a matmul, 6 a matmul and an add of its output
-                                (the add in pend_n2_args) */
+                                (the add in pend_n2_args), 7 a RoPE of q and k with the KV store (for the
+                                attention that reads them) */
     unsigned char pend_args[OP_ARGS];
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
@@ -101,7 +102,7 @@ struct osp_be_session {
 };
 
 /* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */
-enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ALL = 15 };
+enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_ALL = 31 };
 
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);

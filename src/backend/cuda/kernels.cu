@@ -2022,14 +2022,33 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
         const int g = i / D, d = i % D;
         qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G + g) * D + d];
     }
+    // a.rope (one-token steps): q and k come unrotated; the block rotates its q heads, and the split holding
+    // the query's own position rotates that k row too and stores it and the v row (rope_rot, kv_store: the
+    // numbers of the RoPE launch and the store it replaces)
+    float *krot = stat + 2 * G; // [D]
+    const bool own = a.rope && p >= j0 && p < j1;
+    const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
+    if (own)
+        for (int d = threadIdx.x; d < D; d += ATT_S) krot[d] = a.k[own_row + d];
     __syncthreads();
+    if (a.rope) {
+        const int32_t half = D / 2, pp = R.pos + t;
+        for (int i = threadIdx.x; i < G * half; i += ATT_S) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
+        if (own)
+            for (int i = threadIdx.x; i < half; i += ATT_S) rope_rot(krot, i, half, pp, a.rope_inv);
+        __syncthreads();
+        if (own) {
+            kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
+            kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
+        }
+    }
     // scores: a thread per position, all G heads
     const int32_t j = j0 + threadIdx.x;
     float sc[GM];
 #pragma unroll
     for (int g = 0; g < GM; g++) sc[g] = 0.0f;
     if (j < j1) {
-        const float *kr = k_row_f32(a, R, b, hk, j, cend);
+        const float *kr = own && j == p ? krot : k_row_f32(a, R, b, hk, j, cend);
         if (kr && (D & 3) == 0) {
             // 8 loads of the row in flight, then their products in order
             for (int d0 = 0; d0 < D; d0 += 32) {
@@ -2194,9 +2213,10 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     if (D > ATT_MAXD || G > ATT_MAXG || G * a->L.n_kv_heads != a->n_heads) return (int)cudaErrorInvalidValue;
     if (nsplit < 1) nsplit = 1;
     if (D % 4 || D / 4 > ATT_S) return (int)cudaErrorInvalidValue;
+    if (a->rope && (a->T != 1 || a->chunk_stored || !a->rope_inv)) return (int)cudaErrorInvalidValue;
     const int nsub = ATT_S / (D / 4);
     size_t qs = (size_t)G * D * (nsub > 1 ? nsub : 1); // q, then the subsets' sums
-    size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G));
+    size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G + D)); // (+ D: the own k row rotated)
     if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
     if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);

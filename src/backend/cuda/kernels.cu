@@ -2025,7 +2025,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     // a.rope (one-token steps): q and k come unrotated; the block rotates its q heads, and the split holding
     // the query's own position rotates that k row too and stores it and the v row (rope_rot, kv_store: the
     // numbers of the RoPE launch and the store it replaces)
-    float *krot = stat + 2 * G; // [D]
+    float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned (read as float4)
     const bool own = a.rope && p >= j0 && p < j1;
     const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
     if (own)
@@ -2216,7 +2216,7 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     if (a->rope && (a->T != 1 || a->chunk_stored || !a->rope_inv)) return (int)cudaErrorInvalidValue;
     const int nsub = ATT_S / (D / 4);
     size_t qs = (size_t)G * D * (nsub > 1 ? nsub : 1); // q, then the subsets' sums
-    size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + 2 * G + D)); // (+ D: the own k row rotated)
+    size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + ((2 * G + 3) & ~3) + D)); // (+ D: the own k row rotated)
     if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
     if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);

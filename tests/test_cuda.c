@@ -804,7 +804,7 @@ static void test_fuse_tail(void **state) {
     be->session_free(ss[0]), be->session_free(ss[1]);
 }
 
-enum { FB = 3, FHQ = 4, FHK = 2, FD = 64, FL = 2 };
+enum { FB = 3, FHQ = 6, FHK = 2, FD = 64, FL = 2 }; /* 3 query heads a KV head: an odd G */
 
 /* a layer's cache of a row, as bytes on the host */
 static unsigned char *kv_bytes(const osp_kv *kv, int layer, int32_t row, size_t *n) {

@@ -741,7 +741,9 @@ static void test_fuse_act(void **state) {
 /* A decode step's matmul, the residual add of its output and the norm of the sum (o and the MLP's norm;
  * down and the next layer's): one launch with OSP_CUDA_FUSE=2 for few tokens (its last block adds and
  * norms), the same numbers as three; with the activation taken in as well (down after act_mul); for 9
- * tokens nothing joins. Widths on the norm's vector path and off it, split-K and not, w + 1 norms. */
+ * tokens the norm writes its output rounded to bf16 too, which the next matmul (bf16 weights reading the
+ * norm's output, as q/k/v do) takes instead of rounding it. Widths on the norm's vector path and off it,
+ * split-K and not, w + 1 norms. */
 static void test_fuse_tail(void **state) {
     (void)state;
     const struct {
@@ -760,46 +762,50 @@ static void test_fuse_tail(void **state) {
     osp_be_session *ss[2] = {fuse_session(1), fuse_session(2)};
     for (size_t k = 0; k < sizeof FT / sizeof *FT; k++) {
         const int64_t H = FT[k].H, C = FT[k].k.cols, nmax = 9;
-        host_weight h;
+        host_weight h, h2;
         make_weight(&h, H, C, FT[k].k.dt, FT[k].k.bits, FT[k].k.group, FT[k].k.sdt);
+        make_weight(&h2, 48, H, OSP_DT_BF16, 0, 0, 0); /* the next matmul, reading the norm */
         float *x = malloc(sizeof(float) * (size_t)(nmax * C)), *u = malloc(sizeof(float) * (size_t)(nmax * C)),
               *res = malloc(sizeof(float) * (size_t)(nmax * H)), *nw = malloc(sizeof(float) * (size_t)H);
         for (int64_t i = 0; i < nmax * C; i++) x[i] = uniform(), u[i] = uniform();
         for (int64_t i = 0; i < nmax * H; i++) res[i] = 4.0f * uniform();
         for (int64_t i = 0; i < H; i++) nw[i] = 0.5f * uniform();
         osp_dbuf *dnw = upload(nw, H);
-        float *out[2][3];
+        float *out[2][4];
         for (int f = 0; f < 2; f++)
-            for (int j = 0; j < 3; j++) out[f][j] = malloc(sizeof(float) * (size_t)(nmax * H));
+            for (int j = 0; j < 4; j++) out[f][j] = malloc(sizeof(float) * (size_t)(nmax * H));
         for (int add_one = 0; add_one < 2; add_one++)
             for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
                 const int64_t n = ns[j];
                 for (int f = 0; f < 2; f++) {
                     osp_be_session *s = ss[f];
                     osp_dbuf *dx = upload(x, n * C), *du = upload(u, n * C), *dr = upload(res, n * H),
-                             *dt = be->alloc((size_t)(n * H)), *dn = be->alloc((size_t)(n * H));
-                    assert_non_null(dt), assert_non_null(dn);
-                    const osp_weight *ws[] = {&h.w};
+                             *dt = be->alloc((size_t)(n * H)), *dn = be->alloc((size_t)(n * H)),
+                             *dz = be->alloc((size_t)(n * 48));
+                    assert_non_null(dt), assert_non_null(dn), assert_non_null(dz);
+                    const osp_weight *ws[] = {&h.w}, *ws2[] = {&h2.w};
                     be->begin_chunk(s, (int32_t)n, 1);
                     if (FT[k].act) be->act_mul(s, OSP_ACT_SILU, dx, dx, du, n, C, C);
                     be->matmul(s, ws, 1, dx, n, &dt);
                     be->add(s, dr, dt, n * H);
                     be->rmsnorm(s, dn, dr, dnw, n, H, 1e-6f, add_one);
+                    be->matmul(s, ws2, 1, dn, n, &dz);
                     if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
                     be->read(out[f][0], dt, n * H), be->read(out[f][1], dr, n * H), be->read(out[f][2], dn, n * H);
-                    be->free(dx), be->free(du), be->free(dr), be->free(dt), be->free(dn);
+                    be->read(out[f][3], dz, n * 48);
+                    be->free(dx), be->free(du), be->free(dr), be->free(dt), be->free(dn), be->free(dz);
                 }
-                static const char *const what[] = {"matmul output", "residual sum", "norm"};
-                for (int o = 0; o < 3; o++)
-                    if (memcmp(out[0][o], out[1][o], sizeof(float) * (size_t)(n * H)))
+                static const char *const what[] = {"matmul output", "residual sum", "norm", "next matmul"};
+                for (int o = 0; o < 4; o++)
+                    if (memcmp(out[0][o], out[1][o], sizeof(float) * (size_t)(n * (o == 3 ? 48 : H))))
                         fail_msg("%s, %lld tokens, add_one %d: the %s differs fused and separate", FT[k].name,
                                  (long long)n, add_one, what[o]);
             }
         for (int f = 0; f < 2; f++)
-            for (int j = 0; j < 3; j++) free(out[f][j]);
+            for (int j = 0; j < 4; j++) free(out[f][j]);
         free(x), free(u), free(res), free(nw);
         be->free(dnw);
-        free_weight(&h);
+        free_weight(&h), free_weight(&h2);
     }
     be->session_free(ss[0]), be->session_free(ss[1]);
 }

@@ -269,7 +269,10 @@ static void mm_exec(osp_be_session *s, const void *p) {
     } else if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
-        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws), "matmul");
+        /* the norm just before wrote this input rounded to bf16 (FUSE_XB) */
+        const int ready = s->xb_of && s->xb_seq + 1 == s->n_exec && s->xb_of == a->x && s->xb_of_n == a->n * a->d[0]->cols;
+        note(s, osp_cu_matmul_tc_multi_xb(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, ready, NULL),
+             "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     }
@@ -381,7 +384,11 @@ typedef struct norm_args {
 
 static void norm_exec(osp_be_session *s, const void *p) {
     const norm_args *a = p;
-    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
+    /* FUSE_XB: rows for a many-token tensor-core matmul also rounded to bf16 here, where it would round them */
+    uint16_t *yb = NULL;
+    if ((s->fuse2 & FUSE_XB) && s->fast && a->n > 8 && s->tcws.xb && a->n * a->d <= s->tcws.xb_elems)
+        yb = s->tcws.xb, s->xb_seq = s->n_exec, s->xb_of = a->y, s->xb_of_n = a->n * a->d;
+    note(s, osp_cu_add_rmsnorm_xb(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, yb), "rmsnorm");
 }
 
 static void flush(osp_be_session *s);

@@ -82,6 +82,11 @@ struct osp_be_session {
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
     unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */
+    uint64_t n_exec;         /* operations run (step.c counts them) */
+    uint64_t xb_seq;         /* FUSE_XB: the operation (n_exec) whose norm also wrote its output rounded to bf16
+                                into tcws.xb; the next operation, a many-token matmul of that output, reads it */
+    const float *xb_of;
+    int64_t xb_of_n;
     int att_pf;              /* OSP_CUDA_ATTPF=1 (for measurements; not yet run on a GPU): attention prefetches
                                 its K/V rows to L2 before the kernel before it ends */
     size_t att_cnt_cap;
@@ -102,7 +107,7 @@ struct osp_be_session {
 };
 
 /* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */
-enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_ALL = 31 };
+enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_XB = 32, FUSE_ALL = 63 };
 
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);

@@ -473,7 +473,7 @@ struct tc_set {
 
 template <bool CG>
 __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
-                                           int add_one, float *sh, int nth);
+                                           int add_one, float *sh, int nth, uint16_t *yb = nullptr);
 
 // two floats as a bf16 pair (round to nearest even), lo in the low half
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
@@ -1050,8 +1050,11 @@ static int tc_sk_set(const tc_set &set) {
     return on ? tc_sk_tiles(&set.w[0], tc_blocks(set, 1)) : tc_sk(&set.w[0]);
 }
 
+// xb_ready: ws->xb holds x rounded to bf16 already (the norm that wrote x wrote it too); *wrote: this call
+// rounded x (or act(x) * u) into ws->xb
 template <int KIND>
-static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws) {
+static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws,
+                      int xb_ready = 0, int *wrote = nullptr) {
     const int sk = tc_sk_set(set);
     int64_t nc = n; // tokens a launch: the splits' partial sums fit the workspace
     if (sk > 1) {
@@ -1068,10 +1071,11 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
     const float *xu0 = set.xu;
     float *tx0 = set.tx, *txn0 = set.txn;
-    if (xb) {
+    if (xb && !(xb_ready && !xu0)) {
         pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols, xu0, set.act);
-        set.xu = nullptr; // the activation is in xb
+        if (wrote) *wrote = 1;
     }
+    if (xb) set.xu = nullptr; // the activation is in xb
     float *y0[MV_MAXW];
     for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
     for (int64_t t = 0; t < n; t += nc) {
@@ -1116,8 +1120,10 @@ static int tc_kind(const osp_cu_weight *w) {
     return w->qbits;
 }
 
-extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
-                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw) {
+extern "C" int osp_cu_matmul_tc_multi_xb(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                         int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw,
+                                         int xb_ready, int *wrote) {
+    if (wrote) *wrote = 0;
     if (n <= 0) return 0;
     // the kernel is chosen by the weight alone; others take the f32 kernels
     for (int i0 = 0; i0 < nw;) {
@@ -1143,12 +1149,17 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         i0 = i;
         if (rows <= 0) continue;
         switch (kind) {
-        case 2: tc_launch<2>(st, set, x, n, tw); break;
-        case 4: tc_launch<4>(st, set, x, n, tw); break;
-        default: tc_launch<8>(st, set, x, n, tw); break;
+        case 2: tc_launch<2>(st, set, x, n, tw, xb_ready, wrote); break;
+        case 4: tc_launch<4>(st, set, x, n, tw, xb_ready, wrote); break;
+        default: tc_launch<8>(st, set, x, n, tw, xb_ready, wrote); break;
         }
     }
     return launch_status();
+}
+
+extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw) {
+    return osp_cu_matmul_tc_multi_xb(st, ws, nw, x, n, ys, ldys, tw, 0, NULL);
 }
 
 extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
@@ -1291,9 +1302,10 @@ template <bool CG> __device__ __forceinline__ float4 ld4x(const float *p) {
 }
 template <bool CG> __device__ __forceinline__ float ldx(const float *p) { return CG ? __ldcg(p) : *p; }
 
+// (yb: the result rounded to bf16 as well, the tensor-core matmul's input: osp_cu_to_bf16's values)
 template <bool CG>
 __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
-                                           int add_one, float *sh, int nth) {
+                                           int add_one, float *sh, int nth, uint16_t *yb) {
     const bool on = (int)threadIdx.x < nth;
     const int tid = on ? (int)threadIdx.x : 0;
     const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * nth;
@@ -1338,9 +1350,14 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) {
             const int64_t i = tid + (int64_t)k * nth;
-            if (on && i < d / 4)
-                reinterpret_cast<float4 *>(yr)[i] = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
-                                                                xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
+            if (on && i < d / 4) {
+                const float4 o = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
+                                             xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
+                reinterpret_cast<float4 *>(yr)[i] = o;
+                if (yb)
+                    yb[4 * i] = f32_to_bf16(o.x), yb[4 * i + 1] = f32_to_bf16(o.y), yb[4 * i + 2] = f32_to_bf16(o.z),
+                    yb[4 * i + 3] = f32_to_bf16(o.w);
+            }
         }
         return;
     }
@@ -1367,6 +1384,7 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
     for (int64_t i = tid; on && i < d; i += nth) {
         float m = w ? (add_one ? 1.0f + w[i] : w[i]) : 1.0f;
         yr[i] = xr[i] * inv * m;
+        if (yb) yb[i] = f32_to_bf16(yr[i]);
     }
 }
 
@@ -1375,23 +1393,31 @@ __device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, c
     rms_row_nt<false>(yr, xr, tr, w, d, eps, add_one, sh, (int)blockDim.x);
 }
 
-__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
+__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one,
+                               uint16_t *yb) {
     __shared__ float sh[32];
-    rms_row(y + blockIdx.x * d, x + blockIdx.x * d, t ? t + blockIdx.x * d : NULL, w, d, eps, add_one, sh);
+    rms_row_nt<false>(y + blockIdx.x * d, x + blockIdx.x * d, t ? t + blockIdx.x * d : NULL, w, d, eps, add_one, sh,
+                      (int)blockDim.x, yb ? yb + blockIdx.x * d : nullptr);
 }
 
 // threads of a norm's block for rows of d (the block sum's order depends on it)
 static int norm_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
-extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
-                                  int64_t d, float eps, int add_one) {
+extern "C" int osp_cu_add_rmsnorm_xb(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
+                                     int64_t d, float eps, int add_one, uint16_t *yb) {
     if (n <= 0) return 0;
     const int th = norm_threads(d);
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d, t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one);
+        pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d,
+                   t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one, yb ? yb + r0 * d : (uint16_t *)NULL);
     }
     return launch_status();
+}
+
+extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
+                                  int64_t d, float eps, int add_one) {
+    return osp_cu_add_rmsnorm_xb(st, y, x, t, w, n, d, eps, add_one, NULL);
 }
 
 extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d,

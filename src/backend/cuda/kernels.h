@@ -51,6 +51,10 @@ typedef struct osp_cu_tc_ws {
  * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
                            float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
+/* the same; xb_ready: tw->xb holds x rounded to bf16 already (calls of more than 8 tokens read it, none rounds
+ * x again); *wrote (when not NULL): set when the call rounded its input into tw->xb */
+int osp_cu_matmul_tc_multi_xb(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
+                              float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw, int xb_ready, int *wrote);
 /* What the fused matmul does after it (osp_cu_matmul_tc_fused): x += y, then xn = rmsnorm(x) * w
  * (add_one: 1 + w), per token: osp_cu_add_rmsnorm's numbers on rows of the weight's rows. */
 typedef struct osp_cu_tail {
@@ -80,6 +84,9 @@ int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, i
 /* x += t, then y = rmsnorm(x) (the residual add fused with the next norm) */
 int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
                        float eps, int add_one);
+/* the same, writing y rounded to bf16 into yb too (NULL: not), as osp_cu_to_bf16 rounds it */
+int osp_cu_add_rmsnorm_xb(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
+                          float eps, int add_one, uint16_t *yb);
 int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);
 int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d);
 int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n);

@@ -154,7 +154,7 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
 static void run_log(osp_be_session *s) {
     int n = s->n_ops;
     s->mode = STEP_EAGER;
-    for (int i = 0; i < n && !s->err; i++) s->log[i].fn(s, s->log[i].args);
+    for (int i = 0; i < n && !s->err; i++) s->n_exec++, s->log[i].fn(s, s->log[i].args);
 }
 
 void osp_cu_step_eager(osp_be_session *s) {
@@ -187,6 +187,7 @@ void osp_cu_submit(osp_be_session *s, osp_cu_exec fn, const void *args, size_t n
             if (!l) { /* no room to record: run eagerly from here */
                 osp_cu_step_eager(s);
                 s->n_ops++;
+                s->n_exec++;
                 fn(s, a);
                 return;
             }
@@ -196,7 +197,7 @@ void osp_cu_submit(osp_be_session *s, osp_cu_exec fn, const void *args, size_t n
         memcpy(s->log[s->n_ops].args, a, OP_ARGS);
     }
     s->n_ops++;
-    if (s->mode != STEP_REPLAY && !s->err) fn(s, a);
+    if (s->mode != STEP_REPLAY && !s->err) s->n_exec++, fn(s, a);
 }
 
 void *osp_cu_stage_alloc(osp_be_session *s, size_t n, void **host) {

@@ -712,8 +712,11 @@ static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const 
         rope_args *h = (rope_args *)s->pend_args;
         const osp_kv_layer *l = &kv->layers[layer];
         if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
+            const unsigned char *area = s->stage_d;
             h->kvrows = kv_rows(s, kv, layer, rows, nb, &h->L);
-            if (h->kvrows) {
+            if (h->kvrows && s->stage_d != area) /* the staging area grew: the held RoPE's positions again */
+                h->pos = osp_cu_stage(s, s->pend_host, sizeof(int32_t) * (size_t)h->B);
+            if (h->kvrows && h->pos) {
                 h->v = CD(v), h->kv = kv, h->layer = layer;
                 if ((s->fuse2 & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
                     s->pend = 7; /* held once more: the attention of this step may rotate and store itself */
@@ -1032,6 +1035,7 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
         return;
     }
     float *pes = probs + N * E;
+    flush(s); /* the router's matmul may be held (OSP_CUDA_FUSE=2): it runs before its output is read */
     note(s, cudaMemcpyAsync(probs, a->probs, (size_t)(N * E) * sizeof(float), cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaMemcpyAsync(pes, a->per_expert_scale, sizeof(float) * (size_t)E, cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaStreamSynchronize(s->st), "router");

@@ -208,8 +208,8 @@ typedef struct osp_backend {
     void (*scale)(osp_be_session *s, osp_dbuf *y, float a, int64_t n);                         /* y *= a */
     void (*copy)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n);
     /* y[i, j] = act(g[i, j]) * u[i * ld_u + j], n rows of d (g and y: ld d). When the next call is a
-     * matmul of y alone, a backend may take the activation in that matmul's input and leave y unwritten
-     * (the CUDA backend with OSP_CUDA_FUSE=2): callers read y only through that matmul. */
+     * matmul of y alone, a backend may take the activation in that matmul's input and leave y unwritten:
+     * callers read y only through that matmul. */
     void (*act_mul)(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u);
     /* RoPE (rotate-half) on x [B*T, heads, D]: row b's token t at position pos[b] + t (host) */

@@ -180,8 +180,8 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
     }
     const char *fz = getenv("OSP_CUDA_FUSE");
     s->fuse = fz && !strcmp(fz, "0") ? 0 : fz && !strcmp(fz, "2") ? 2 : 1;
-    /* OSP_CUDA_FUSE=2's parts (all of them), or those OSP_CUDA_FUSE_MASK names (bits: 1 the activation, 2 the
-     * add + norm after a matmul, 4 the KV store, 8 attention's combine): one can be left out if it fails */
+    /* OSP_CUDA_FUSE=2's parts (all of them), or those OSP_CUDA_FUSE_MASK names (the FUSE_ bits): one can be
+     * left out if it fails */
     const char *fm = getenv("OSP_CUDA_FUSE_MASK");
     s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
     const char *pf = getenv("OSP_CUDA_ATTPF");
@@ -271,7 +271,7 @@ static void mm_exec(osp_be_session *s, const void *p) {
     } else if (s->fast) {
         /* the norm just before wrote this input rounded to bf16 (FUSE_XB) */
         const int ready = s->xb_of && s->xb_seq + 1 == s->n_exec && s->xb_of == a->x && s->xb_of_n == a->n * a->d[0]->cols;
-        note(s, osp_cu_matmul_tc_multi_xb(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, ready, NULL),
+        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, ready),
              "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
@@ -294,7 +294,7 @@ typedef struct act_args {
 /* a held activation y = act(g) * u that this matmul's input is: taken in by the tensor-core kernel (the
  * production path's decode steps and verification chunks; a prefill GEMM reads a written input) */
 static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, mm_args *a) {
-    if (s->pend != 4) return 0;
+    if (s->pend != HELD_ACT) return 0;
     const act_args *h = (const act_args *)s->pend_args;
     if (h->y != x || h->n != n || h->d != d->cols || h->ld_u != h->d || !osp_cu_tc_ok(d) || use_gemm(s, n))
         return 0;
@@ -315,13 +315,14 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
     const osp_cu_weight *d0 = nw == 1 ? ws[0]->packed : NULL;
     if (d0) {
         ARGS(mm_args, a);
-        int act = act_into(s, d0, CD(x), n, &a); /* before the flush: it takes a held activation */
-        if (act || hold_mm(s, d0, n)) {
+        const int act = act_into(s, d0, CD(x), n, &a), hold = hold_mm(s, d0, n); /* act first: it takes a held
+                                                                                   activation, a flush would not */
+        if (act || hold) {
             if (!act) flush(s), a.x = CD(x);
             a.d[0] = d0, a.y[0] = D(ys[0]), a.ldy[0] = d0->rows, a.n = n, a.nw = 1;
-            if (hold_mm(s, d0, n)) {
+            if (hold) {
                 memcpy(s->pend_args, &a, sizeof a);
-                s->pend = 5;
+                s->pend = HELD_MM;
                 return;
             }
             SUBMIT(s, mm_exec, a);
@@ -369,7 +370,7 @@ typedef struct rope_args {
     osp_cu_kvlayer L;
     const osp_cu_kvrow *kvrows;
     const float *v;
-    const void *kv; /* the store's cache and layer (held for an attention of that layer: pend 7) */
+    const void *kv; /* the store's cache and layer (held for an attention of that layer: HELD_ROPE_ATT) */
     int32_t layer;
 } rope_args;
 _Static_assert(sizeof(rope_args) <= OP_ARGS, "a RoPE's arguments fit an operation's");
@@ -388,14 +389,14 @@ static void norm_exec(osp_be_session *s, const void *p) {
     uint16_t *yb = NULL;
     if ((s->fuse2 & FUSE_XB) && s->fast && a->n > 8 && s->tcws.xb && a->n * a->d <= s->tcws.xb_elems)
         yb = s->tcws.xb, s->xb_seq = s->n_exec, s->xb_of = a->y, s->xb_of_n = a->n * a->d;
-    note(s, osp_cu_add_rmsnorm_xb(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, yb), "rmsnorm");
+    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, yb), "rmsnorm");
 }
 
 static void flush(osp_be_session *s);
 
 static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                  int add_one) {
-    if (s->pend == 6) { /* a matmul and the add of its output held: this norm of the sum joins them */
+    if (s->pend == HELD_MM_ADD) { /* a matmul and the add of its output held: this norm of the sum joins them */
         mm_args *h = (mm_args *)s->pend_args;
         const ew_args *ad = (const ew_args *)s->pend_n2_args;
         if ((const float *)ad->y == x && d == h->d[0]->rows && n == h->n) {
@@ -409,11 +410,11 @@ static void norm(osp_be_session *s, float *y, const float *x, const float *w, in
         s->pend = 0;
         osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
         memcpy(s->pend_args, s->pend_n2_args, sizeof(ew_args));
-        s->pend = 1;
+        s->pend = HELD_ADD;
     }
     ARGS(norm_args, a);
     a.y = y, a.x = (float *)x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
-    if (s->pend == 1) { /* x += t held back: fused when this norm reads that sum */
+    if (s->pend == HELD_ADD) { /* x += t held back: fused when this norm reads that sum */
         const float *const *held = (const float *const *)s->pend_args; /* ew_args: y, x, n */
         int64_t hn;
         memcpy(&hn, s->pend_args + 2 * sizeof(void *), sizeof hn);
@@ -423,14 +424,14 @@ static void norm(osp_be_session *s, float *y, const float *x, const float *w, in
         }
     }
     if (!a.t && y == x && s->fuse) { /* in place: a RoPE of the same rows next may take it */
-        if (s->pend == 2 && !s->pend_n2 && !((rope_args *)s->pend_args)->x2) { /* k's norm after q's RoPE */
+        if (s->pend == HELD_ROPE && !s->pend_n2 && !((rope_args *)s->pend_args)->x2) { /* k's norm after q's RoPE */
             memcpy(s->pend_n2_args, &a, sizeof a);
             s->pend_n2 = 1;
             return;
         }
         flush(s);
         memcpy(s->pend_args, &a, sizeof a);
-        s->pend = 3;
+        s->pend = HELD_NORM;
         return;
     }
     flush(s);
@@ -467,17 +468,17 @@ static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n,
 static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
     ARGS(ew_args, a);
     a.y = D(y), a.x = CD(x), a.n = n, a.kind = 0;
-    if (s->pend == 5) {
+    if (s->pend == HELD_MM) {
         const mm_args *h = (const mm_args *)s->pend_args;
         if ((const float *)h->y[0] == a.x && h->n * h->d[0]->rows == n && a.y != a.x) {
             memcpy(s->pend_n2_args, &a, sizeof a);
-            s->pend = 6;
+            s->pend = HELD_MM_ADD;
             return;
         }
     }
     flush(s);
     memcpy(s->pend_args, &a, sizeof a);
-    s->pend = 1;
+    s->pend = HELD_ADD;
 }
 
 static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d) {
@@ -499,7 +500,7 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
     if ((s->fuse2 & FUSE_ACT) && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
         memcpy(s->pend_args, &a, sizeof a);
-        s->pend = 4;
+        s->pend = HELD_ACT;
         return;
     }
     SUBMIT(s, act_exec, a);
@@ -508,17 +509,12 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
 
 static void rope_exec(osp_be_session *s, const void *p) {
     const rope_args *a = p;
-    if (a->kvrows) {
+    if (a->norm1 || a->norm2 || a->kvrows) { /* a block a head vector: its norm, RoPE and (kvrows) store */
         const osp_cu_rope_side s1 = {a->x, a->heads, a->w1, a->eps1, a->norm1, a->add1},
                                s2 = {a->x2, a->heads2, a->w2, a->eps2, a->norm2, a->add2};
-        note(s, osp_cu_norm_rope_store(s->st, &s1, &s2, a->B, a->T, a->Dh, a->inv, a->pos, &a->L, a->kvrows, a->v),
-             "norm + rope + kv store");
-        return;
-    }
-    if (a->norm1 || a->norm2) {
-        const osp_cu_rope_side s1 = {a->x, a->heads, a->w1, a->eps1, a->norm1, a->add1},
-                               s2 = {a->x2, a->heads2, a->w2, a->eps2, a->norm2, a->add2};
-        note(s, osp_cu_norm_rope(s->st, &s1, a->x2 ? &s2 : NULL, a->B, a->T, a->Dh, a->inv, a->pos), "norm + rope");
+        note(s, osp_cu_norm_rope_store(s->st, &s1, a->x2 ? &s2 : NULL, a->B, a->T, a->Dh, a->inv, a->pos,
+                                       a->kvrows ? &a->L : NULL, a->kvrows, a->v),
+             a->kvrows ? "norm + rope + kv store" : "norm + rope");
         return;
     }
     note(s, osp_cu_rope2(s->st, a->x, a->heads, a->x2, a->heads2, a->B, a->T, a->Dh, a->inv, a->pos), "rope");
@@ -532,7 +528,7 @@ static int norm_of(const norm_args *n, const float *x, int32_t B, int32_t T, int
 /* held back: a rope of the same positions next (k after q) joins it */
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t Dh,
                  const osp_dbuf *inv, const int32_t *pos) {
-    if (s->pend == 2) {
+    if (s->pend == HELD_ROPE) {
         rope_args *h = (rope_args *)s->pend_args;
         const norm_args *n2 = (const norm_args *)s->pend_n2_args;
         if (!h->x2 && h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos &&
@@ -547,7 +543,7 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
         }
     }
     ARGS(norm_args, held);
-    int with_norm = s->pend == 3 && norm_of((const norm_args *)s->pend_args, D(x), B, T, heads, Dh);
+    int with_norm = s->pend == HELD_NORM && norm_of((const norm_args *)s->pend_args, D(x), B, T, heads, Dh);
     if (with_norm) {
         memcpy(&held, s->pend_args, sizeof held);
         s->pend = 0;
@@ -560,19 +556,19 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
     if (with_norm) a.w1 = held.w, a.eps1 = held.eps, a.norm1 = 1, a.add1 = held.add_one;
     memcpy(s->pend_args, &a, sizeof a);
     s->pend_host = pos;
-    s->pend = 2;
+    s->pend = HELD_ROPE;
 }
 
 /* submit the held-back operations, in their order */
 static void flush(osp_be_session *s) {
     int k = s->pend, n2 = s->pend_n2;
     s->pend = 0, s->pend_n2 = 0;
-    if (k == 1) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
-    else if (k == 2 || k == 7) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
-    else if (k == 3) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
-    else if (k == 4) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
-    else if (k == 5 || k == 6) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
-    if (k == 6) osp_cu_submit(s, ew_exec, s->pend_n2_args, sizeof(ew_args));
+    if (k == HELD_ADD) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
+    else if (k == HELD_ROPE || k == HELD_ROPE_ATT) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
+    else if (k == HELD_NORM) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
+    else if (k == HELD_ACT) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
+    else if (k == HELD_MM || k == HELD_MM_ADD) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
+    if (k == HELD_MM_ADD) osp_cu_submit(s, ew_exec, s->pend_n2_args, sizeof(ew_args));
     if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }
 
@@ -652,7 +648,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {
     const float *rope_inv = NULL;
-    if (s->pend == 7) { /* a one-token step's RoPE of q and k and its KV store held: this attention does them */
+    if (s->pend == HELD_ROPE_ATT) { /* a one-token step's RoPE of q and k and its KV store held: this attention does them */
         const rope_args *h = (const rope_args *)s->pend_args;
         if (CD(a->q) == h->x && CD(a->k) == h->x2 && CD(a->v) == h->v && (const void *)a->kv == h->kv &&
             a->layer == h->layer && a->nb == h->B && a->T == 1 && h->T == 1 && !a->chunk_stored &&
@@ -708,7 +704,7 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
-    if (s->pend == 2 && (s->fuse2 & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
+    if (s->pend == HELD_ROPE && (s->fuse2 & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
         rope_args *h = (rope_args *)s->pend_args;
         const osp_kv_layer *l = &kv->layers[layer];
         if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
@@ -719,7 +715,7 @@ static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const 
             if (h->kvrows && h->pos) {
                 h->v = CD(v), h->kv = kv, h->layer = layer;
                 if ((s->fuse2 & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
-                    s->pend = 7; /* held once more: the attention of this step may rotate and store itself */
+                    s->pend = HELD_ROPE_ATT; /* held once more: the attention of this step may rotate and store itself */
                     return;
                 }
                 s->pend = 0;

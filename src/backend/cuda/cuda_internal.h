@@ -61,10 +61,7 @@ struct osp_be_session {
     int n_graphs;
     uint64_t steps;
     /* an operation held back to be fused with the next (cuda.c) */
-    int pend;                /* 1 an add, 2 a RoPE (maybe with its tensor's norm), 3 an in-place head norm,
-                                4 an activation (act_mul), 5 a matmul, 6 a matmul and an add of its output
-                                (the add in pend_n2_args), 7 a RoPE of q and k with the KV store (for the
-                                attention that reads them) */
+    int pend;                /* what is held (HELD_*), 0 nothing */
     unsigned char pend_args[OP_ARGS];
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
@@ -82,6 +79,7 @@ struct osp_be_session {
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
     unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */
+    size_t att_cnt_cap;
     uint64_t n_exec;         /* operations run (step.c counts them) */
     uint64_t xb_seq;         /* FUSE_XB: the operation (n_exec) whose norm also wrote its output rounded to bf16
                                 into tcws.xb; the next operation, a many-token matmul of that output, reads it */
@@ -89,7 +87,6 @@ struct osp_be_session {
     int64_t xb_of_n;
     int att_pf;              /* OSP_CUDA_ATTPF=1 (for measurements; not yet run on a GPU): attention prefetches
                                 its K/V rows to L2 before the kernel before it ends */
-    size_t att_cnt_cap;
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */
@@ -104,6 +101,17 @@ struct osp_be_session {
         osp_cu_weight *dev;             /* [3][E]: gate, up, down */
     } moe_tab[OSP_CU_MOE_TABS];
     int n_moe_tab;
+};
+
+/* What cuda.c holds back to fuse with the next operation (osp_be_session.pend) */
+enum {
+    HELD_ADD = 1,     /* a residual add (joins the norm of its sum) */
+    HELD_ROPE,        /* a RoPE, maybe with its tensor's norm, maybe with k's after q's */
+    HELD_NORM,        /* an in-place head norm (joins its RoPE) */
+    HELD_ACT,         /* an activation (the matmul reading it takes it in) */
+    HELD_MM,          /* a single-weight matmul of a decode step (its add and norm may join) */
+    HELD_MM_ADD,      /* that matmul and the add of its output (the add in pend_n2_args) */
+    HELD_ROPE_ATT,    /* q's and k's RoPE with the KV store (the attention reading them may do both) */
 };
 
 /* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */

@@ -130,6 +130,9 @@ template <int KIND> struct kind_traits {
 };
 
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 as_f4(uint4 u) {
+    return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
+}
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
@@ -693,18 +696,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                     if (live && g < n) {
                         float4 p, q, pu, qu;
                         if (KIND == 2) {
-                            const uint4 pw = *ring(s, 2), qw = *ring(s, 3);
-                            p = make_float4(__uint_as_float(pw.x), __uint_as_float(pw.y), __uint_as_float(pw.z),
-                                            __uint_as_float(pw.w));
-                            q = make_float4(__uint_as_float(qw.x), __uint_as_float(qw.y), __uint_as_float(qw.z),
-                                            __uint_as_float(qw.w));
-                            if (set.xu) {
-                                const uint4 a = *ring(s, 4), b = *ring(s, 5);
-                                pu = make_float4(__uint_as_float(a.x), __uint_as_float(a.y), __uint_as_float(a.z),
-                                                 __uint_as_float(a.w));
-                                qu = make_float4(__uint_as_float(b.x), __uint_as_float(b.y), __uint_as_float(b.z),
-                                                 __uint_as_float(b.w));
-                            }
+                            p = as_f4(*ring(s, 2)), q = as_f4(*ring(s, 3));
+                            if (set.xu) pu = as_f4(*ring(s, 4)), qu = as_f4(*ring(s, 5));
                         } else {
                             const float *xp = x + (int64_t)g * cols + ch * CH + 8 * v;
                             p = ld4(xp), q = ld4(xp + 4);
@@ -879,13 +872,19 @@ static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_c
     cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
-static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
+// a launch's blocks of mt row tiles over the set's weights end to end (set.end), and each weight's split-K
+// partial sums in the workspace (set.poff)
+static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
     for (int i = 0; i < set.nw; i++) {
-        const int64_t blocks = (set.w[i].rows + 16 * MT - 1) / (16 * MT);
+        const int64_t blocks = (set.w[i].rows + 16 * mt - 1) / (16 * mt);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
         set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
     }
+}
+
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
+static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
+    tc_layout(set, MT, n, sk);
     pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB, XB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
                dim3(KS * WARP), 0, st, set, x, n);
 }
@@ -905,11 +904,7 @@ template <int KIND, int KS> static void tc_go_cpa(osp_cu_stream st, tc_set set, 
     if (!attr && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most) == cudaSuccess)
         attr = 1;
     const size_t shm = (size_t)KS * TC_STG * (KIND != 2 ? 3 : set.xu ? 6 : 4) * WARP * sizeof(uint4);
-    for (int i = 0; i < set.nw; i++) {
-        const int64_t blocks = (set.w[i].rows + 15) / 16;
-        set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
-        set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
-    }
+    tc_layout(set, 1, n, sk);
     pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
 }
 
@@ -1050,11 +1045,10 @@ static int tc_sk_set(const tc_set &set) {
     return on ? tc_sk_tiles(&set.w[0], tc_blocks(set, 1)) : tc_sk(&set.w[0]);
 }
 
-// xb_ready: ws->xb holds x rounded to bf16 already (the norm that wrote x wrote it too); *wrote: this call
-// rounded x (or act(x) * u) into ws->xb
+// xb_ready: ws->xb holds x rounded to bf16 already (the norm that wrote x wrote it too)
 template <int KIND>
 static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws,
-                      int xb_ready = 0, int *wrote = nullptr) {
+                      int xb_ready = 0) {
     const int sk = tc_sk_set(set);
     int64_t nc = n; // tokens a launch: the splits' partial sums fit the workspace
     if (sk > 1) {
@@ -1071,10 +1065,8 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
     const float *xu0 = set.xu;
     float *tx0 = set.tx, *txn0 = set.txn;
-    if (xb && !(xb_ready && !xu0)) {
+    if (xb && !(xb_ready && !xu0))
         pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols, xu0, set.act);
-        if (wrote) *wrote = 1;
-    }
     if (xb) set.xu = nullptr; // the activation is in xb
     float *y0[MV_MAXW];
     for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
@@ -1120,10 +1112,9 @@ static int tc_kind(const osp_cu_weight *w) {
     return w->qbits;
 }
 
-extern "C" int osp_cu_matmul_tc_multi_xb(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
-                                         int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw,
-                                         int xb_ready, int *wrote) {
-    if (wrote) *wrote = 0;
+extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
+                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw,
+                                      int xb_ready) {
     if (n <= 0) return 0;
     // the kernel is chosen by the weight alone; others take the f32 kernels
     for (int i0 = 0; i0 < nw;) {
@@ -1149,17 +1140,12 @@ extern "C" int osp_cu_matmul_tc_multi_xb(osp_cu_stream st, const osp_cu_weight *
         i0 = i;
         if (rows <= 0) continue;
         switch (kind) {
-        case 2: tc_launch<2>(st, set, x, n, tw, xb_ready, wrote); break;
-        case 4: tc_launch<4>(st, set, x, n, tw, xb_ready, wrote); break;
-        default: tc_launch<8>(st, set, x, n, tw, xb_ready, wrote); break;
+        case 2: tc_launch<2>(st, set, x, n, tw, xb_ready); break;
+        case 4: tc_launch<4>(st, set, x, n, tw, xb_ready); break;
+        default: tc_launch<8>(st, set, x, n, tw, xb_ready); break;
         }
     }
     return launch_status();
-}
-
-extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
-                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw) {
-    return osp_cu_matmul_tc_multi_xb(st, ws, nw, x, n, ys, ldys, tw, 0, NULL);
 }
 
 extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
@@ -1403,8 +1389,8 @@ __global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *
 // threads of a norm's block for rows of d (the block sum's order depends on it)
 static int norm_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
-extern "C" int osp_cu_add_rmsnorm_xb(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
-                                     int64_t d, float eps, int add_one, uint16_t *yb) {
+extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
+                                  int64_t d, float eps, int add_one, uint16_t *yb) {
     if (n <= 0) return 0;
     const int th = norm_threads(d);
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
@@ -1415,14 +1401,9 @@ extern "C" int osp_cu_add_rmsnorm_xb(osp_cu_stream st, float *y, float *x, const
     return launch_status();
 }
 
-extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
-                                  int64_t d, float eps, int add_one) {
-    return osp_cu_add_rmsnorm_xb(st, y, x, t, w, n, d, eps, add_one, NULL);
-}
-
 extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d,
                               float eps, int add_one) {
-    return osp_cu_add_rmsnorm(st, y, (float *)x, NULL, w, n, d, eps, add_one);
+    return osp_cu_add_rmsnorm(st, y, (float *)x, NULL, w, n, d, eps, add_one, NULL);
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
@@ -1635,11 +1616,6 @@ extern "C" int osp_cu_norm_rope_store(osp_cu_stream st, const osp_cu_rope_side *
         pdl_launch(norm_rope_kernel, dim3((unsigned)(n1 + n2 + n3)), dim3(norm_threads(D)), 0, st, *a, b ? *b : none,
                    n1, T, D, inv, pos, sto, n2);
     return launch_status();
-}
-
-extern "C" int osp_cu_norm_rope(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B,
-                                int32_t T, int32_t D, const float *inv, const int32_t *pos) {
-    return osp_cu_norm_rope_store(st, a, b, B, T, D, inv, pos, NULL, NULL, NULL);
 }
 
 extern "C" int osp_cu_rope2(osp_cu_stream st, float *x1, int64_t h1, float *x2, int64_t h2, int32_t B, int32_t T,

@@ -48,13 +48,10 @@ typedef struct osp_cu_tc_ws {
 /* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
  * on the tensor cores (activations and dequantized weights rounded to bf16,
  * f32 accumulation), others as osp_cu_matmul_multi; a token's numbers do
- * not depend on n. */
+ * not depend on n. xb_ready: tw->xb holds x rounded to bf16 already (calls
+ * of more than 8 tokens read it instead of rounding x again). */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
-                           float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
-/* the same; xb_ready: tw->xb holds x rounded to bf16 already (calls of more than 8 tokens read it, none rounds
- * x again); *wrote (when not NULL): set when the call rounded its input into tw->xb */
-int osp_cu_matmul_tc_multi_xb(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
-                              float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw, int xb_ready, int *wrote);
+                           float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw, int xb_ready);
 /* What the fused matmul does after it (osp_cu_matmul_tc_fused): x += y, then xn = rmsnorm(x) * w
  * (add_one: 1 + w), per token: osp_cu_add_rmsnorm's numbers on rows of the weight's rows. */
 typedef struct osp_cu_tail {
@@ -81,12 +78,10 @@ int osp_cu_read_probe(osp_cu_stream st, const void *buf, int64_t bytes, unsigned
 
 int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                    int add_one);
-/* x += t, then y = rmsnorm(x) (the residual add fused with the next norm) */
+/* x += t, then y = rmsnorm(x) (the residual add fused with the next norm); yb (or NULL): y rounded to
+ * bf16 as well, as osp_cu_to_bf16 rounds it */
 int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
-                       float eps, int add_one);
-/* the same, writing y rounded to bf16 into yb too (NULL: not), as osp_cu_to_bf16 rounds it */
-int osp_cu_add_rmsnorm_xb(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
-                          float eps, int add_one, uint16_t *yb);
+                       float eps, int add_one, uint16_t *yb);
 int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);
 int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d);
 int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n);
@@ -114,9 +109,6 @@ typedef struct osp_cu_rope_side {
     float eps;
     int32_t norm, add_one;
 } osp_cu_rope_side;
-/* b: a second tensor at the same positions (k after q), or NULL */
-int osp_cu_norm_rope(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B, int32_t T,
-                     int32_t D, const float *inv, const int32_t *pos);
 /* dst[i] = src[rows[i]] (rows of H floats); out[rows[i]] += w[i] * acc[i] */
 int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H);
 int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,
@@ -169,7 +161,7 @@ typedef struct osp_cu_attn {
     int32_t prefetch;       /* each position's K and V rows prefetched to L2 before the kernel before it ends */
     /* one-token steps (T 1, not chunk_stored): q and k come unrotated, RoPE'd here (inv frequencies rope_inv,
      * position rows[b].pos), and the step's k (rotated) and v stored in the cache here, as osp_cu_norm_rope_store
-     * would have done before */
+     * would */
     int32_t rope;
     const float *rope_inv;
 } osp_cu_attn;
@@ -186,8 +178,9 @@ int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_
 /* Store k/v [nb*T, Hkv*D] of a chunk at positions rows[i].pos + t. */
 int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,
                     const float *k, const float *v);
-/* osp_cu_norm_rope, then b's vectors (k) and v stored as osp_cu_kv_write stores them, in the same launch
- * (L, rows, v; b required); L NULL: osp_cu_norm_rope. */
+/* The fused norm + RoPE of a (osp_cu_rope_side) and of b, a second tensor at the same positions (k after q),
+ * or NULL; with L (and rows, v; b required), b's vectors (k, rotated) and v are then stored as
+ * osp_cu_kv_write stores them, in the same launch. */
 int osp_cu_norm_rope_store(osp_cu_stream st, const osp_cu_rope_side *a, const osp_cu_rope_side *b, int32_t B,
                            int32_t T, int32_t D, const float *inv, const int32_t *pos, const osp_cu_kvlayer *L,
                            const osp_cu_kvrow *rows, const float *v);

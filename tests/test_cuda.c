@@ -386,7 +386,8 @@ static void test_bandwidth_probe(void **state) {
     (void)state;
     double g = be->bw_trial(0);
     printf("# device read bandwidth, one trial: %.0f GB/s\n", g);
-    assert_true(g > 10); /* any GPU reads faster than this */
+    if (strstr(be->name, "emulator")) assert_true(g > 0); /* tests/cuemu: the probe runs, its figure means nothing */
+    else assert_true(g > 10);                             /* any GPU reads faster than this */
     be->bw_trial(1);
 }
 
@@ -919,5 +920,7 @@ int main(void) {
         cmocka_unit_test(test_fuse_attention),
         cmocka_unit_test(test_bandwidth_probe),
     };
+    const char *only = getenv("OSP_TEST_ONLY"); /* a test's name (cmocka's filter: * and ? match) */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,12 +7,19 @@
 #include <string.h>
 #include <utility>
 #include "kernels.h"
+#include "launch.cuh"
 
 #define WARP 32
 
 static inline int launch_status() { return (int)cudaGetLastError(); }
 
 static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+// a launch without programmatic dependent launch
+template <typename... K, typename... A>
+static void launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
+    osp_cu_launch(k, grid, block, shm, (cudaStream_t)st, 0, std::forward<A>(args)...);
+}
 
 __device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
@@ -135,11 +142,15 @@ __device__ __forceinline__ float4 as_f4(uint4 u) {
 }
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+#ifdef OSP_CUEMU
+    return osp_cuemu::ld_global16(p);
+#else
     uint4 r;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
+#endif
 }
 
 // the input chunk matching a weight chunk: E floats
@@ -343,7 +354,7 @@ static void mv_go(osp_cu_stream st, mv_set set, const float *x, int64_t n, int S
         set.end[i] = (i ? set.end[i - 1] : 0) + groups;
     }
     unsigned g = blocks_for(set.end[set.nw - 1] * S, MV_WARPS);
-    mv_kernel<KIND, NT, R><<<g, MV_WARPS * WARP, 0, st>>>(set, x, n, S);
+    launch(mv_kernel<KIND, NT, R>, g, MV_WARPS * WARP, 0, st, set, x, n, S);
 }
 
 // Rows per warp (single-token calls): one input chunk serves R rows (4 for
@@ -390,7 +401,7 @@ extern "C" int osp_cu_matmul_multi(osp_cu_stream st, const osp_cu_weight *const 
         const int kind = mv_kind(ws[i0]);
         if (kind < 0) { // the generic kernel, one weight at a time
             if (ws[i0]->rows > 0)
-                mm_kernel<<<blocks_for(ws[i0]->rows, MM_WARPS), MM_WARPS * WARP, 0, st>>>(*ws[i0], x, n, ys[i0], ldys[i0]);
+                launch(mm_kernel, blocks_for(ws[i0]->rows, MM_WARPS), MM_WARPS * WARP, 0, st, *ws[i0], x, n, ys[i0], ldys[i0]);
             i0++;
             continue;
         }
@@ -480,17 +491,25 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
 
 // two floats as a bf16 pair (round to nearest even), lo in the low half
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+#ifdef OSP_CUEMU
+    return (uint32_t)f32_to_bf16(lo) | (uint32_t)f32_to_bf16(hi) << 16;
+#else
     uint32_t r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
+#endif
 }
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
+#ifdef OSP_CUEMU
+    osp_cuemu::mma_m16n8k16_bf16(c, a0, a1, a2, a3, b0, b1);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
 
 __device__ __forceinline__ float code_f(uint32_t word, int j) {
@@ -521,10 +540,16 @@ __device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_
 // wait for that kernel's results (griddepcontrol.wait) before it reads its
 // input or writes anything; the kernels before a matmul let it start early
 // (pdl_trigger). In a kernel launched without it both are no-ops.
+#ifdef OSP_CUEMU // (the emulator runs a stream's kernels one after another: nothing to wait for, no cache)
+__device__ __forceinline__ void pdl_trigger() {}
+__device__ __forceinline__ void pdl_wait() {}
+__device__ __forceinline__ void prefetch_l2(const void *p) { osp_cuemu::touch(p); }
+#else
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+#endif
 
 // MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight;
 // XB: the input comes rounded to bf16 already (osp_cu_to_bf16's rounding is
@@ -536,6 +561,10 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // second operand; for codes their scales' and biases' words, the inputs read as the step is computed: L1
 // hits, shared by every row tile), STG - 1 steps in flight without registers held for them; every mma the
 // same, with the same operands in the same order, as the register loop's (the same numbers)
+#ifdef OSP_CUEMU
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) { osp_cuemu::cp_async(smem, gmem, 16); }
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) { osp_cuemu::cp_async(smem, gmem, 4); }
+#else
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
@@ -544,6 +573,7 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
 }
+#endif
 // element i of a scales/biases array (dt 0 f32, 1 f16, 2 bf16) from the 4-byte word holding it (load_float's
 // value): the word at byte (i * size) & ~3
 __device__ __forceinline__ const void *scale_word(const void *p, int dt, int64_t i) {
@@ -554,10 +584,15 @@ __device__ __forceinline__ float word_float(uint32_t wd, int dt, int64_t i) {
     const uint16_t h = (uint16_t)(wd >> (16 * (int)(i & 1)));
     return dt == 2 ? bf16_to_f32(h) : __half2float(__ushort_as_half(h));
 }
+#ifdef OSP_CUEMU
+__device__ __forceinline__ void cp_async_commit() { osp_cuemu::cp_async_commit(); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { osp_cuemu::cp_async_wait(N); }
+#else
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+#endif
 
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, int STG = 0>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
@@ -609,7 +644,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rok[m][h] = r < rows;
             rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
         }
-    [[maybe_unused]] extern __shared__ uint4 cpa[]; // STG: [warp][stage][slot][lane]
+    [[maybe_unused]] OSP_DYN_SHARED(uint4, cpa); // STG: [warp][stage][slot][lane]
     // slots: weight rows g and g + 8; bf16: input, activation's u; codes: the scale and bias words of both rows
     [[maybe_unused]] const int SL = KIND != 2 ? 3 : set.xu ? 6 : 4;
     auto ring = [&](int64_t s, int k) -> uint4 * {
@@ -863,13 +898,7 @@ static int pdl_on() {
 // launch with programmatic dependent launch allowed (the kernel begins with pdl_wait)
 template <typename... K, typename... A>
 static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = shm, cfg.stream = (cudaStream_t)st;
-    cfg.attrs = at, cfg.numAttrs = pdl_on() ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+    osp_cu_launch(k, grid, block, shm, (cudaStream_t)st, pdl_on(), std::forward<A>(args)...);
 }
 
 // a launch's blocks of mt row tiles over the set's weights end to end (set.end), and each weight's split-K
@@ -1232,7 +1261,7 @@ __global__ void read_kernel(const uint4 *__restrict__ p, int64_t n, unsigned *ou
 }
 
 extern "C" int osp_cu_read_probe(osp_cu_stream st, const void *buf, int64_t bytes, unsigned *sink, int sms) {
-    read_kernel<<<(unsigned)(sms * 8), 256, 0, st>>>((const uint4 *)buf, bytes / 16, sink);
+    launch(read_kernel, (unsigned)(sms * 8), 256, 0, st, (const uint4 *)buf, bytes / 16, sink);
     return launch_status();
 }
 
@@ -1486,7 +1515,7 @@ __global__ void __launch_bounds__(AM_THREADS) argmax_kernel(const float *__restr
 }
 
 extern "C" int osp_cu_argmax(osp_cu_stream st, const float *x, int64_t rows, int64_t n, int32_t *ids) {
-    if (rows > 0 && n > 0) argmax_kernel<<<(unsigned)rows, AM_THREADS, 0, st>>>(x, n, ids);
+    if (rows > 0 && n > 0) launch(argmax_kernel, (unsigned)rows, AM_THREADS, 0, st, x, n, ids);
     return launch_status();
 }
 
@@ -1498,17 +1527,17 @@ extern "C" int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n)
 }
 
 extern "C" int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d) {
-    if (n * d > 0) add_bias_kernel<<<blocks_for(n * d, EW), EW, 0, st>>>(y, b, n, d);
+    if (n * d > 0) launch(add_bias_kernel, blocks_for(n * d, EW), EW, 0, st, y, b, n, d);
     return launch_status();
 }
 
 extern "C" int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n) {
-    if (n > 0) scale_kernel<<<blocks_for(n, EW), EW, 0, st>>>(y, a, n);
+    if (n > 0) launch(scale_kernel, blocks_for(n, EW), EW, 0, st, y, a, n);
     return launch_status();
 }
 
 extern "C" int osp_cu_mul_vec(osp_cu_stream st, float *y, const float *v, float a, int64_t n, int64_t d) {
-    if (n * d > 0) mul_vec_kernel<<<blocks_for(n * d, EW), EW, 0, st>>>(y, v, a, n, d);
+    if (n * d > 0) launch(mul_vec_kernel, blocks_for(n * d, EW), EW, 0, st, y, v, a, n, d);
     return launch_status();
 }
 
@@ -1519,7 +1548,7 @@ extern "C" int osp_cu_act_mul(osp_cu_stream st, int act, float *y, const float *
 }
 
 extern "C" int osp_cu_softcap(osp_cu_stream st, float *x, int64_t n, float cap) {
-    if (n > 0) softcap_kernel<<<blocks_for(n, EW), EW, 0, st>>>(x, n, cap);
+    if (n > 0) launch(softcap_kernel, blocks_for(n, EW), EW, 0, st, x, n, cap);
     return launch_status();
 }
 
@@ -1646,13 +1675,13 @@ __global__ void scatter_axpy_kernel(float *out, const float *acc, const int32_t 
 
 extern "C" int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n,
                              int64_t H) {
-    if (n * H > 0) gather_kernel<<<blocks_for(n * H, EW), EW, 0, st>>>(dst, src, rows, n, H);
+    if (n * H > 0) launch(gather_kernel, blocks_for(n * H, EW), EW, 0, st, dst, src, rows, n, H);
     return launch_status();
 }
 
 extern "C" int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows,
                                    const float *w, int64_t n, int64_t H) {
-    if (n * H > 0) scatter_axpy_kernel<<<blocks_for(n * H, EW), EW, 0, st>>>(out, acc, rows, w, n, H);
+    if (n * H > 0) launch(scatter_axpy_kernel, blocks_for(n * H, EW), EW, 0, st, out, acc, rows, w, n, H);
     return launch_status();
 }
 
@@ -1664,7 +1693,7 @@ extern "C" int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *ac
 // renormalized, times the expert's scale), the sums in the host's order
 __global__ void __launch_bounds__(MOE_RW *WARP) moe_route_kernel(const float *logits, int64_t N, int E, int K,
                                                                  const float *pes, int32_t *top_idx, float *top_w) {
-    extern __shared__ float moe_sm[];
+    OSP_DYN_SHARED(float, moe_sm);
     const int lane = threadIdx.x % WARP, wl = threadIdx.x / WARP;
     const int64_t i = (int64_t)blockIdx.x * MOE_RW + wl;
     if (i >= N) return;
@@ -1778,7 +1807,7 @@ extern "C" int osp_cu_moe_route(osp_cu_stream st, const float *logits, int64_t N
                                 int32_t *top_idx, float *top_w) {
     if (E < 1 || E > MOE_MAX_E || K < 1 || K > E) return (int)cudaErrorInvalidValue;
     if (N > 0)
-        moe_route_kernel<<<blocks_for(N, MOE_RW), MOE_RW * WARP, sizeof(float) * MOE_RW * E, st>>>(logits, N, E, K, pes,
+        launch(moe_route_kernel, blocks_for(N, MOE_RW), MOE_RW * WARP, sizeof(float) * MOE_RW * E, st, logits, N, E, K, pes,
                                                                                                   top_idx, top_w);
     return launch_status();
 }
@@ -1787,7 +1816,7 @@ extern "C" int osp_cu_moe_group(osp_cu_stream st, const int32_t *top_idx, int64_
                                 int32_t *g_off, int32_t *g_cnt, int32_t *g_nact, int32_t *pair_row, int32_t *pos_of,
                                 int32_t *order) {
     if (E < 1 || E > MOE_MAX_E) return (int)cudaErrorInvalidValue;
-    moe_group_kernel<<<1, MOE_GT, 0, st>>>(top_idx, N, K, E, g_e, g_off, g_cnt, g_nact, pair_row, pos_of, order);
+    launch(moe_group_kernel, 1, MOE_GT, 0, st, top_idx, N, K, E, g_e, g_off, g_cnt, g_nact, pair_row, pos_of, order);
     return launch_status();
 }
 
@@ -1979,7 +2008,7 @@ template <bool CG> __device__ __forceinline__ float combine_one(const float *pp,
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
                                                            unsigned *cnt) {
-    extern __shared__ float sm[];
+    OSP_DYN_SHARED(float, sm);
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
     float *qs = sm;                        // [G][D]
     float *ps = qs + G * D * (ATT_S / (D / 4)); // [G][ATT_S] (qs: q [G][D], later [nsub][G][D])
@@ -2242,7 +2271,7 @@ __global__ void to_bf16_kernel(uint16_t *dst, const float *src, int64_t n) {
 }
 
 extern "C" int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n) {
-    if (n > 0) to_bf16_kernel<<<blocks_for(n, EW), EW, 0, st>>>(dst, src, n);
+    if (n > 0) launch(to_bf16_kernel, blocks_for(n, EW), EW, 0, st, dst, src, n);
     return launch_status();
 }
 
@@ -2257,6 +2286,6 @@ __global__ void weight_bf16_kernel(osp_cu_weight w, uint16_t *dst) {
 
 extern "C" int osp_cu_weight_to_bf16(osp_cu_stream st, const osp_cu_weight *w, uint16_t *dst) {
     int64_t n = w->rows * w->cols;
-    if (n > 0) weight_bf16_kernel<<<blocks_for(n, EW), EW, 0, st>>>(*w, dst);
+    if (n > 0) launch(weight_bf16_kernel, blocks_for(n, EW), EW, 0, st, *w, dst);
     return launch_status();
 }

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "kernels.h"
+#include "launch.cuh"
 
 #define EW 256   // threads of the element-wise kernels
 #define AT 128   // threads of the attention kernels
@@ -13,6 +14,12 @@
 
 static inline int launch_status() { return (int)cudaGetLastError(); }
 static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+// a launch without programmatic dependent launch
+template <typename... K, typename... A>
+static void launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
+    osp_cu_launch(k, grid, block, shm, (cudaStream_t)st, 0, std::forward<A>(args)...);
+}
 
 __device__ __forceinline__ float wsum32(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -82,7 +89,7 @@ extern "C" int osp_cu_layernorm(osp_cu_stream st, float *y, const float *x, cons
                                 int64_t d, float eps) {
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        layernorm_kernel<<<(unsigned)k, 128, 0, st>>>(y + r0 * d, x + r0 * d, w, b, d, eps);
+        launch(layernorm_kernel, (unsigned)k, 128, 0, st, y + r0 * d, x + r0 * d, w, b, d, eps);
     }
     return launch_status();
 }
@@ -97,7 +104,7 @@ __global__ void gelu_kernel(float *x, int64_t n) {
 }
 
 extern "C" int osp_cu_gelu(osp_cu_stream st, float *x, int64_t n) {
-    if (n > 0) gelu_kernel<<<blocks_for(n, EW), EW, 0, st>>>(x, n);
+    if (n > 0) launch(gelu_kernel, blocks_for(n, EW), EW, 0, st, x, n);
     return launch_status();
 }
 
@@ -116,7 +123,7 @@ __global__ void im2col_kernel(float *col, const float *x, int64_t C, int64_t t_i
 extern "C" int osp_cu_im2col(osp_cu_stream st, float *col, const float *x, int64_t C, int64_t t_in, int64_t t_out,
                              int64_t ld_c, int64_t ld_f, int k, int stride, int pad, int k_major) {
     const int64_t n = t_out * C * k;
-    if (n > 0) im2col_kernel<<<blocks_for(n, EW), EW, 0, st>>>(col, x, C, t_in, t_out, ld_c, ld_f, k, stride, pad, k_major);
+    if (n > 0) launch(im2col_kernel, blocks_for(n, EW), EW, 0, st, col, x, C, t_in, t_out, ld_c, ld_f, k, stride, pad, k_major);
     return launch_status();
 }
 
@@ -133,7 +140,7 @@ __global__ void pack_kv_kernel(float *kh, float *vt, const float *k, const float
 extern "C" int osp_cu_pack_kv(osp_cu_stream st, float *kh, float *vt, const float *k, const float *v, int64_t S,
                               int64_t ld, int heads, int hd) {
     (void)heads; // ld = heads · hd
-    if (S * ld > 0) pack_kv_kernel<<<blocks_for(S * ld, EW), EW, 0, st>>>(kh, vt, k, v, S, ld, hd);
+    if (S * ld > 0) launch(pack_kv_kernel, blocks_for(S * ld, EW), EW, 0, st, kh, vt, k, v, S, ld, hd);
     return launch_status();
 }
 
@@ -143,7 +150,7 @@ extern "C" int osp_cu_pack_kv(osp_cu_stream st, float *kh, float *vt, const floa
 
 __global__ void __launch_bounds__(AT) full_attn_kernel(const float *q, const float *kh, const float *vt, float *out,
                                                        int64_t n, int64_t S, int64_t ld, int hd) {
-    extern __shared__ float sm[];
+    OSP_DYN_SHARED(float, sm);
     __shared__ float red[32];
     float *qs = sm, *sc = sm + FQ * hd; // [FQ][hd], [FQ][S]
     const int64_t h = blockIdx.y, i0 = (int64_t)blockIdx.x * FQ;
@@ -198,7 +205,7 @@ extern "C" int osp_cu_full_attention(osp_cu_stream st, const float *q, const flo
         int e = (int)cudaFuncSetAttribute(full_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e) return e;
     }
-    if (n > 0) full_attn_kernel<<<dim3(blocks_for(n, FQ), (unsigned)heads), AT, (size_t)smem, st>>>(q, kh, vt, out, n, S, ld, hd);
+    if (n > 0) launch(full_attn_kernel, dim3(blocks_for(n, FQ), (unsigned)heads), AT, (size_t)smem, st, q, kh, vt, out, n, S, ld, hd);
     return launch_status();
 }
 
@@ -216,7 +223,7 @@ __global__ void full_scores_kernel(float *out, const float *q, const float *kh, 
 
 extern "C" int osp_cu_full_scores(osp_cu_stream st, float *out, const float *q, const float *kh, int64_t n, int64_t S,
                                   int64_t ld, int head, int hd) {
-    if (n > 0) full_scores_kernel<<<(unsigned)n, AT, 0, st>>>(out, q, kh, S, ld, head, hd);
+    if (n > 0) launch(full_scores_kernel, (unsigned)n, AT, 0, st, out, q, kh, S, ld, head, hd);
     return launch_status();
 }
 
@@ -233,7 +240,7 @@ __global__ void rows_store_kernel(float *kc, float *vc, const float *k, const fl
 
 extern "C" int osp_cu_rows_store(osp_cu_stream st, float *kc, float *vc, const float *k, const float *v,
                                  const int32_t *row, const int32_t *pos, int64_t n, int64_t ctx, int64_t ld) {
-    if (n * ld > 0) rows_store_kernel<<<blocks_for(n * ld, EW), EW, 0, st>>>(kc, vc, k, v, row, pos, n, ctx, ld);
+    if (n * ld > 0) launch(rows_store_kernel, blocks_for(n * ld, EW), EW, 0, st, kc, vc, k, v, row, pos, n, ctx, ld);
     return launch_status();
 }
 
@@ -241,7 +248,7 @@ extern "C" int osp_cu_rows_store(osp_cu_stream st, float *kc, float *vc, const f
 __global__ void __launch_bounds__(AT) rows_attn_kernel(const float *q, const float *K, const float *V, float *out,
                                                        const int32_t *row, const int32_t *pos, int64_t ctx,
                                                        int64_t ld, int hd) {
-    extern __shared__ float sm[];
+    OSP_DYN_SHARED(float, sm);
     __shared__ float red[32];
     const int64_t i = blockIdx.x, h = blockIdx.y, keys = (int64_t)pos[i] + 1;
     float *qs = sm, *p = sm + hd;
@@ -279,6 +286,6 @@ extern "C" int osp_cu_rows_attention(osp_cu_stream st, const float *q, const flo
                                      int heads, int hd) {
     const size_t smem = sizeof(float) * (size_t)(ctx + hd);
     if (smem > 48 * 1024) return (int)cudaErrorInvalidValue; // ctx is at most 4096 (the model checks)
-    if (n > 0) rows_attn_kernel<<<dim3((unsigned)n, (unsigned)heads), AT, smem, st>>>(q, K, V, out, row, pos, ctx, ld, hd);
+    if (n > 0) launch(rows_attn_kernel, dim3((unsigned)n, (unsigned)heads), AT, smem, st, q, K, V, out, row, pos, ctx, ld, hd);
     return launch_status();
 }

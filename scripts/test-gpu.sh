@@ -8,10 +8,12 @@
 #   OSP_BIN=DIR scripts/test-gpu.sh    runs prebuilt binaries from DIR (osprey,
 #                                      golden_compare, test_*; also DIR/tests/)
 #   OSP_GPU_PARTS="core fuse e2e"      the parts to run (the default: all; see want below)
+#   OSP_CUEMU=1 OSP_BIN=build-cuemu    runs them on the CUDA emulator's build (scripts/test-cuemu.sh)
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+# OSP_CUEMU=1: the binaries in OSP_BIN are a build on the CUDA emulator (-DOSP_CUDA_EMU=ON, tests/cuemu): no GPU needed
+if [ -z "${OSP_CUEMU:-}" ] && { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; }; then
     echo "test-gpu: no NVIDIA GPU on this machine: skipped"
     exit 0
 fi

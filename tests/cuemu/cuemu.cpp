@@ -114,6 +114,8 @@ struct warp_state {
     uint64_t gen;
     uint64_t xch[2][32];
     mma_in mma[2][32];
+    float d[2][16][8]; // an mma's results, by generation
+    uint64_t d_gen;    // 1 + the generation whose results d holds
 };
 
 static thread_state *self;
@@ -267,26 +269,34 @@ void mma_m16n8k16_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uin
     in.a[0] = a0, in.a[1] = a1, in.a[2] = a2, in.a[3] = a3, in.b[0] = b0, in.b[1] = b1;
     for (int i = 0; i < 4; i++) in.c[i] = c[i];
     const uint64_t g = warp_meet(0xffffffffu, AT_MMA);
-    const mma_in *L = w.mma[g & 1];
-    // the fragments (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 * group + tig; A's registers 0-3 hold
-    // (row group, cols 2tig..+1), (row group + 8, same cols), (row group, cols 2tig + 8..+9), (row group + 8, those);
-    // B's 0-1 hold (rows 2tig..+1, col group), (rows 2tig + 8..+9, col group); C and D: (row group, cols 2tig..+1),
-    // (row group + 8, cols 2tig..+1). The low half of a register holds the lower index.
-    auto A = [&](int r, int k) {
-        const int ln = (r & 7) * 4 + ((k & 7) >> 1), reg = (r >> 3) + 2 * (k >> 3);
-        return bf(L[ln].a[reg], k & 1);
-    };
-    auto Bm = [&](int k, int n) {
-        const int ln = n * 4 + ((k & 7) >> 1);
-        return bf(L[ln].b[k >> 3], k & 1);
-    };
     const int grp = t->lane >> 2, tig = t->lane & 3;
-    for (int i = 0; i < 4; i++) {
-        const int r = grp + 8 * (i >> 1), n = 2 * tig + (i & 1);
-        double s = L[t->lane].c[i];
-        for (int k = 0; k < 16; k++) s += (double)A(r, k) * (double)Bm(k, n);
-        c[i] = (float)s;
+    float(&d)[16][8] = w.d[g & 1];
+    if (w.d_gen != g + 1) { // the first lane back computes the warp's tile
+        w.d_gen = g + 1;
+        // the fragments (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 * group + tig; A's registers 0-3 hold
+        // (row group, cols 2tig..+1), (row group + 8, same cols), (row group, cols 2tig + 8..+9), (row group + 8,
+        // those); B's 0-1 hold (rows 2tig..+1, col group), (rows 2tig + 8..+9, col group); C and D: (row group,
+        // cols 2tig..+1), (row group + 8, cols 2tig..+1). The low half of a register holds the lower index.
+        const mma_in *L = w.mma[g & 1];
+        float A[16][16], B[8][16]; // B transposed: [col][k]
+        double D[16][8];
+        for (int ln = 0; ln < 32; ln++) {
+            const int gr = ln >> 2, tg = ln & 3;
+            for (int reg = 0; reg < 4; reg++)
+                for (int h = 0; h < 2; h++) A[gr + 8 * (reg & 1)][2 * tg + 8 * (reg >> 1) + h] = bf(L[ln].a[reg], h);
+            for (int reg = 0; reg < 2; reg++)
+                for (int h = 0; h < 2; h++) B[gr][2 * tg + 8 * reg + h] = bf(L[ln].b[reg], h);
+            for (int i = 0; i < 4; i++) D[gr + 8 * (i >> 1)][2 * tg + (i & 1)] = L[ln].c[i];
+        }
+        // the 16 products (exact in f32) and C summed in double, rounded once
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) {
+                double s = D[r][n];
+                for (int k = 0; k < 16; k++) s += (double)(A[r][k] * B[n][k]);
+                d[r][n] = (float)s;
+            }
     }
+    for (int i = 0; i < 4; i++) c[i] = d[grp + 8 * (i >> 1)][2 * tig + (i & 1)];
 }
 
 void cp_async(void *smem, const void *gmem, int bytes) {

@@ -62,10 +62,10 @@ struct osp_be_session {
     uint64_t steps;
     /* an operation held back to be fused with the next (cuda.c) */
     int pend;                /* what is held (HELD_*), 0 nothing */
-    unsigned char pend_args[OP_ARGS];
+    _Alignas(16) unsigned char pend_args[OP_ARGS]; /* (read as the held operation's argument struct) */
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
-    unsigned char pend_n2_args[OP_ARGS];
+    _Alignas(16) unsigned char pend_n2_args[OP_ARGS];
     int fuse2;               /* OSP_CUDA_FUSE=2's parts on (FUSE_ACT ...; OSP_CUDA_FUSE_MASK) */
     int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
                                 (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it, a

@@ -32,13 +32,8 @@ static struct {
 } B = {.once = PTHREAD_ONCE_INIT};
 
 #ifdef OSP_CUDA_EMU
-/* the CUDA emulator (tests/cuemu) supplies the four functions */
-int osp_cuemu_cublas_create(void **h);
-int osp_cuemu_cublas_destroy(void *h);
-int osp_cuemu_cublas_set_stream(void *h, void *st);
-int osp_cuemu_cublas_gemm_ex(void *h, int ta, int tb, int m, int n, int k, const void *alpha, const void *A, int at,
-                             int lda, const void *B, int bt, int ldb, const void *beta, void *C, int ct, int ldc,
-                             int compute, int algo);
+/* the CUDA emulator (tests/cuemu) supplies the four functions (its cuda_runtime_api.h declares them) */
+#include <cuda_runtime_api.h>
 static void open_lib(void) {
     static char self;
     B.lib = &self;

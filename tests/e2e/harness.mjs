@@ -49,7 +49,7 @@ export async function startServer(args = [], { model = MODEL, timeoutMs = 60000,
   // OSPREY_EXPECT_DEVICE=cuda|cpu (scripts/test-gpu.sh): the model must have loaded there, not fallen back
   const want = process.env.OSPREY_EXPECT_DEVICE;
   if (want && model) {
-    const m = log.match(/loaded .* on (\w+)/);
+    const m = log.match(/loaded .*? on (\w+)/); // the first " on " (a device name may hold another)
     if (!m || m[1] !== want) {
       proc.kill('SIGKILL');
       throw new Error(`the model loaded on ${m ? m[1] : '(no load line)'}, not ${want}:\n${log}`);

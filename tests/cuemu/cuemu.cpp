@@ -199,11 +199,25 @@ static thread_state *next_live(thread_state *t) {
           "%d at mma.sync)", at[AT_BLOCK], at[AT_SYNCWARP], at[AT_SHFL], at[AT_MMA]);
 }
 
-// a thread waiting at a collective lets the next one run; R.idle counts the switches since any thread last
-// arrived, was released or finished: a round of them all without any means that none ever will
+// the lane after t in its warp that has not finished (t itself when it is the only one)
+static thread_state *next_in_warp(thread_state *t) {
+    const int base = t->idx - t->lane, n = (int)R.th.size();
+    for (int k = 1; k < 32; k++) {
+        const int i = base + (t->lane + k) % 32;
+        if (i < n && !R.th[(size_t)i].done) return &R.th[(size_t)i];
+    }
+    return t;
+}
+
+// a thread waiting at a collective lets another run: at a warp collective, the next lane of its warp (only they
+// can complete it; a warp runs on until it meets __syncthreads, and its lanes' stacks stay in the cache), at
+// __syncthreads the next thread of the block. R.idle counts the switches since any thread last arrived, was
+// released or finished: a round of them all without any means that none ever will.
 static void yield() {
+    thread_state *t = self;
     if (++R.idle > 2 * (uint64_t)R.live + 2) deadlock();
-    switch_to(next_live(self), false);
+    thread_state *nx = t->at == AT_BLOCK ? next_live(t) : next_in_warp(t);
+    if (nx != t) switch_to(nx, false);
 }
 
 static void release_block_if_all() {

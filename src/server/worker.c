@@ -270,6 +270,11 @@ static int admit(srv *s, srv_job **out, int64_t *need_out, int max) {
         if (!s->head) s->tail = NULL;
         s->n_queued--;
         if (gone || never) { /* never: refused before queueing (server.c); kept as a guard */
+            if (gone) { /* counted and logged as a cancelled running request is */
+                atomic_fetch_add(&s->c_requests, 1);
+                atomic_fetch_add(&s->c_cancelled, 1);
+                OSP_LOG(2, "osprey serve: %s cancelled (client gone) while queued", j->id);
+            }
             srv_job_end(j, gone ? 499 : 400, gone ? "cancelled" : SRV_KV_BUDGET_MSG, NULL);
             srv_job_release(j);
             continue;

@@ -272,6 +272,37 @@ test('6: a client that closes fully is still noticed: its generation stops', asy
   }
 });
 
+test('6: a client that leaves while its request waits in the queue: cancelled, logged and counted when the row frees', async () => {
+  const s = await startServer(['-c', '2048', '--log-level', 'info', '-np', '1']);
+  try {
+    const cancelled = () => (s.log().match(/cancelled \(client gone\)/g) || []).length;
+    const ac = new AbortController(); // the one row busy with a long answer until it is aborted
+    const long = await fetch(`${s.base}/v1/chat/completions`, {
+      method: 'POST', headers: { 'content-type': 'application/json' }, signal: ac.signal,
+      body: chatBody({ max_tokens: 1800, temperature: 0.7, logit_bias: NO_EOS, stream: true }),
+    });
+    assert.equal(long.status, 200);
+    for (const stream of [false, true]) { // queued behind it; their clients gone while they wait
+      await new Promise((res) => {
+        const sock = net.connect(s.port, '127.0.0.1', () => {
+          sock.write(post('/v1/chat/completions', chatBody({ stream })));
+          setTimeout(() => { sock.destroy(); res(); }, 100);
+        });
+      });
+    }
+    ac.abort();
+    for (let i = 0; i < 100 && cancelled() < 3; i++) await new Promise((res) => setTimeout(res, 50));
+    assert.equal(cancelled(), 3, s.log());
+    assert.equal((s.log().match(/cancelled \(client gone\) while queued/g) || []).length, 2, s.log());
+    const m = await (await fetch(`${s.base}/metrics`)).text();
+    assert.match(m, /osprey_requests_total\{outcome="cancelled"\} 3\n/);
+    const r = await raw(s.base, '/v1/chat/completions', { body: chatBody() }); // the row is free
+    assert.equal(r.status, 200);
+  } finally {
+    assert.equal((await s.stop()).code, 0, s.log());
+  }
+});
+
 // ---- 7: SIGTERM ----
 
 test('7: SIGTERM finishes and delivers a running stream; /health is 503 and new work is refused meanwhile', async () => {

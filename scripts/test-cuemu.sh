@@ -4,8 +4,8 @@
 # anything about speed. scripts/test.sh runs it. Two lines of work side by side (the emulator runs one kernel at a
 # time):
 #   - scripts/test-gpu.sh's core part (test_cuda, the suites, every golden in every mode, Whisper);
-#   - its fuse part (OSP_CUDA_FUSE=2 and OSP_CUDA_CPA=1 bitwise against the defaults), then every golden in every
-#     mode and both precisions with all the switches on, on an emulator build with ASan + UBSan (build-cuemu-asan):
+#   - its fuse part (OSP_CUDA_FUSE=2 bitwise against the default), then every golden in every
+#     mode and both precisions with OSP_CUDA_FUSE=2, on an emulator build with ASan + UBSan (build-cuemu-asan):
 #     an out-of-bounds or misaligned access in a kernel or the backend is a failure.
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ sanitized() {
         for mode in prefill decode chunk:5; do
             for prec in "" "--fast"; do
                 out="$logs/asan.safetensors"
-                if OSP_DEVICE=cuda OSP_CUDA_FUSE=2 OSP_CUDA_CPA=1 OSP_CUDA_ATTPF=1 ASAN_OPTIONS=detect_leaks=1 \
+                if OSP_DEVICE=cuda OSP_CUDA_FUSE=2 ASAN_OPTIONS=detect_leaks=1 \
                     UBSAN_OPTIONS=print_stacktrace=1 "$root/build-cuemu-asan/osprey" logits --device cuda $prec \
                     --model "$g" --input "$g/golden.safetensors" --output "$out" --mode $mode >"$logs/asan.log" 2>&1 &&
                     { [ -n "$prec" ] || "$root/build-cuemu-asan/tests/golden_compare" "$g" "$out" >>"$logs/asan.log" 2>&1; }; then

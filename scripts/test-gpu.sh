@@ -40,7 +40,7 @@ run() {
     fi
 }
 # OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 and OSP_CUDA_CPA=1 checks), e2e (the server with the openai client)
+# OSP_CUDA_FUSE=2 checks), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then
@@ -82,10 +82,6 @@ done
 for t in test_batch test_ids_out test_spec test_fast_path; do
     OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
 done
-# OSP_CUDA_CPA=1 (the few-token tiles staged through shared memory): test_cuda's tensor-core checks hold a
-# token alone (the staged kernel) bitwise to the same token among 9 to 70 (the many-token kernel)
-OSP_CUDA_CPA=1 run "test_cuda (cpa=1)" "$(bin test_cuda)"
-OSP_CUDA_CPA=1 OSP_CUDA_FUSE=2 run "test_batch (cpa=1, fuse=2)" "$(bin test_batch)"
 fi
 if want core; then
 # Whisper on the GPU: its operations against double references, the goldens (reference precision, the

@@ -678,13 +678,11 @@ static void test_moe(void **state) {
  * own launch), and a decode step's k and v stored by the launch that rotates k, with attention's splits
  * combined by the last of them (f32, bf16, 8-bit and 4-bit KV; a full layer and a sliding one; rows of 5 to
  * 600 positions: one split and several), plus a verification chunk of exact tokens. */
-/* (the fused session also prefetches attention's K/V: OSP_CUDA_ATTPF=1, the same numbers) */
 static osp_be_session *fuse_session(int fuse) {
     setenv("OSP_CUDA_FUSE", fuse == 2 ? "2" : "1", 1);
-    setenv("OSP_CUDA_ATTPF", fuse == 2 ? "1" : "0", 1);
     osp_be_session *s;
     assert_int_equal(be->session_new(64, 8192, &s), OSP_OK);
-    unsetenv("OSP_CUDA_FUSE"), unsetenv("OSP_CUDA_ATTPF");
+    unsetenv("OSP_CUDA_FUSE");
     be->set_fast(s, 1);
     return s;
 }

@@ -184,8 +184,6 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
      * left out if it fails */
     const char *fm = getenv("OSP_CUDA_FUSE_MASK");
     s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
-    const char *pf = getenv("OSP_CUDA_ATTPF");
-    s->att_pf = pf && !strcmp(pf, "1");
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -666,7 +664,6 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
     c->scale = a->scale, c->softcap = a->softcap;
     c->chunk_stored = a->chunk_stored;
-    c->prefetch = s->att_pf;
     c->q = CD(a->q), c->k = CD(a->k), c->v = CD(a->v), c->out = D(a->out);
     /* splits: enough for the longest range. A decode step (a graph's
      * candidate, or a short chunk) sizes them by the rows' KV capacity rounded up to a power

@@ -85,8 +85,6 @@ struct osp_be_session {
                                 into tcws.xb; the next operation, a many-token matmul of that output, reads it */
     const float *xb_of;
     int64_t xb_of_n;
-    int att_pf;              /* OSP_CUDA_ATTPF=1 (for measurements; not yet run on a GPU): attention prefetches
-                                its K/V rows to L2 before the kernel before it ends */
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */

@@ -556,48 +556,10 @@ __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefe
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
 // GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
-// STG > 0 (OSP_CUDA_CPA=1; few-token tiles: MT 1, NT 1, not grouped): each warp streams its steps through a
-// ring of STG stages in shared memory with cp.async (weights, and for bf16 the inputs and the activation's
-// second operand; for codes their scales' and biases' words, the inputs read as the step is computed: L1
-// hits, shared by every row tile), STG - 1 steps in flight without registers held for them; every mma the
-// same, with the same operands in the same order, as the register loop's (the same numbers)
-#ifdef OSP_CUEMU
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) { osp_cuemu::cp_async(smem, gmem, 16); }
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) { osp_cuemu::cp_async(smem, gmem, 4); }
-#else
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(a), "l"(gmem) : "memory");
-}
-#endif
-// element i of a scales/biases array (dt 0 f32, 1 f16, 2 bf16) from the 4-byte word holding it (load_float's
-// value): the word at byte (i * size) & ~3
-__device__ __forceinline__ const void *scale_word(const void *p, int dt, int64_t i) {
-    return dt == 0 ? (const void *)((const float *)p + i) : (const void *)((const unsigned char *)p + ((i * 2) & ~(int64_t)3));
-}
-__device__ __forceinline__ float word_float(uint32_t wd, int dt, int64_t i) {
-    if (dt == 0) return __uint_as_float(wd);
-    const uint16_t h = (uint16_t)(wd >> (16 * (int)(i & 1)));
-    return dt == 2 ? bf16_to_f32(h) : __half2float(__ushort_as_half(h));
-}
-#ifdef OSP_CUEMU
-__device__ __forceinline__ void cp_async_commit() { osp_cuemu::cp_async_commit(); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { osp_cuemu::cp_async_wait(N); }
-#else
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-#endif
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, int STG = 0>
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
-    static_assert(STG == 0 || (MT == 1 && NT == 1 && !XB && !GR), "the staged kernel's shapes");
     const float *__restrict__ x = (const float *)xv;
     const uint16_t *__restrict__ xh = (const uint16_t *)xv;
     constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16; // columns per 16-byte chunk
@@ -644,44 +606,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rok[m][h] = r < rows;
             rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
         }
-    [[maybe_unused]] OSP_DYN_SHARED(uint4, cpa); // STG: [warp][stage][slot][lane]
-    // slots: weight rows g and g + 8; bf16: input, activation's u; codes: the scale and bias words of both rows
-    [[maybe_unused]] const int SL = KIND != 2 ? 3 : set.xu ? 6 : 4;
-    auto ring = [&](int64_t s, int k) -> uint4 * {
-        return cpa + ((int64_t)((warp * STG + (int)((s - s_lo) % (STG > 0 ? STG : 1))) * SL + k)) * WARP + lane;
-    };
-    auto issue_w = [&](int64_t s) { // step s's weights (and their scales and biases)
-        const int64_t ch = s * 4 + t;
-        if (s < s_hi && ch < nch)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                if (rok[0][h]) {
-                    cp_async16(ring(s, h), rp[0][h] + ch);
-                    if (KIND != 2) {
-                        const int64_t gi = (row0 + g + 8 * h) * ng + ch * CH / w.group;
-                        uint32_t *wd = (uint32_t *)ring(s, 2);
-                        cp_async4(wd + 2 * h, scale_word(w.scales, w.sdtype, gi));
-                        cp_async4(wd + 2 * h + 1, scale_word(w.biases, w.sdtype, gi));
-                    }
-                }
-    };
-    auto issue_x = [&](int64_t s) { // step s's inputs (token g's), and u's (bf16)
-        const int64_t ch = s * 4 + t;
-        if (KIND == 2 && s < s_hi && ch < nch && g < n) {
-            const float *xp = x + (int64_t)g * cols + ch * CH;
-            cp_async16(ring(s, 2), xp), cp_async16(ring(s, 3), xp + 4);
-            if (set.xu) {
-                const float *up = set.xu + (int64_t)g * cols + ch * CH;
-                cp_async16(ring(s, 4), up), cp_async16(ring(s, 5), up + 4);
-            }
-        }
-    };
-    if constexpr (STG > 0) { // the weights (never written by a kernel) of the first steps: one group
-        for (int i = 0; i < STG - 1; i++) issue_w(s_lo + i);
-        cp_async_commit();
-    }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; !GR && STG == 0 && u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -699,127 +625,70 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
-        if constexpr (STG > 0) {
-            // groups: the prologue's weights, then the first steps' inputs one group each, then one group per
-            // step issued in the loop; the step consumed always has STG - 1 groups after its own
-            for (int i = 0; i < STG - 1; i++) {
-                issue_x(s_lo + i);
-                cp_async_commit();
-            }
-            for (int64_t s = s_lo; s < s_hi; s++) {
-                issue_w(s + STG - 1), issue_x(s + STG - 1); // into the stage consumed one step ago
-                cp_async_commit();
-                cp_async_wait<STG - 1>();
-                const int64_t ch = s * 4 + t;
-                const bool live = ch < nch;
-                const uint4 zero = make_uint4(0, 0, 0, 0);
-                const uint4 a0 = live && rok[0][0] ? *ring(s, 0) : zero, a1 = live && rok[0][1] ? *ring(s, 1) : zero;
-                float sc[2] = {0.0f, 0.0f}, bi[2] = {0.0f, 0.0f};
-                if (KIND != 2) {
-                    const uint4 wd = *ring(s, 2);
-                    const uint32_t wv[4] = {wd.x, wd.y, wd.z, wd.w};
+        for (int64_t s = s_lo; s < s_hi; s += U) {
+            // U steps of weights and inputs in flight together
+            uint4 a[U][MT][2];
+            float sc[U][MT][2], bi[U][MT][2];
+            uint32_t b[U][V][NT][4];
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        if (live && rok[0][h]) {
-                            const int64_t gi = (row0 + g + 8 * h) * ng + ch * CH / w.group;
-                            sc[h] = word_float(wv[2 * h], w.sdtype, gi), bi[h] = word_float(wv[2 * h + 1], w.sdtype, gi);
+            for (int u = 0; u < U; u++) {
+                const int64_t ch = (s + u) * 4 + t;
+                const bool live = s + u < s_hi && ch < nch;
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const bool ok = live && rok[m][h];
+                        a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
+                        sc[u][m][h] = bi[u][m][h] = 0.0f;
+                        if (KIND != 2 && ok) {
+                            const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                            sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
+                            bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
                         }
-                }
+                    }
 #pragma unroll
-                for (int v = 0; v < V; v++) {
-                    uint32_t bb[4] = {0, 0, 0, 0};
-                    if (live && g < n) {
-                        float4 p, q, pu, qu;
-                        if (KIND == 2) {
-                            p = as_f4(*ring(s, 2)), q = as_f4(*ring(s, 3));
-                            if (set.xu) pu = as_f4(*ring(s, 4)), qu = as_f4(*ring(s, 5));
-                        } else {
-                            const float *xp = x + (int64_t)g * cols + ch * CH + 8 * v;
-                            p = ld4(xp), q = ld4(xp + 4);
-                            if (set.xu) {
-                                const float *up = set.xu + (int64_t)g * cols + ch * CH + 8 * v;
-                                pu = ld4(up), qu = ld4(up + 4);
+                for (int v = 0; v < V; v++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const int64_t tok = t0 + 8 * j + g;
+                        b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
+                        if (live && tok < n) {
+                            if constexpr (XB) {
+                                const uint4 q = *reinterpret_cast<const uint4 *>(xh + tok * cols + ch * CH + 8 * v);
+                                b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
+                            } else {
+                                const float *xp = x + tok * cols + ch * CH + 8 * v;
+                                float4 p = ld4(xp), q = ld4(xp + 4);
+                                if (!GR && set.xu) {
+                                    const float *up = set.xu + tok * cols + ch * CH + 8 * v;
+                                    const float4 pu = ld4(up), qu = ld4(up + 4);
+                                    act8(set.act, p, q, pu, qu);
+                                }
+                                b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
+                                b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
                             }
                         }
-                        if (set.xu) {
-                            act8(set.act, p, q, pu, qu);
-                        }
-                        bb[0] = bf16x2(p.x, p.y), bb[1] = bf16x2(p.z, p.w), bb[2] = bf16x2(q.x, q.y), bb[3] = bf16x2(q.z, q.w);
                     }
-                    uint32_t A0[4], A1[4];
-                    tc_sub<KIND>(a0, sc[0], bi[0], v, A0);
-                    tc_sub<KIND>(a1, sc[1], bi[1], v, A1);
-                    mma_bf16(acc[0][0], A0[0], A1[0], A0[1], A1[1], bb[0], bb[1]);
-                    mma_bf16(acc[0][0], A0[2], A1[2], A0[3], A1[3], bb[2], bb[3]);
-                }
             }
-            cp_async_wait<0>();
-        } else {
-            for (int64_t s = s_lo; s < s_hi; s += U) {
-                // U steps of weights and inputs in flight together
-                uint4 a[U][MT][2];
-                float sc[U][MT][2], bi[U][MT][2];
-                uint32_t b[U][V][NT][4];
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int64_t ch = (s + u) * 4 + t;
-                    const bool live = s + u < s_hi && ch < nch;
+            for (int u = 0; u < U; u++) {
+                if (s + u >= s_hi) break;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    uint32_t A[MT][2][4];
 #pragma unroll
                     for (int m = 0; m < MT; m++)
 #pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const bool ok = live && rok[m][h];
-                            a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
-                            sc[u][m][h] = bi[u][m][h] = 0.0f;
-                            if (KIND != 2 && ok) {
-                                const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
-                                sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
-                                bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
-                            }
-                        }
+                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
 #pragma unroll
-                    for (int v = 0; v < V; v++)
+                    for (int j = 0; j < NT; j++) {
+                        if (t0 + 8 * j >= n) break; // no token in this tile
 #pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            const int64_t tok = t0 + 8 * j + g;
-                            b[u][v][j][0] = b[u][v][j][1] = b[u][v][j][2] = b[u][v][j][3] = 0;
-                            if (live && tok < n) {
-                                if constexpr (XB) {
-                                    const uint4 q = *reinterpret_cast<const uint4 *>(xh + tok * cols + ch * CH + 8 * v);
-                                    b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
-                                } else {
-                                    const float *xp = x + tok * cols + ch * CH + 8 * v;
-                                    float4 p = ld4(xp), q = ld4(xp + 4);
-                                    if (!GR && set.xu) {
-                                        const float *up = set.xu + tok * cols + ch * CH + 8 * v;
-                                        const float4 pu = ld4(up), qu = ld4(up + 4);
-                                        act8(set.act, p, q, pu, qu);
-                                    }
-                                    b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
-                                    b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
-                                }
-                            }
-                        }
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (s + u >= s_hi) break;
-#pragma unroll
-                    for (int v = 0; v < V; v++) {
-                        uint32_t A[MT][2][4];
-#pragma unroll
-                        for (int m = 0; m < MT; m++)
-#pragma unroll
-                            for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
-#pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            if (t0 + 8 * j >= n) break; // no token in this tile
-#pragma unroll
-                            for (int m = 0; m < MT; m++) {
-                                const uint32_t *bb = b[u][v][j];
-                                mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
-                                mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
-                            }
+                        for (int m = 0; m < MT; m++) {
+                            const uint32_t *bb = b[u][v][j];
+                            mma_bf16(acc[m][j], A[m][0][0], A[m][1][0], A[m][0][1], A[m][1][1], bb[0], bb[1]);
+                            mma_bf16(acc[m][j], A[m][0][2], A[m][1][2], A[m][0][3], A[m][1][3], bb[2], bb[3]);
                         }
                     }
                 }
@@ -918,25 +787,6 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
-// OSP_CUDA_CPA=1 (for measurements; not yet run on a GPU): the few-token tiles through tc_kernel's staged
-// loop (STG = 4 stages a warp); the same numbers
-static int tc_cpa() {
-    static const int on = env_digit("OSP_CUDA_CPA", 0) == 1;
-    return on;
-}
-
-#define TC_STG 4
-template <int KIND, int KS> static void tc_go_cpa(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
-    auto k = tc_kernel<KIND, KS, 1, 1, 1, 16 / KS, false, false, TC_STG>;
-    static int attr = 0; // the largest ring (bf16 with u) allowed once
-    const size_t most = (size_t)KS * TC_STG * (KIND == 2 ? 6 : 3) * WARP * sizeof(uint4);
-    if (!attr && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most) == cudaSuccess)
-        attr = 1;
-    const size_t shm = (size_t)KS * TC_STG * (KIND != 2 ? 3 : set.xu ? 6 : 4) * WARP * sizeof(uint4);
-    tc_layout(set, 1, n, sk);
-    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
-}
-
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
 // (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
@@ -986,9 +836,7 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
-    if (n <= 8 && tc_cpa()) {
-        tc_go_cpa<KIND, KS>(st, set, x, n, sk);
-    } else if (n <= 8) {
+    if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
         case 2: tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk); break;
@@ -2023,30 +1871,6 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1);
     const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z; // + g * nsplit
     if (j0 > p) return; // an empty split: the combine reads a query's own splits only
-    if (a.prefetch && (int32_t)(j0 + threadIdx.x) < j1) {
-        // (OSP_CUDA_ATTPF=1) this thread's position's K and V rows on their way to L2 while the kernel before
-        // ends: the bytes the kernel reads below (L2 is coherent: rows the kernel before writes are not read stale)
-        const int32_t j = j0 + threadIdx.x;
-        const osp_cu_kvlayer &L = a.L;
-        for (int which = 0; which < 2; which++) {
-            const unsigned char *rp;
-            int64_t bytes;
-            if (j < cend) {
-                const int32_t slot = kv_slot(L, j);
-                if (L.bits == 0) {
-                    rp = R.mem + (((int64_t)which * Hkv + hk) * R.cap + slot) * D * 4, bytes = (int64_t)D * 4;
-                } else {
-                    rp = R.mem + (int64_t)which * Hkv * R.cap * L.slot_bytes + ((int64_t)hk * R.cap + slot) * L.cb;
-                    bytes = L.cb;
-                }
-            } else {
-                rp = (const unsigned char *)((which ? a.v : a.k) +
-                                             (((int64_t)b * a.T + (j - R.pos)) * Hkv + hk) * D);
-                bytes = (int64_t)D * 4;
-            }
-            for (int64_t off = 0; off < bytes; off += 128) prefetch_l2(rp + off);
-        }
-    }
     pdl_wait();
     pdl_trigger();
     for (int i = threadIdx.x; i < G * D; i += ATT_S) {

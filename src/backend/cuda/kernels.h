@@ -158,7 +158,6 @@ typedef struct osp_cu_attn {
     const float *q, *k, *v; /* [nb*T, heads*D] */
     float *out;
     int32_t chunk_stored;   /* the chunk is in the cache already: a query reads only its own position from k/v */
-    int32_t prefetch;       /* each position's K and V rows prefetched to L2 before the kernel before it ends */
     /* one-token steps (T 1, not chunk_stored): q and k come unrotated, RoPE'd here (inv frequencies rope_inv,
      * position rows[b].pos), and the step's k (rotated) and v stored in the cache here, as osp_cu_norm_rope_store
      * would */

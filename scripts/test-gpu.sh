@@ -35,7 +35,8 @@ run() {
         echo "ok    $name ($(($(date +%s) - t0)) s)"
     else
         echo "FAIL  $name"
-        tail -40 "$tmp/log"
+        # a TAP log (the e2e suites): the failing tests' blocks, else the log's end
+        if grep -q "^not ok" "$tmp/log"; then grep -A40 "^not ok" "$tmp/log" | head -120; else tail -40 "$tmp/log"; fi
         fails=$((fails + 1))
     fi
 }

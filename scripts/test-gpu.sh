@@ -83,6 +83,19 @@ done
 for t in test_batch test_ids_out test_spec test_fast_path; do
     OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
 done
+# OSP_CUDA_DQ2=1 (4-bit codes with bf16 scales converted in bf16x2 arithmetic): the tensor-core kernels
+# against their references and alone vs among others, the KL tier, batch invariance, and the 4-bit goldens'
+# production logits (s * c + b is exact in f32 unless its terms lie far apart, so the same bits are expected)
+OSP_CUDA_DQ2=1 OSP_TEST_ONLY=test_tc run "test_cuda tc (dq2=1)" "$(bin test_cuda)"
+for t in test_fast_path test_batch; do
+    OSP_CUDA_DQ2=1 run "$t (dq2=1)" "$(bin "$t")"
+done
+for g in data/goldens/*-q4; do
+    run "dq2=1 $(basename "$g") decode --fast" sh -c "for f in 0 1; do OSP_CUDA_DQ2=\$f \
+        '$(bin osprey)' logits --device cuda --fast --model $g --input $g/golden.safetensors \
+        --output '$tmp/dq'\$f.safetensors --mode decode || exit 1; done; \
+        cmp '$tmp/dq0.safetensors' '$tmp/dq1.safetensors'"
+done
 fi
 if want core; then
 # Whisper on the GPU: its operations against double references, the goldens (reference precision, the

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -275,6 +276,24 @@ uint64_t shfl_bits(unsigned mask, uint64_t v, int src) {
 }
 
 static inline float bf(uint32_t word, int hi) { return __uint_as_float(hi ? word & 0xffff0000u : word << 16); }
+
+// x rounded once to bf16 (nearest, ties to even; normal range): the significand's 8 bits from frexp, rint
+static uint32_t bf16_of(double x) {
+    if (x == 0.0 || std::isnan(x) || std::isinf(x)) return __float_as_uint((float)x) >> 16;
+    int e;
+    const double m = std::frexp(std::fabs(x), &e); // [0.5, 1)
+    const double r = std::nearbyint(std::ldexp(m, 8)); // the current rounding mode: to nearest even
+    const float v = (float)std::ldexp(x < 0 ? -r : r, e - 8); // exact: 8 significant bits
+    return __float_as_uint(v) >> 16;
+}
+
+// a bf16 times a bf16 is exact in double, and adding a third is exact unless their exponents lie over 40 apart
+uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d = 0;
+    for (int h = 0; h < 2; h++)
+        d |= bf16_of((double)bf(a, h) * (double)bf(b, h) + (double)bf(c, h)) << (16 * h);
+    return d;
+}
 
 void mma_m16n8k16_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
     thread_state *t = self;

@@ -483,6 +483,7 @@ struct tc_set {
     float teps;
     int tadd, tnth;
     unsigned *tcnt; // zero before and after
+    int dq;         // OSP_CUDA_DQ2=1: tc_sub's bf16x2 conversion where the codes are 4-bit with bf16 scales
 };
 
 template <bool CG>
@@ -512,16 +513,40 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+// fma.rn.bf16x2: a * b + c for each half, rounded once to bf16
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef OSP_CUEMU
+    return osp_cuemu::fma_bf16x2(a, b, c);
+#else
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
+}
+
 __device__ __forceinline__ float code_f(uint32_t word, int j) {
     return __uint_as_float(__byte_perm(word, 0x4b000000u, 0x7540 + j)) - 8388608.0f;
 }
 
 // sub-chunk v (8 columns) of a 16-byte chunk as 4 bf16 pairs
+// dq (OSP_CUDA_DQ2=1; 4-bit codes whose scales and biases are bf16, so s and b are bf16 values): in bf16x2
+// arithmetic, two codes an instruction: the pair's nibbles put into the mantissas of 128 + c (bf16 0x4300 | c),
+// 128 taken off (exact), then s * c + b rounded once to bf16 (the f32 path rounds s * c + b to f32 first:
+// the two differ where that first rounding lands on a bf16 tie, which the KL tier covers)
 template <int KIND>
-__device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_t (&o)[4]) {
+__device__ __forceinline__ void tc_sub(uint4 c, float s, float b, int v, uint32_t (&o)[4], bool dq = false) {
     const uint32_t u[4] = {c.x, c.y, c.z, c.w};
     if (KIND == 2) {
         o[0] = u[0], o[1] = u[1], o[2] = u[2], o[3] = u[3];
+    } else if (KIND == 4 && dq) {
+        const uint32_t lo = u[v] & 0x0f0f0f0fu, hi = (u[v] >> 4) & 0x0f0f0f0fu;
+        const uint32_t s2 = (__float_as_uint(s) >> 16) * 0x10001u, b2 = (__float_as_uint(b) >> 16) * 0x10001u;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            // byte 0: column 2j's nibble (lo's byte j), byte 2: column 2j + 1's (hi's byte j)
+            const uint32_t t = (__byte_perm(lo, hi, (uint32_t)j | (uint32_t)(4 + j) << 8) & 0x000f000fu) | 0x43004300u;
+            o[j] = fma_bf16x2(fma_bf16x2(t, 0x3f803f80u, 0xc300c300u), s2, b2); // (128 + c) * 1 - 128, then s * c + b
+        }
     } else if (KIND == 4) { // word v: byte j holds columns 2j (low nibble) and 2j + 1
         const uint32_t lo = u[v] & 0x0f0f0f0fu, hi = (u[v] >> 4) & 0x0f0f0f0fu;
 #pragma unroll
@@ -596,6 +621,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
     const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
     const int64_t row0 = tile * 16 * MT;
+    const bool dq = KIND == 4 && set.dq && w.sdtype == 2;
     const uint4 *rp[MT][2];
     bool rok[MT][2];
 #pragma unroll
@@ -680,7 +706,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
 #pragma unroll
                     for (int m = 0; m < MT; m++)
 #pragma unroll
-                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h]);
+                        for (int h = 0; h < 2; h++) tc_sub<KIND>(a[u][m][h], sc[u][m][h], bi[u][m][h], v, A[m][h], dq);
 #pragma unroll
                     for (int j = 0; j < NT; j++) {
                         if (t0 + 8 * j >= n) break; // no token in this tile
@@ -780,9 +806,12 @@ static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
     }
 }
 
+static int tc_dq2();
+
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
 static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
     tc_layout(set, MT, n, sk);
+    set.dq = tc_dq2();
     pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB, XB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
                dim3(KS * WARP), 0, st, set, x, n);
 }
@@ -797,6 +826,13 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 // tiles with 2 steps of loads in flight: 16,777; 4-bit the same within 2% each way.
 static int tc_wide() {
     static const int on = env_digit("OSP_CUDA_TC_WIDE", 0) == 1;
+    return on;
+}
+
+// OSP_CUDA_DQ2=1 (for measurements; not yet run on a GPU): 4-bit codes with bf16 scales converted in bf16x2
+// arithmetic (tc_sub): about 2.25 instructions a code instead of 3.75; the numbers change in rare last bits
+static int tc_dq2() {
+    static const int on = env_digit("OSP_CUDA_DQ2", 0) == 1;
     return on;
 }
 

@@ -737,6 +737,69 @@ static void test_fuse_act(void **state) {
     be->session_free(s1), be->session_free(s2);
 }
 
+/* Gate and up, then act_mul of their outputs (the MLP): with OSP_CUDA_FUSE=2 one launch for a few tokens
+ * (osp_cu_matmul_tc_pair: a tile's rows are 8 gate rows and the same 8 up rows, y = act(gate) * up written
+ * once), the same numbers as the two weights' launch and act_mul; gate's and up's outputs are then never
+ * written. Where that launch would split the columns (few rows), the pair is not taken: the same launches as
+ * without. bf16, 4-bit and 8-bit weights, both activations, 1 to 8 tokens. */
+static void test_fuse_pair(void **state) {
+    (void)state;
+    const wkind PK[] = {
+        {"bf16", OSP_DT_BF16, 0, 0, 0, 256},
+        {"q4 g64", 0, 4, 64, OSP_DT_BF16, 512},
+        {"q8 g64", 0, 8, 64, OSP_DT_BF16, 256},
+    };
+    const int64_t Rs[] = {2200, 72}; /* one split (the pair), several (not: long rows) */
+    const int64_t ns[] = {1, 3, 8};
+    osp_be_session *s1 = fuse_session(1), *s2 = fuse_session(2);
+    for (size_t k = 0; k < sizeof PK / sizeof *PK; k++)
+        for (size_t ri = 0; ri < sizeof Rs / sizeof *Rs; ri++) {
+            const wkind *K = &PK[k];
+            /* (several splits need 64 steps of 4 chunks a row at least: 2048 bf16 columns, 4096 8-bit, 8192 4-bit) */
+            const int64_t R = Rs[ri], C = ri == 0 ? K->cols : 2048 * (K->bits == 4 ? 4 : K->bits == 8 ? 2 : 1), nmax = 8;
+            host_weight hg, hu;
+            make_weight(&hg, R, C, K->dt, K->bits, K->group, K->sdt);
+            make_weight(&hu, R, C, K->dt, K->bits, K->group, K->sdt);
+            const int paired = ri == 0;
+            float *x = malloc(sizeof(float) * (size_t)(nmax * C)), *nan = malloc(sizeof(float) * (size_t)(nmax * R));
+            float *y[2], *go[2];
+            for (int f = 0; f < 2; f++)
+                y[f] = malloc(sizeof(float) * (size_t)(nmax * R)), go[f] = malloc(sizeof(float) * (size_t)(nmax * R));
+            for (int64_t i = 0; i < nmax * C; i++) x[i] = uniform();
+            for (int64_t i = 0; i < nmax * R; i++) nan[i] = NAN;
+            for (int act = 0; act < 2; act++)
+                for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+                    const int64_t n = ns[j];
+                    for (int f = 0; f < 2; f++) {
+                        osp_be_session *s = f ? s2 : s1;
+                        osp_dbuf *dx = upload(x, n * C), *dg = upload(nan, n * R), *du = upload(nan, n * R),
+                                 *dy = be->alloc((size_t)(n * R));
+                        assert_non_null(dy);
+                        const osp_weight *ws[] = {&hg.w, &hu.w};
+                        osp_dbuf *ys[] = {dg, du};
+                        be->begin_chunk(s, (int32_t)n, 1);
+                        be->matmul(s, ws, 2, dx, n, ys);
+                        be->act_mul(s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, dy, dg, du, n, R, R);
+                        if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                        be->read(y[f], dy, n * R), be->read(go[f], dg, n * R);
+                        be->free(dx), be->free(dg), be->free(du), be->free(dy);
+                    }
+                    if (memcmp(y[0], y[1], sizeof(float) * (size_t)(n * R)))
+                        fail_msg("%s, %lld rows, act %d, %lld tokens: the paired launch differs from its two", K->name,
+                                 (long long)R, act, (long long)n);
+                    for (int64_t i = 0; i < n * R; i++)
+                        if (isnan(go[0][i]) || isnan(go[1][i]) != paired)
+                            fail_msg("%s, %lld rows, %lld tokens: gate's output %s", K->name, (long long)R,
+                                     (long long)n, isnan(go[0][i]) ? "unwritten without the pair" :
+                                     paired ? "written (the pair did not run)" : "unwritten (the pair ran)");
+                }
+            for (int f = 0; f < 2; f++) free(y[f]), free(go[f]);
+            free(x), free(nan);
+            free_weight(&hg), free_weight(&hu);
+        }
+    be->session_free(s1), be->session_free(s2);
+}
+
 /* A decode step's matmul, the residual add of its output and the norm of the sum (o and the MLP's norm;
  * down and the next layer's): one launch with OSP_CUDA_FUSE=2 for few tokens (its last block adds and
  * norms), the same numbers as three; with the activation taken in as well (down after act_mul); for 9
@@ -914,6 +977,7 @@ int main(void) {
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_fuse_act),
+        cmocka_unit_test(test_fuse_pair),
         cmocka_unit_test(test_fuse_tail),
         cmocka_unit_test(test_fuse_attention),
         cmocka_unit_test(test_bandwidth_probe),

@@ -711,6 +711,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorNotSupported: return "operation not supported";
     default: return "unknown error";
     }
 }

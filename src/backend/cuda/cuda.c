@@ -328,6 +328,16 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
         }
     }
     flush(s);
+    if (nw == 2 && (s->fuse2 & FUSE_PAIR) && s->fast && n <= 8 && ws[0]->packed && ws[1]->packed &&
+        osp_cu_tc_ok(ws[0]->packed) && osp_cu_tc_ok(ws[1]->packed) && !use_gemm(s, n)) {
+        /* held: an activation of the two outputs next joins them (act_mul); anything else submits it as is */
+        ARGS(mm_args, a);
+        a.x = CD(x), a.n = n, a.nw = 2;
+        for (int i = 0; i < 2; i++) a.d[i] = ws[i]->packed, a.y[i] = D(ys[i]), a.ldy[i] = a.d[i]->rows;
+        memcpy(s->pend_args, &a, sizeof a);
+        s->pend = HELD_MM_PAIR;
+        return;
+    }
     for (int i0 = 0; i0 < nw; i0 += 4) {
         ARGS(mm_args, a);
         a.x = CD(x), a.n = n;
@@ -491,8 +501,33 @@ static void act_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_act_mul(s->st, a->act, a->y, a->g, a->u, a->n, a->d, a->ld_u), "act_mul");
 }
 
+typedef struct pair_args {
+    const osp_cu_weight *gw, *uw;
+    const float *x;
+    float *y;
+    int64_t n, ldy;
+    int32_t act;
+} pair_args;
+
+static void pair_exec(osp_be_session *s, const void *p) {
+    const pair_args *a = p;
+    note(s, osp_cu_matmul_tc_pair(s->st, a->gw, a->uw, a->x, a->act, a->n, a->y, a->ldy), "matmul pair + act");
+}
+
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
+    if (s->pend == HELD_MM_PAIR) { /* y = act(g) * u of the held gate and up: one launch (their outputs unwritten) */
+        const mm_args *h = (const mm_args *)s->pend_args;
+        if (h->y[0] == CD(g) && h->y[1] == CD(u) && h->n == n && h->d[0]->rows == d && ld_u == d &&
+            osp_cu_tc_pair_ok(h->d[0], h->d[1], n)) {
+            ARGS(pair_args, a);
+            a.gw = h->d[0], a.uw = h->d[1], a.x = h->x, a.y = D(y), a.n = n, a.ldy = d;
+            a.act = act == OSP_ACT_SILU ? 0 : 1;
+            s->pend = 0;
+            SUBMIT(s, pair_exec, a);
+            return;
+        }
+    }
     flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
@@ -565,7 +600,7 @@ static void flush(osp_be_session *s) {
     else if (k == HELD_ROPE || k == HELD_ROPE_ATT) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
     else if (k == HELD_NORM) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
     else if (k == HELD_ACT) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
-    else if (k == HELD_MM || k == HELD_MM_ADD) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
+    else if (k == HELD_MM || k == HELD_MM_ADD || k == HELD_MM_PAIR) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
     if (k == HELD_MM_ADD) osp_cu_submit(s, ew_exec, s->pend_n2_args, sizeof(ew_args));
     if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }

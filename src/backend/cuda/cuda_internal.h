@@ -110,10 +110,13 @@ enum {
     HELD_MM,          /* a single-weight matmul of a decode step (its add and norm may join) */
     HELD_MM_ADD,      /* that matmul and the add of its output (the add in pend_n2_args) */
     HELD_ROPE_ATT,    /* q's and k's RoPE with the KV store (the attention reading them may do both) */
+    HELD_MM_PAIR,     /* two tensor-core weights of one shape in a decode step (gate, up: an activation of
+                         their outputs may join: osp_cu_matmul_tc_pair) */
 };
 
 /* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */
-enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_XB = 32, FUSE_ALL = 63 };
+enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_XB = 32, FUSE_PAIR = 64,
+       FUSE_ALL = 127 };
 
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);

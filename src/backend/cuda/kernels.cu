@@ -484,6 +484,9 @@ struct tc_set {
     int tadd, tnth;
     unsigned *tcnt; // zero before and after
     int dq;         // OSP_CUDA_DQ2=1: tc_sub's bf16x2 conversion where the codes are 4-bit with bf16 scales
+    // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
+    // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
+    int pair;
 };
 
 template <bool CG>
@@ -620,7 +623,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     float *__restrict__ part = SK > 1 ? set.part + set.poff[wi] : nullptr;
     const int64_t row_bytes = KIND == 2 ? cols * 2 : KIND == 4 ? cols / 2 : cols;
     const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
-    const int64_t row0 = tile * 16 * MT;
+    const bool pair = !GR && MT == 1 && NT == 1 && set.pair; // (uniform)
+    const int64_t row0 = pair ? tile * 8 : tile * 16 * MT;
     const bool dq = KIND == 4 && set.dq && w.sdtype == 2;
     const uint4 *rp[MT][2];
     bool rok[MT][2];
@@ -628,9 +632,10 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int64_t r = row0 + 16 * m + g + 8 * h;
+            const int64_t r = pair ? row0 + g : row0 + 16 * m + g + 8 * h;
             rok[m][h] = r < rows;
-            rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : w.data) + (rok[m][h] ? r : 0) * row_bytes);
+            rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
+                                       (rok[m][h] ? r : 0) * row_bytes);
         }
     // the first steps' weights on their way before the previous kernel ends
     for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
@@ -668,9 +673,9 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                         a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
-                            const int64_t gi = (row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
-                            sc[u][m][h] = load_float(GR ? gscales : w.scales, w.sdtype, gi);
-                            bi[u][m][h] = load_float(GR ? gbiases : w.biases, w.sdtype, gi);
+                            const int64_t gi = (pair ? row0 + g : row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                            sc[u][m][h] = load_float(GR ? gscales : pair ? set.w[h].scales : w.scales, w.sdtype, gi);
+                            bi[u][m][h] = load_float(GR ? gbiases : pair ? set.w[h].biases : w.biases, w.sdtype, gi);
                         }
                     }
 #pragma unroll
@@ -730,6 +735,18 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             __syncthreads();
             const float *rf = &red[0][0][0][0];
             constexpr int PER = NT * 4 * WARP;
+            if (pair) { // c 0, 1: gate's row g (tokens 2t, 2t + 1); c + 2: up's same row: act(gate) * up, once
+                for (int e = threadIdx.x; e < 2 * WARP; e += KS * WARP) {
+                    float vg = rf[e], vu = rf[e + 2 * WARP];
+#pragma unroll
+                    for (int k = 1; k < KS; k++) vg = ADD(vg, rf[k * PER + e]), vu = ADD(vu, rf[k * PER + e + 2 * WARP]);
+                    const int l = e % WARP, c = e / WARP;
+                    const int64_t row = row0 + (l >> 2), tok = t0 + 2 * (l & 3) + c;
+                    if (row < rows && tok < n) y[tok * ldy + row] = act_val(set.act, vg, vu);
+                }
+                __syncthreads();
+                continue;
+            }
             for (int e = threadIdx.x; e < PER; e += KS * WARP) {
                 float v = rf[e];
 #pragma unroll
@@ -800,7 +817,7 @@ static void pdl_launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_c
 // partial sums in the workspace (set.poff)
 static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
     for (int i = 0; i < set.nw; i++) {
-        const int64_t blocks = (set.w[i].rows + 16 * mt - 1) / (16 * mt);
+        const int64_t blocks = set.pair ? (set.w[i].rows + 7) / 8 : (set.w[i].rows + 16 * mt - 1) / (16 * mt);
         set.end[i] = (i ? set.end[i - 1] : 0) + blocks;
         set.poff[i] = (i ? set.poff[i - 1] + sk * n * set.w[i - 1].rows : 0);
     }
@@ -1039,6 +1056,7 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
             continue;
         }
         tc_set set;
+        memset(&set, 0, sizeof set);
         set.nw = 0;
         set.xu = nullptr, set.act = 0, set.tx = nullptr;
         int64_t rows = 0;
@@ -1073,6 +1091,7 @@ extern "C" int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, 
         return (int)cudaErrorInvalidValue;
     if (n <= 0 || w->rows <= 0) return 0;
     tc_set set;
+    memset(&set, 0, sizeof set);
     set.nw = 1;
     set.w[0] = *w, set.y[0] = y, set.ldy[0] = ldy;
     set.xu = u, set.act = act, set.tx = nullptr;
@@ -1099,6 +1118,37 @@ static void tc_grouped_go(osp_cu_stream st, tc_set &set, const float *x, int64_t
     set.g_per = set.end[set.nw - 1];
     pdl_launch(tc_kernel<KIND, KS, 1, 1, U, MINB, false, true>, dim3((unsigned)(slots * set.g_per)), dim3(KS * WARP),
                0, st, set, (const void *)x, (int64_t)0);
+}
+
+// gate and up of one shape and y = act(gate) * up in one launch (tc_set's pair): a decode step of up to 8
+// tokens where the two weights' own launch would take one split (else cudaErrorNotSupported: the caller runs
+// them and the activation apart). Each row's sum is the one that launch makes (the same warps over the same
+// columns, one split), and act_val is act_mul's: the same numbers.
+extern "C" int osp_cu_tc_pair_ok(const osp_cu_weight *gw, const osp_cu_weight *uw, int64_t n) {
+    const int kind = tc_kind(gw);
+    if (kind < 0 || tc_kind(uw) != kind || !same_shape(gw, uw) || tc_ks(gw) != tc_ks(uw) || tc_sk(gw) != tc_sk(uw) ||
+        n < 1 || n > 8)
+        return 0;
+    tc_set set;
+    memset(&set, 0, sizeof set);
+    set.nw = 2, set.w[0] = *gw, set.w[1] = *uw;
+    return tc_sk_set(set) == 1;
+}
+
+extern "C" int osp_cu_matmul_tc_pair(osp_cu_stream st, const osp_cu_weight *gw, const osp_cu_weight *uw,
+                                     const float *x, int act, int64_t n, float *y, int64_t ldy) {
+    if (!osp_cu_tc_pair_ok(gw, uw, n) || (act != 0 && act != 1) || ldy < gw->rows) return (int)cudaErrorNotSupported;
+    const int kind = tc_kind(gw);
+    tc_set set;
+    memset(&set, 0, sizeof set);
+    set.nw = 1, set.w[0] = *gw, set.w[1] = *uw, set.pair = 1, set.act = act, set.y[0] = y, set.ldy[0] = ldy;
+    const int ks16 = tc_ks(gw) == 16;
+    switch (kind) {
+    case 2: ks16 ? tc_tiles<2, 16>(st, set, x, NULL, n, 1) : tc_tiles<2, 8>(st, set, x, NULL, n, 1); break;
+    case 4: ks16 ? tc_tiles<4, 16>(st, set, x, NULL, n, 1) : tc_tiles<4, 8>(st, set, x, NULL, n, 1); break;
+    default: ks16 ? tc_tiles<8, 16>(st, set, x, NULL, n, 1) : tc_tiles<8, 8>(st, set, x, NULL, n, 1); break;
+    }
+    return launch_status();
 }
 
 extern "C" int osp_cu_matmul_tc_grouped(osp_cu_stream st, const osp_cu_weight *const *shapes,

@@ -129,6 +129,12 @@ int osp_cu_moe_combine(osp_cu_stream st, float *out, const float *acc, const flo
                        const int32_t *order, int64_t N, int K, int64_t H);
 /* Whether the tensor-core matmul takes w (bf16, or 4/8-bit in its layout). */
 int osp_cu_tc_ok(const osp_cu_weight *w);
+/* Gate and up (one shape, tensor-core kinds) and y = act(gate) * up in one launch for n <= 8 tokens (act 0 SiLU,
+ * 1 GELU's tanh form; y [n, ldy]), the same numbers as the two weights' launch and act_mul; where that launch
+ * would split the columns over blocks, not (osp_cu_tc_pair_ok 0; the call returns cudaErrorNotSupported). */
+int osp_cu_tc_pair_ok(const osp_cu_weight *gw, const osp_cu_weight *uw, int64_t n);
+int osp_cu_matmul_tc_pair(osp_cu_stream st, const osp_cu_weight *gw, const osp_cu_weight *uw, const float *x,
+                          int act, int64_t n, float *y, int64_t ldy);
 /* The experts' matmul for every slot of a grouping at once: for slot j < *nact and weight i,
  * ys[i][(off[j] + t) * ldys[i]] = x[off[j] + t] · (expert e[j] of tabs[i])ᵀ, t < cnt[j]. tabs[i]: device
  * arrays of the experts (shapes[i]: their common shape, tensor-core kinds); slots: the most a grouping has

@@ -328,8 +328,8 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
         }
     }
     flush(s);
-    if (nw == 2 && (s->fuse2 & FUSE_PAIR) && s->fast && n <= 8 && ws[0]->packed && ws[1]->packed &&
-        osp_cu_tc_ok(ws[0]->packed) && osp_cu_tc_ok(ws[1]->packed) && !use_gemm(s, n)) {
+    if (nw == 2 && (s->fuse2 & FUSE_PAIR) && s->fast && ws[0]->packed && ws[1]->packed &&
+        osp_cu_tc_pair_ok(ws[0]->packed, ws[1]->packed, n) && !use_gemm(s, n)) {
         /* held: an activation of the two outputs next joins them (act_mul); anything else submits it as is */
         ARGS(mm_args, a);
         a.x = CD(x), a.n = n, a.nw = 2;
@@ -518,8 +518,7 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
                     int64_t d, int64_t ld_u) {
     if (s->pend == HELD_MM_PAIR) { /* y = act(g) * u of the held gate and up: one launch (their outputs unwritten) */
         const mm_args *h = (const mm_args *)s->pend_args;
-        if (h->y[0] == CD(g) && h->y[1] == CD(u) && h->n == n && h->d[0]->rows == d && ld_u == d &&
-            osp_cu_tc_pair_ok(h->d[0], h->d[1], n)) {
+        if (h->y[0] == CD(g) && h->y[1] == CD(u) && h->n == n && h->d[0]->rows == d && ld_u == d) {
             ARGS(pair_args, a);
             a.gw = h->d[0], a.uw = h->d[1], a.x = h->x, a.y = D(y), a.n = n, a.ldy = d;
             a.act = act == OSP_ACT_SILU ? 0 : 1;

@@ -823,7 +823,12 @@ static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
     }
 }
 
-static int tc_dq2();
+// OSP_CUDA_DQ2=1 (for measurements; not yet run on a GPU): 4-bit codes with bf16 scales converted in bf16x2
+// arithmetic (tc_sub): about 2.25 instructions a code instead of 3.75; the same bits unless s * c and b lie far apart (tc_sub)
+static int tc_dq2() {
+    static const int on = env_digit("OSP_CUDA_DQ2", 0) == 1;
+    return on;
+}
 
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
 static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
@@ -843,13 +848,6 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 // tiles with 2 steps of loads in flight: 16,777; 4-bit the same within 2% each way.
 static int tc_wide() {
     static const int on = env_digit("OSP_CUDA_TC_WIDE", 0) == 1;
-    return on;
-}
-
-// OSP_CUDA_DQ2=1 (for measurements; not yet run on a GPU): 4-bit codes with bf16 scales converted in bf16x2
-// arithmetic (tc_sub): about 2.25 instructions a code instead of 3.75; the numbers change in rare last bits
-static int tc_dq2() {
-    static const int on = env_digit("OSP_CUDA_DQ2", 0) == 1;
     return on;
 }
 

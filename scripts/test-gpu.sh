@@ -41,7 +41,7 @@ run() {
     fi
 }
 # OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 checks), e2e (the server with the openai client)
+# OSP_CUDA_FUSE=2 and OSP_CUDA_DQ2=1 checks), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then

@@ -16,8 +16,8 @@
 #include <unistd.h>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <mutex>
-#include <set>
 #include <unordered_map>
 #include <vector>
 #include "cuda_runtime.h"
@@ -478,7 +478,7 @@ struct CUevent_st {
 
 static cudaError_t last_error;
 static int n_capturing;
-static std::set<void *> allocations;
+static std::map<const char *, size_t> allocations; // base -> bytes (prefetch ranges are checked against them)
 static std::unordered_map<const void *, int> smem_limit;
 
 static cudaError_t fail(cudaError_t e) {
@@ -517,6 +517,18 @@ cudaError_t launch(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStrea
     if (smem > (it != smem_limit.end() ? (size_t)it->second : SMEM_DEFAULT)) return fail(cudaErrorInvalidValue);
     return submit(st, node{fn, grid, block, smem, std::move(body)});
 }
+
+// an L2 prefetch's range: 16-byte aligned, a multiple of 16 bytes, and inside one allocation (a hint on the GPU,
+// where a range that strays is not an error; here it shows wrong address arithmetic)
+void check_range(const void *p, uint64_t n, const char *what) {
+    std::lock_guard<std::recursive_mutex> g(lock);
+    check_align(p, 16, what);
+    if (!n || n % 16) fatal("%s of %llu bytes (not a positive multiple of 16)", what, (unsigned long long)n);
+    const char *c = (const char *)p;
+    auto it = allocations.upper_bound(c);
+    if (it == allocations.begin() || c + n > std::prev(it)->first + std::prev(it)->second)
+        fatal("%s of %llu bytes from %p, outside every allocation", what, (unsigned long long)n, p);
+}
 } // namespace osp_cuemu
 
 static int env_int(const char *name, int dflt) {
@@ -531,7 +543,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     void *m = nullptr;
     if (posix_memalign(&m, 256, n ? n : 1)) return fail(cudaErrorMemoryAllocation);
     memset(m, 0xff, n); // never written: NaN, or -1
-    allocations.insert(m);
+    allocations[(const char *)m] = n ? n : 1;
     *p = m;
     return cudaSuccess;
 }
@@ -539,7 +551,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaFree(void *p) {
     std::lock_guard<std::recursive_mutex> g(lock);
     if (!p) return cudaSuccess;
-    if (!allocations.erase(p)) return fail(cudaErrorInvalidDevicePointer);
+    if (!allocations.erase((const char *)p)) return fail(cudaErrorInvalidDevicePointer);
     free(p);
     return cudaSuccess;
 }

@@ -41,7 +41,7 @@ run() {
     fi
 }
 # OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 and OSP_CUDA_DQ2=1 checks, the prefetch switches), e2e (the server with the openai client)
+# OSP_CUDA_FUSE=2 and OSP_CUDA_DQ2=1 checks), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then
@@ -89,12 +89,6 @@ done
 OSP_CUDA_DQ2=1 OSP_TEST_ONLY=test_tc run "test_cuda tc (dq2=1)" "$(bin test_cuda)"
 for t in test_fast_path test_batch; do
     OSP_CUDA_DQ2=1 run "$t (dq2=1)" "$(bin "$t")"
-done
-# the tensor-core matmul's L2 prefetches (OSP_CUDA_PFW, OSP_CUDA_PF_MB, OSP_CUDA_PF_MANY): hints, so the
-# suites pass unchanged; on the emulator every prefetched range is checked to lie inside one allocation, with
-# 2 multiprocessors so that a wave is short and every block prefetches one
-for t in test_fast_path test_batch test_spec; do
-    OSP_CUEMU_SMS=2 OSP_CUDA_PFW=1 OSP_CUDA_PF_MB=64 OSP_CUDA_PF_MANY=1 run "$t (prefetch)" "$(bin "$t")"
 done
 for g in data/goldens/*-q4; do
     run "dq2=1 $(basename "$g") decode --fast" sh -c "for f in 0 1; do OSP_CUDA_DQ2=\$f \

@@ -142,7 +142,6 @@ static osp_status cu_place(osp_weight *const *ws, int n, const void *const *keep
 static void cu_unplace(void *owned) {
     placed *pl = owned;
     if (!pl) return;
-    osp_cu_pf_forget(); /* no prefetch may name these weights once freed */
     cudaFree(pl->arena);
     free(pl->descs);
     free(pl);

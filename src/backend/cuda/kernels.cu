@@ -5,7 +5,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <mutex>
 #include <utility>
 #include "kernels.h"
 #include "launch.cuh"
@@ -222,7 +221,6 @@ template <int KIND> __device__ __forceinline__ float chunk_sum(const float (&x)[
 // Several weights of one kind and width sharing the input (q/k/v, gate/up)
 // go in one launch: the warps' row groups run over the weights end to end.
 #define MV_MAXW 4
-#define PF_MAXR 8 // regions of the next launches a tensor-core launch prefetches (tc_set)
 struct mv_set {
     osp_cu_weight w[MV_MAXW];
     float *y[MV_MAXW];
@@ -489,13 +487,6 @@ struct tc_set {
     // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
     // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
     int pair;
-    // L2 prefetches (hints: no number depends on them; tc_prefetch): each block asks for the rows of the block
-    // pf_wave blocks after it (the one that runs a wave later; 0: none), and for its share of the regions the
-    // launches after this one read (pf_p, pf_n: 16-byte aligned, whole 16-byte units; tc_pf_link)
-    int64_t pf_wave;
-    const char *pf_p[PF_MAXR];
-    uint64_t pf_n[PF_MAXR];
-    int pf_nr;
 };
 
 template <bool CG>
@@ -588,63 +579,6 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 #endif
 
-// a range to L2 (16-byte aligned, a positive multiple of 16 bytes): sm_90's bulk prefetch, one instruction
-__device__ __forceinline__ void prefetch_range(const void *p, uint64_t bytes) {
-#ifdef OSP_CUEMU
-    osp_cuemu::check_range(p, bytes, "an L2 prefetch");
-#elif __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((uint32_t)bytes) : "memory");
-#else
-    for (uint64_t o = 0; o < bytes; o += 128) prefetch_l2((const char *)p + o);
-#endif
-}
-
-// The tensor-core matmul's L2 prefetches, issued as a block starts (before it waits for the kernel before it):
-// hints that keep HBM streaming while a block is between its round trips, or the GPU between matmuls (norms,
-// RoPE, attention). No number depends on them.
-// - the block pf_wave blocks on (the one that takes this block's place a wave later): its rows' bytes of its
-//   split's steps, and for codes their scales and biases (16 * MT rows: a thread a row and region);
-// - the regions of the launches after this one (tc_pf_link), cut into equal shares over the blocks and each
-//   share into pieces of at most 4 KB, one a thread.
-template <int KIND, int MT>
-__device__ __forceinline__ void tc_prefetch(const tc_set &set) {
-    constexpr int CH = KIND == 2 ? 8 : KIND == 4 ? 32 : 16;
-    const int64_t nb = (int64_t)gridDim.x * gridDim.y, me = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
-    const int64_t ahead = me + set.pf_wave;
-    if (set.pf_wave > 0 && ahead < nb && threadIdx.x < (KIND == 2 ? 1 : 3) * 16 * MT) {
-        int64_t tile = ahead % gridDim.x;
-        const int64_t yb = ahead / gridDim.x, SK = gridDim.y;
-        int wi = 0;
-        while (wi < set.nw - 1 && tile >= set.end[wi]) wi++;
-        if (wi) tile -= set.end[wi - 1];
-        const int r = (int)threadIdx.x % (16 * MT), what = (int)threadIdx.x / (16 * MT); // 0 codes, 1 scales, 2 biases
-        const osp_cu_weight &w = set.pair ? set.w[r >> 3] : set.w[wi];
-        const int64_t row = set.pair ? tile * 8 + (r & 7) : tile * 16 * MT + r;
-        const int64_t nch = w.cols / CH, nsteps = (nch + 3) / 4;
-        const int64_t c_lo = 4 * (nsteps * yb / SK), c_hi0 = 4 * (nsteps * (yb + 1) / SK);
-        const int64_t c_hi = c_hi0 < nch ? c_hi0 : nch;
-        if (row < w.rows && c_hi > c_lo) {
-            if (what == 0) {
-                const int64_t row_bytes = KIND == 2 ? w.cols * 2 : KIND == 4 ? w.cols / 2 : w.cols;
-                prefetch_range((const char *)w.data + row * row_bytes + c_lo * 16, (uint64_t)(c_hi - c_lo) * 16);
-            } else if (w.group > 0) {
-                const int64_t ng = w.cols / w.group, sb = w.sdtype == 0 ? 4 : 2;
-                const uintptr_t base = (uintptr_t)(what == 1 ? w.scales : w.biases),
-                                lo = (base + (uintptr_t)((row * ng + c_lo * CH / w.group) * sb)) & ~(uintptr_t)15,
-                                hi = (base + (uintptr_t)((row * ng + (c_hi * CH + w.group - 1) / w.group) * sb)) &
-                                     ~(uintptr_t)15;
-                if (hi > lo) prefetch_range((const void *)lo, (uint64_t)(hi - lo));
-            }
-        }
-    }
-    for (int i = 0; i < set.pf_nr; i++) {
-        const uint64_t units = set.pf_n[i] / 16, u0 = units * (uint64_t)me / (uint64_t)nb,
-                       u1 = units * (uint64_t)(me + 1) / (uint64_t)nb;
-        for (uint64_t u = u0 + (uint64_t)threadIdx.x * 256; u < u1; u += (uint64_t)blockDim.x * 256)
-            prefetch_range(set.pf_p[i] + u * 16, (u1 - u < 256 ? u1 - u : 256) * 16);
-    }
-}
-
 // MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight;
 // XB: the input comes rounded to bf16 already (osp_cu_to_bf16's rounding is
 // the conversion's below: the same numbers), half the bytes and no
@@ -703,7 +637,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
                                        (rok[m][h] ? r : 0) * row_bytes);
         }
-    if constexpr (!GR) tc_prefetch<KIND, MT>(set);
     // the first steps' weights on their way before the previous kernel ends
     for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
@@ -897,118 +830,10 @@ static int tc_dq2() {
     return on;
 }
 
-static int sm_count(void);
-
-// ---- L2 prefetches of the tensor-core matmul (tc_set's pf_*, tc_prefetch) ----
-// OSP_CUDA_PFW: each block prefetches the rows of the block a wave after it (1: a wave of the launch's blocks
-// ahead, 2: half a wave; 0: none). OSP_CUDA_PF_MB: each launch prefetches up to that many MB of what the
-// launches after it read (0: none). OSP_CUDA_PF_MANY=1: launches of more than 8 tokens too.
-static int tc_pfw() {
-    static const int v = env_digit("OSP_CUDA_PFW", 0);
-    return v;
-}
-
-static int tc_pf_mb() {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSP_CUDA_PF_MB");
-        v = e ? atoi(e) : 0;
-        if (v < 0 || v > 1024) v = 0;
-    }
-    return v;
-}
-
-static int tc_pf_many() {
-    static const int on = env_digit("OSP_CUDA_PF_MANY", 0) == 1;
-    return on;
-}
-
-// A step's launches come in the same order step after step (a layer's q/k/v, o, gate/up, down, the next
-// layer's q/k/v, ...). Each launch notes itself as the successor of the launch before it on the same host
-// thread, in a table keyed by its first weight's codes, with the regions its weights occupy; a launch then
-// prefetches the regions of the launches that followed it last time. A wrong guess (a step of another shape
-// or another model's launch in between) costs bandwidth, never a number. osp_cu_pf_forget empties the table
-// before weights are freed, so that no region outlives its memory.
-struct pf_node {
-    const void *key, *next;
-    const char *p[PF_MAXR];
-    uint64_t n[PF_MAXR];
-    int nr;
-};
-#define PF_SLOTS 4096
-static pf_node pf_tab[PF_SLOTS];
-static std::mutex pf_mu;
-static thread_local const void *pf_prev;
-
-static pf_node *pf_find(const void *key, bool add) {
-    const uint64_t h = ((uint64_t)(uintptr_t)key * 0x9e3779b97f4a7c15ULL) >> 52;
-    for (uint64_t i = 0; i < PF_SLOTS; i++) {
-        pf_node *e = &pf_tab[(h + i) & (PF_SLOTS - 1)];
-        if (e->key == key) return e;
-        if (!e->key) {
-            if (!add) return nullptr;
-            memset(e, 0, sizeof *e);
-            e->key = key;
-            return e;
-        }
-    }
-    return nullptr;
-}
-
-// [p, p + n) narrowed to whole aligned 16-byte units
-static void pf_add(pf_node *e, const void *p, uint64_t n) {
-    const uintptr_t lo = ((uintptr_t)p + 15) & ~(uintptr_t)15, hi = ((uintptr_t)p + n) & ~(uintptr_t)15;
-    if (!p || hi <= lo || e->nr >= PF_MAXR) return;
-    e->p[e->nr] = (const char *)lo, e->n[e->nr++] = hi - lo;
-}
-
-extern "C" void osp_cu_pf_forget(void) {
-    std::lock_guard<std::mutex> g(pf_mu);
-    memset(pf_tab, 0, sizeof pf_tab);
-}
-
-// note the launch of set in the sequence; take (consume) the regions of the launches after it, up to the cap
-static void tc_pf_link(tc_set &set, bool consume) {
-    set.pf_nr = 0;
-    std::lock_guard<std::mutex> g(pf_mu);
-    const void *key = set.w[0].data;
-    pf_node *e = pf_find(key, true);
-    if (e && !e->nr) {
-        for (int i = 0; i < (set.pair ? 2 : set.nw); i++) {
-            const osp_cu_weight &w = set.w[i];
-            const int64_t rb = !w.qbits ? w.cols * 2 : w.qbits == 4 ? w.cols / 2 : w.cols;
-            pf_add(e, w.data, (uint64_t)(w.rows * rb));
-            if (w.qbits && w.group > 0) {
-                const uint64_t sn = (uint64_t)(w.rows * (w.cols / w.group) * (w.sdtype == 0 ? 4 : 2));
-                pf_add(e, w.scales, sn), pf_add(e, w.biases, sn);
-            }
-        }
-    }
-    if (pf_prev && pf_prev != key) {
-        pf_node *q = pf_find(pf_prev, false);
-        if (q) q->next = key;
-    }
-    pf_prev = key;
-    uint64_t left = (uint64_t)tc_pf_mb() << 20;
-    if (!consume || !e || !left) return;
-    const pf_node *q = e;
-    for (int depth = 0; depth < 4 && left >= 16 && set.pf_nr < PF_MAXR; depth++) {
-        if (!q->next || q->next == key || !(q = pf_find(q->next, false))) break;
-        for (int i = 0; i < q->nr && left >= 16 && set.pf_nr < PF_MAXR; i++) {
-            const uint64_t n = q->n[i] < left ? q->n[i] : left & ~(uint64_t)15;
-            set.pf_p[set.pf_nr] = q->p[i], set.pf_n[set.pf_nr++] = n;
-            left -= n;
-        }
-    }
-}
-
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
 static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
     tc_layout(set, MT, n, sk);
     set.dq = tc_dq2();
-    const bool pf = NT == 1 || tc_pf_many();
-    tc_pf_link(set, pf);
-    set.pf_wave = pf && tc_pfw() ? (int64_t)sm_count() * MINB / (tc_pfw() == 2 ? 2 : 1) : 0;
     pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB, XB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
                dim3(KS * WARP), 0, st, set, x, n);
 }
@@ -1050,6 +875,8 @@ static int tc_mt1() {
     static const int on = env_digit("OSP_CUDA_MT1", 0) == 1;
     return on;
 }
+
+static int sm_count(void);
 
 // blocks of MT row tiles for a set's weights
 static int64_t tc_blocks(const tc_set &set, int mt) {

@@ -69,9 +69,6 @@ int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, const float
 /* x_elems: the most input values a call has (tokens x columns); 0, or 1 when out of GPU memory */
 int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems);
 void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);
-/* The tensor-core matmul's prefetch table (launch order and the regions each launch's weights occupy, for the L2
- * prefetches of OSP_CUDA_PF_MB) forgets every region: called before weights are freed. */
-void osp_cu_pf_forget(void);
 
 /* f32 -> bf16 (round to nearest even), and a whole weight dequantized to bf16 [rows, cols] */
 int osp_cu_to_bf16(osp_cu_stream st, uint16_t *dst, const float *src, int64_t n);

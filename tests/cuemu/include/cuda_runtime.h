@@ -72,7 +72,7 @@ void cp_async_commit();
 void cp_async_wait(int n);
 void check_align(const void *p, size_t a, const char *what);
 static inline void touch(const void *) {}
-void check_range(const void *p, uint64_t n, const char *what); // an L2 prefetch's range (cuemu.cpp)
+void check_range(const void *p, uint64_t n, const char *what); // a bulk copy's global range (cuemu.cpp)
 static inline uint4 ld_global16(const void *p) {
     check_align(p, 16, "a 16-byte global load");
     return *(const uint4 *)p;

@@ -232,6 +232,7 @@ static void test_tc(void **state) {
         {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},        {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
         {"bf16 wide", OSP_DT_BF16, 0, 0, 0, 4096},    {"q8 g64 wide", 0, 8, 64, OSP_DT_BF16, 8192},
         {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
+        {"bf16 2048 (split, staged)", OSP_DT_BF16, 0, 0, 0, 2048}, /* few tiles: split-K, and OSP_CUDA_ST stages it */
     };
     const int64_t ns[] = {1, 2, 7, 8, 9, 33, 64, 70};
     const int64_t nmax = 70;

@@ -518,8 +518,7 @@ cudaError_t launch(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStrea
     return submit(st, node{fn, grid, block, smem, std::move(body)});
 }
 
-// an L2 prefetch's range: 16-byte aligned, a multiple of 16 bytes, and inside one allocation (a hint on the GPU,
-// where a range that strays is not an error; here it shows wrong address arithmetic)
+// a bulk copy's global range: 16-byte aligned, a multiple of 16 bytes, and inside one allocation
 void check_range(const void *p, uint64_t n, const char *what) {
     std::lock_guard<std::recursive_mutex> g(lock);
     check_align(p, 16, what);
@@ -528,6 +527,56 @@ void check_range(const void *p, uint64_t n, const char *what) {
     auto it = allocations.upper_bound(c);
     if (it == allocations.begin() || c + n > std::prev(it)->first + std::prev(it)->second)
         fatal("%s of %llu bytes from %p, outside every allocation", what, (unsigned long long)n, p);
+}
+
+// mbarriers and bulk copies (the tensor-core matmul's staged loads): a barrier expects one arrival with its
+// transaction bytes; the copies that complete on it are made at the wait, never earlier, and their bytes must
+// add up to what the arrival announced. The wait is block-wide here (each thread of the block waits on the
+// barrier at the same point, as the kernels that use it do): once all have arrived, the first thread to run
+// makes the copies.
+struct mbar_state {
+    uint32_t expect = 0, phase = 0;
+    bool armed = false;
+    std::vector<cp_op> copies;
+};
+static std::unordered_map<const void *, mbar_state> mbars;
+
+void mbar_init(uint64_t *bar, unsigned count) {
+    if (count != 1) fatal("an mbarrier of %u arrivals (the emulator models one)", count);
+    mbars[bar] = mbar_state{};
+}
+
+void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+    auto it = mbars.find(bar);
+    if (it == mbars.end()) fatal("an arrival on an mbarrier that was never initialized");
+    if (it->second.armed) fatal("a second arrival on an mbarrier of one");
+    it->second.expect = bytes, it->second.armed = true;
+}
+
+void bulk_copy(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar) {
+    check_align(smem, 16, "a bulk copy (its shared-memory side)");
+    check_range(gmem, bytes, "a bulk copy");
+    auto it = mbars.find(bar);
+    if (it == mbars.end()) fatal("a bulk copy completing on an mbarrier that was never initialized");
+    it->second.copies.push_back(cp_op{smem, gmem, (int)bytes, 0});
+}
+
+void mbar_wait(uint64_t *bar, uint32_t parity) {
+    sync_block();
+    auto it = mbars.find(bar);
+    if (it == mbars.end()) fatal("a wait on an mbarrier that was never initialized");
+    mbar_state &m = it->second;
+    if (m.armed) { // the first thread past the block's arrival completes the phase
+        uint64_t sum = 0;
+        for (const cp_op &o : m.copies) sum += (uint64_t)o.n;
+        if (sum != m.expect)
+            fatal("an mbarrier expected %u bytes, and its bulk copies moved %llu", m.expect, (unsigned long long)sum);
+        for (const cp_op &o : m.copies) memcpy(o.dst, o.src, (size_t)o.n);
+        m.copies.clear();
+        m.armed = false;
+        m.phase ^= 1;
+    }
+    if ((m.phase ^ 1) != parity) fatal("a wait for phase parity %u of an mbarrier in phase %u", parity, m.phase);
 }
 } // namespace osp_cuemu
 

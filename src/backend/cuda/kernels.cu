@@ -579,13 +579,50 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 #endif
 
+// The bulk-copy engine (sm_90): a copy from global to shared memory that completes on an mbarrier, which one
+// arrival arms with the bytes to expect; a thread waits for the barrier's phase to complete. (The emulator
+// makes the copies at the wait, which it takes block-wide: every thread of a block waits at the same point.)
+#ifdef OSP_CUEMU
+__device__ __forceinline__ void mbar_arm(uint64_t *bar, uint32_t bytes) {
+    osp_cuemu::mbar_init(bar, 1);
+    osp_cuemu::mbar_expect_tx(bar, bytes);
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    osp_cuemu::bulk_copy(dst, src, bytes, bar);
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) { osp_cuemu::mbar_wait(bar, parity); }
+#else
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_arm(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "r"(parity)
+                     : "memory");
+}
+#endif
+
 // MT row tiles of 16 by NT token tiles of 8, U steps of loads in flight;
 // XB: the input comes rounded to bf16 already (osp_cu_to_bf16's rounding is
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
 // GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
+// ST (few-token tiles, one split, not grouped; tc_st_ok): the block's 16 rows (codes, scales, biases) come into
+// shared memory by bulk copies issued as the block starts, before it waits for the kernel before it, and the
+// steps read them there: every byte of the tile in flight at once, in no registers. The same mma sequence on
+// the same operands: the same numbers.
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false>
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
     const float *__restrict__ x = (const float *)xv;
@@ -626,6 +663,43 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     const bool pair = !GR && MT == 1 && NT == 1 && set.pair; // (uniform)
     const int64_t row0 = pair ? tile * 8 : tile * 16 * MT;
     const bool dq = KIND == 4 && set.dq && w.sdtype == 2;
+    static_assert(!ST || (MT == 1 && NT == 1 && !GR), "staged tiles: few-token, one row tile, not grouped");
+    __shared__ uint64_t st_bar; // (8-byte aligned, as its type)
+    [[maybe_unused]] const unsigned char *st_sc = nullptr, *st_bi = nullptr; // ST: [16][ng] scales, biases
+    [[maybe_unused]] int64_t st_ng = 0;
+    [[maybe_unused]] const uint4 *st_rows = nullptr;                         // ST: [16][row_bytes] codes
+    if constexpr (ST) { // pieces: the 16 rows (pair: gate's 8, up's 8), each its codes, scales and biases
+        OSP_DYN_SHARED(uint4, st_sm);
+        const int64_t per = pair ? 8 : 16, cnt = rows - row0 < per ? rows - row0 : per;
+        const int64_t sb = KIND == 2 ? 0 : ng * (w.sdtype == 0 ? 4 : 2); // a row's scales (tc_st_bytes: 16s)
+        unsigned char *codes = (unsigned char *)st_sm, *scs = codes + 16 * row_bytes, *bis = scs + 16 * sb;
+        st_rows = st_sm, st_sc = scs, st_bi = bis, st_ng = ng;
+        constexpr int K3 = KIND == 2 ? 1 : 3;
+        const int pieces = pair ? 2 : 1;
+        if (SK > 1) { // (bf16, tc_st_bytes) each row's chunks of this split, at their own offsets in the row
+            const int64_t c0 = 4 * b_lo, c1 = 4 * (b_lo + b_n) < nch ? 4 * (b_lo + b_n) : nch;
+            if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(cnt * (c1 - c0) * 16));
+            __syncthreads();
+            if ((int64_t)threadIdx.x < cnt)
+                bulk_g2s(codes + threadIdx.x * row_bytes + c0 * 16,
+                         (const unsigned char *)w.data + (row0 + threadIdx.x) * row_bytes + c0 * 16,
+                         (uint32_t)((c1 - c0) * 16), &st_bar);
+        } else {
+        if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(pieces * cnt * (row_bytes + 2 * sb)));
+        __syncthreads();
+        if ((int)threadIdx.x < pieces * K3) {
+            const int pc = (int)threadIdx.x / K3, k = (int)threadIdx.x % K3;
+            const osp_cu_weight &wp = pair ? set.w[pc] : w;
+            const int64_t lrow = pc * 8; // the piece's first row in shared memory
+            if (k == 0)
+                bulk_g2s(codes + lrow * row_bytes, (const unsigned char *)wp.data + row0 * row_bytes,
+                         (uint32_t)(cnt * row_bytes), &st_bar);
+            else
+                bulk_g2s((k == 1 ? scs : bis) + lrow * sb, (const unsigned char *)(k == 1 ? wp.scales : wp.biases) + row0 * sb,
+                         (uint32_t)(cnt * sb), &st_bar);
+        }
+        }
+    }
     const uint4 *rp[MT][2];
     bool rok[MT][2];
 #pragma unroll
@@ -634,11 +708,14 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
         for (int h = 0; h < 2; h++) {
             const int64_t r = pair ? row0 + g : row0 + 16 * m + g + 8 * h;
             rok[m][h] = r < rows;
-            rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
-                                       (rok[m][h] ? r : 0) * row_bytes);
+            if constexpr (ST)
+                rp[m][h] = (const uint4 *)((const unsigned char *)st_rows + (int64_t)(g + 8 * h) * row_bytes);
+            else
+                rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
+                                           (rok[m][h] ? r : 0) * row_bytes);
         }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; !GR && u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && !ST && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -648,6 +725,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     }
     pdl_wait();
     pdl_trigger();
+    if constexpr (ST) mbar_wait(&st_bar, 0);
     for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
         float acc[MT][NT][4];
 #pragma unroll
@@ -670,12 +748,19 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const bool ok = live && rok[m][h];
-                        a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
+                        if constexpr (ST) a[u][m][h] = ok ? rp[m][h][ch] : make_uint4(0, 0, 0, 0);
+                        else a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
-                            const int64_t gi = (pair ? row0 + g : row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
-                            sc[u][m][h] = load_float(GR ? gscales : pair ? set.w[h].scales : w.scales, w.sdtype, gi);
-                            bi[u][m][h] = load_float(GR ? gbiases : pair ? set.w[h].biases : w.biases, w.sdtype, gi);
+                            if constexpr (ST) {
+                                const int64_t gi = (int64_t)(g + 8 * h) * st_ng + ch * CH / w.group;
+                                sc[u][m][h] = load_float(st_sc, w.sdtype, gi);
+                                bi[u][m][h] = load_float(st_bi, w.sdtype, gi);
+                            } else {
+                                const int64_t gi = (pair ? row0 + g : row0 + 16 * m + g + 8 * h) * ng + ch * CH / w.group;
+                                sc[u][m][h] = load_float(GR ? gscales : pair ? set.w[h].scales : w.scales, w.sdtype, gi);
+                                bi[u][m][h] = load_float(GR ? gbiases : pair ? set.w[h].biases : w.biases, w.sdtype, gi);
+                            }
                         }
                     }
 #pragma unroll
@@ -838,6 +923,48 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
+// OSP_CUDA_ST (for measurement): few-token launches whose tiles fit take the staged kernel (tc_kernel's ST):
+// 1: two blocks a multiprocessor, 2: three. 0: the register kernel.
+static int tc_st() {
+    static const int v = env_digit("OSP_CUDA_ST", 0);
+    return v;
+}
+
+#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most (three blocks a multiprocessor fit)
+
+// the staged tile's shared memory for a set, or 0 where it cannot take it: one split, not grouped, rows of
+// whole 16-byte chunks (codes, and the scales and biases of a row a multiple of 16 bytes, 16-byte aligned)
+static size_t tc_st_bytes(const tc_set &set, int sk) {
+    if (sk != 1 && (set.pair || set.w[0].qbits)) return 0; // several splits: bf16 rows, a copy a row
+    size_t most = 0;
+    for (int i = 0; i < (set.pair ? 2 : set.nw); i++) {
+        const osp_cu_weight &w = set.w[i];
+        const int64_t rb = !w.qbits ? w.cols * 2 : w.qbits == 4 ? w.cols / 2 : w.cols;
+        int64_t sb = 0;
+        if (w.qbits) {
+            sb = (w.cols / w.group) * (w.sdtype == 0 ? 4 : 2);
+            if (sb % 16 || ((uintptr_t)w.scales & 15) || ((uintptr_t)w.biases & 15)) return 0;
+        }
+        if (rb % 16 || ((uintptr_t)w.data & 15)) return 0;
+        const size_t b = (size_t)(16 * (rb + 2 * sb));
+        if (b > most) most = b;
+    }
+    return most <= TC_ST_MAX ? most : 0;
+}
+
+template <int KIND, int KS, int U, int MINB>
+static void tc_go_st(osp_cu_stream st, tc_set set, const float *x, int64_t n, int sk, size_t shm) {
+    static int raised = 0; // (per instantiation) the shared memory a block may take, raised once
+    auto k = tc_kernel<KIND, KS, 1, 1, U, MINB, false, false, true>;
+    if (!raised) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_ST_MAX);
+        raised = 1;
+    }
+    tc_layout(set, 1, n, sk);
+    set.dq = tc_dq2();
+    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, (const void *)x, n);
+}
+
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
 // (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
@@ -887,7 +1014,11 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
-    if (n <= 8) {
+    const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
+    if (stb) {
+        if (tc_st() == 2) tc_go_st<KIND, KS, 2, KS == 16 ? 1 : 3>(st, set, x, n, sk, stb);
+        else tc_go_st<KIND, KS, 2, 16 / KS>(st, set, x, n, sk, stb);
+    } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
         case 2: tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk); break;

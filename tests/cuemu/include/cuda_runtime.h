@@ -73,6 +73,10 @@ void cp_async_wait(int n);
 void check_align(const void *p, size_t a, const char *what);
 static inline void touch(const void *) {}
 void check_range(const void *p, uint64_t n, const char *what); // a bulk copy's global range (cuemu.cpp)
+void mbar_init(uint64_t *bar, unsigned count);        // mbarrier.init (one arrival)
+void mbar_expect_tx(uint64_t *bar, uint32_t bytes);   // mbarrier.arrive.expect_tx
+void bulk_copy(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar); // cp.async.bulk, completing on bar
+void mbar_wait(uint64_t *bar, uint32_t parity);       // block-wide: every thread waits at the same point
 static inline uint4 ld_global16(const void *p) {
     check_align(p, 16, "a 16-byte global load");
     return *(const uint4 *)p;

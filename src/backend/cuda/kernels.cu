@@ -667,7 +667,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     __shared__ uint64_t st_bar; // (8-byte aligned, as its type)
     [[maybe_unused]] const unsigned char *st_sc = nullptr, *st_bi = nullptr; // ST: [16][ng] scales, biases
     [[maybe_unused]] int64_t st_ng = 0;
-    [[maybe_unused]] const uint4 *st_rows = nullptr;                         // ST: [16][row_bytes] codes
+    [[maybe_unused]] const uint4 *st_rows = nullptr; // ST: [16][st_rb] codes: the split's chunks from st_c0 on
+    [[maybe_unused]] int64_t st_c0 = 0, st_rb = row_bytes;
     if constexpr (ST) { // pieces: the 16 rows (pair: gate's 8, up's 8), each its codes, scales and biases
         OSP_DYN_SHARED(uint4, st_sm);
         const int64_t per = pair ? 8 : 16, cnt = rows - row0 < per ? rows - row0 : per;
@@ -676,13 +677,13 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
         st_rows = st_sm, st_sc = scs, st_bi = bis, st_ng = ng;
         constexpr int K3 = KIND == 2 ? 1 : 3;
         const int pieces = pair ? 2 : 1;
-        if (SK > 1) { // (bf16, tc_st_bytes) each row's chunks of this split, at their own offsets in the row
+        if (SK > 1) { // (bf16, tc_st_bytes) each row's chunks of this split, a row every st_rb bytes
             const int64_t c0 = 4 * b_lo, c1 = 4 * (b_lo + b_n) < nch ? 4 * (b_lo + b_n) : nch;
+            st_c0 = c0, st_rb = 64 * ((nsteps + SK - 1) / SK);
             if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(cnt * (c1 - c0) * 16));
             __syncthreads();
             if ((int64_t)threadIdx.x < cnt)
-                bulk_g2s(codes + threadIdx.x * row_bytes + c0 * 16,
-                         (const unsigned char *)w.data + (row0 + threadIdx.x) * row_bytes + c0 * 16,
+                bulk_g2s(codes + threadIdx.x * st_rb, (const unsigned char *)w.data + (row0 + threadIdx.x) * row_bytes + c0 * 16,
                          (uint32_t)((c1 - c0) * 16), &st_bar);
         } else {
         if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(pieces * cnt * (row_bytes + 2 * sb)));
@@ -709,7 +710,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             const int64_t r = pair ? row0 + g : row0 + 16 * m + g + 8 * h;
             rok[m][h] = r < rows;
             if constexpr (ST)
-                rp[m][h] = (const uint4 *)((const unsigned char *)st_rows + (int64_t)(g + 8 * h) * row_bytes);
+                rp[m][h] = (const uint4 *)((const unsigned char *)st_rows + (int64_t)(g + 8 * h) * st_rb);
             else
                 rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
                                            (rok[m][h] ? r : 0) * row_bytes);
@@ -748,7 +749,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const bool ok = live && rok[m][h];
-                        if constexpr (ST) a[u][m][h] = ok ? rp[m][h][ch] : make_uint4(0, 0, 0, 0);
+                        if constexpr (ST) a[u][m][h] = ok ? rp[m][h][ch - st_c0] : make_uint4(0, 0, 0, 0);
                         else a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
@@ -924,7 +925,8 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 }
 
 // OSP_CUDA_ST (for measurement): few-token launches whose tiles fit take the staged kernel (tc_kernel's ST):
-// 1: two blocks a multiprocessor, 2: three. 0: the register kernel.
+// 1: two blocks a multiprocessor, 2: three, 3: two, and bf16 weights of long rows split to fit (tc_sk_tiles).
+// 0: the register kernel.
 static int tc_st() {
     static const int v = env_digit("OSP_CUDA_ST", 0);
     return v;
@@ -946,7 +948,8 @@ static size_t tc_st_bytes(const tc_set &set, int sk) {
             if (sb % 16 || ((uintptr_t)w.scales & 15) || ((uintptr_t)w.biases & 15)) return 0;
         }
         if (rb % 16 || ((uintptr_t)w.data & 15)) return 0;
-        const size_t b = (size_t)(16 * (rb + 2 * sb));
+        const int64_t steps = (rb / 16 + 3) / 4; // (a split's rows: its steps' chunks, kernel's st_rb)
+        const size_t b = sk > 1 ? (size_t)(16 * 64 * ((steps + sk - 1) / sk)) : (size_t)(16 * (rb + 2 * sb));
         if (b > most) most = b;
     }
     return most <= TC_ST_MAX ? most : 0;
@@ -1016,7 +1019,7 @@ template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
     if (stb) {
-        if (tc_st() == 2) tc_go_st<KIND, KS, 2, KS == 16 ? 1 : 3>(st, set, x, n, sk, stb);
+        if (tc_st() == 2) tc_go_st<KIND, KS, 2, KS == 16 ? 1 : 3>(st, set, x, n, sk, stb); // (3: as 1)
         else tc_go_st<KIND, KS, 2, 16 / KS>(st, set, x, n, sk, stb);
     } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
@@ -1078,8 +1081,14 @@ static int sm_count(void) {
 static int tc_sk_tiles(const osp_cu_weight *w, int64_t tiles) {
     const int ks = tc_ks(w);
     const int64_t want = (int64_t)sm_count() * tc_few_blocks(ks); // a wave of the few-token kernel's blocks
+    const int64_t most = tc_steps(w) / (4 * ks);
+    // OSP_CUDA_ST=3: a bf16 weight whose 16-row tile is larger than the staged kernel's shared memory splits
+    // its columns until a split's tile fits (by shape alone: the same splits at any number of tokens)
+    const int64_t fit = tc_st() == 3 && !w->qbits ? (16 * 64 * tc_steps(w) + TC_ST_MAX - 1) / TC_ST_MAX : 1;
+    if (fit > 1 && fit <= most && fit <= TC_MAX_SK && tiles * fit >= want) return (int)fit;
     if (tiles >= want) return 1;
-    int64_t sk = want / tiles, most = tc_steps(w) / (4 * ks);
+    int64_t sk = want / tiles;
+    if (sk < fit && fit <= most) sk = fit;
     if (sk > most) sk = most;
     if (sk > TC_MAX_SK) sk = TC_MAX_SK;
     return sk < 1 ? 1 : (int)sk;

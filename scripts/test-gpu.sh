@@ -41,7 +41,7 @@ run() {
     fi
 }
 # OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 and OSP_CUDA_DQ2=1 checks), e2e (the server with the openai client)
+# OSP_CUDA_FUSE=2 checks, and OSP_CUDA_DQ2=0 and OSP_CUDA_ST=0 against the defaults), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then
@@ -83,18 +83,25 @@ done
 for t in test_batch test_ids_out test_spec test_fast_path; do
     OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
 done
-# OSP_CUDA_DQ2=1 (4-bit codes with bf16 scales converted in bf16x2 arithmetic): the tensor-core kernels
-# against their references and alone vs among others, the KL tier, batch invariance, and the 4-bit goldens'
-# production logits (s * c + b is exact in f32 unless its terms lie far apart, so the same bits are expected)
-OSP_CUDA_DQ2=1 OSP_TEST_ONLY=test_tc run "test_cuda tc (dq2=1)" "$(bin test_cuda)"
-for t in test_fast_path test_batch; do
-    OSP_CUDA_DQ2=1 run "$t (dq2=1)" "$(bin "$t")"
+# The switches that keep the previous kernels (OSP_CUDA_DQ2=0: 4-bit codes with bf16 scales converted through
+# f32, not bf16x2; OSP_CUDA_ST=0: few-token weights loaded into registers, not staged by bulk copies): the
+# tensor-core kernels against their references and alone vs among others, the KL tier, batch invariance, and
+# every golden's production decode logits bitwise the default's (s * c + b is exact in f32 unless its terms lie
+# far apart, so the same bits are expected from DQ2; ST changes no operand)
+for sw in OSP_CUDA_DQ2=0 OSP_CUDA_ST=0; do
+    run "test_cuda tc ($sw)" env $sw OSP_TEST_ONLY=test_tc "$(bin test_cuda)"
+    for t in test_fast_path test_batch; do
+        run "$t ($sw)" env $sw "$(bin "$t")"
+    done
 done
-for g in data/goldens/*-q4; do
-    run "dq2=1 $(basename "$g") decode --fast" sh -c "for f in 0 1; do OSP_CUDA_DQ2=\$f \
+for g in data/goldens/*/; do
+    g=${g%/}
+    [ -f "$g/golden.safetensors" ] || continue
+    case $g in *whisper*) continue ;; esac
+    run "dq2=0, st=0 $(basename "$g") decode --fast" sh -c "for f in X=1 OSP_CUDA_DQ2=0 OSP_CUDA_ST=0; do env \$f \
         '$(bin osprey)' logits --device cuda --fast --model $g --input $g/golden.safetensors \
-        --output '$tmp/dq'\$f.safetensors --mode decode || exit 1; done; \
-        cmp '$tmp/dq0.safetensors' '$tmp/dq1.safetensors'"
+        --output '$tmp/sw'\${f%%=*}.safetensors --mode decode || exit 1; done; \
+        cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_DQ2.safetensors' && cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_ST.safetensors'"
 done
 fi
 if want core; then

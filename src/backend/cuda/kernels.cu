@@ -909,10 +909,13 @@ static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
     }
 }
 
-// OSP_CUDA_DQ2=1 (for measurements; not yet run on a GPU): 4-bit codes with bf16 scales converted in bf16x2
-// arithmetic (tc_sub): about 2.25 instructions a code instead of 3.75; the same bits unless s * c and b lie far apart (tc_sub)
+// 4-bit codes with bf16 scales are converted in bf16x2 arithmetic (tc_sub): about 2.25 instructions a code
+// instead of 3.75; the same bits unless s * c and b lie far apart (tc_sub). Every tensor-core launch (few
+// tokens, many, grouped) converts alike, so batch invariance holds. OSP_CUDA_DQ2=0 (for measurements): the f32
+// conversion. On an H100 (Llama-1B shape, 4-bit, batch 1, two interleaved rounds): 643/647 -> 679/679 tok/s;
+// every 4-bit golden's production decode logits bitwise the same there.
 static int tc_dq2() {
-    static const int on = env_digit("OSP_CUDA_DQ2", 0) == 1;
+    static const int on = env_digit("OSP_CUDA_DQ2", 1) != 0;
     return on;
 }
 
@@ -924,15 +927,17 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
                dim3(KS * WARP), 0, st, set, x, n);
 }
 
-// OSP_CUDA_ST (for measurement): few-token launches whose tiles fit take the staged kernel (tc_kernel's ST):
-// 1: two blocks a multiprocessor, 2: three, 3: two, and bf16 weights of long rows split to fit (tc_sk_tiles).
-// 0: the register kernel.
+// Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as
+// the register kernel). OSP_CUDA_ST=0 (for measurements): the register kernel. On an H100 (Llama-1B shape, batch
+// 1, two interleaved rounds) bf16 went 587/586 -> 609/613 tok/s and 4-bit 641/642 -> 649/653; three blocks a
+// multiprocessor (593-596 bf16) and bf16 rows too long for it split to fit (553, and 64 streams 17.7-17.8k ->
+// 16.7-16.9k: the down projection's 512 blocks of one round trip each) were slower, and are gone.
 static int tc_st() {
-    static const int v = env_digit("OSP_CUDA_ST", 0);
-    return v;
+    static const int on = env_digit("OSP_CUDA_ST", 1) != 0;
+    return on;
 }
 
-#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most (three blocks a multiprocessor fit)
+#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most
 
 // the staged tile's shared memory for a set, or 0 where it cannot take it: one split, not grouped, rows of
 // whole 16-byte chunks (codes, and the scales and biases of a row a multiple of 16 bytes, 16-byte aligned)
@@ -1019,8 +1024,7 @@ template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
     if (stb) {
-        if (tc_st() == 2) tc_go_st<KIND, KS, 2, KS == 16 ? 1 : 3>(st, set, x, n, sk, stb); // (3: as 1)
-        else tc_go_st<KIND, KS, 2, 16 / KS>(st, set, x, n, sk, stb);
+        tc_go_st<KIND, KS, 2, 16 / KS>(st, set, x, n, sk, stb);
     } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
@@ -1081,14 +1085,8 @@ static int sm_count(void) {
 static int tc_sk_tiles(const osp_cu_weight *w, int64_t tiles) {
     const int ks = tc_ks(w);
     const int64_t want = (int64_t)sm_count() * tc_few_blocks(ks); // a wave of the few-token kernel's blocks
-    const int64_t most = tc_steps(w) / (4 * ks);
-    // OSP_CUDA_ST=3: a bf16 weight whose 16-row tile is larger than the staged kernel's shared memory splits
-    // its columns until a split's tile fits (by shape alone: the same splits at any number of tokens)
-    const int64_t fit = tc_st() == 3 && !w->qbits ? (16 * 64 * tc_steps(w) + TC_ST_MAX - 1) / TC_ST_MAX : 1;
-    if (fit > 1 && fit <= most && fit <= TC_MAX_SK && tiles * fit >= want) return (int)fit;
     if (tiles >= want) return 1;
-    int64_t sk = want / tiles;
-    if (sk < fit && fit <= most) sk = fit;
+    int64_t sk = want / tiles, most = tc_steps(w) / (4 * ks);
     if (sk > most) sk = most;
     if (sk > TC_MAX_SK) sk = TC_MAX_SK;
     return sk < 1 ? 1 : (int)sk;
@@ -1254,6 +1252,7 @@ static void tc_grouped_go(osp_cu_stream st, tc_set &set, const float *x, int64_t
         set.poff[i] = 0;
     }
     set.g_per = set.end[set.nw - 1];
+    set.dq = tc_dq2();
     pdl_launch(tc_kernel<KIND, KS, 1, 1, U, MINB, false, true>, dim3((unsigned)(slots * set.g_per)), dim3(KS * WARP),
                0, st, set, (const void *)x, (int64_t)0);
 }

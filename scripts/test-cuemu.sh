@@ -4,7 +4,7 @@
 # anything about speed. scripts/test.sh runs it. Two lines of work side by side (the emulator runs one kernel at a
 # time):
 #   - scripts/test-gpu.sh's core part (test_cuda, the suites, every golden in every mode, Whisper);
-#   - its fuse part (OSP_CUDA_FUSE=2 and OSP_CUDA_DQ2=1 bitwise against the defaults), then every golden in every
+#   - its fuse part (OSP_CUDA_FUSE=2, OSP_CUDA_DQ2=0 and OSP_CUDA_ST=0 bitwise against the defaults), then every golden in every
 #     mode and both precisions with OSP_CUDA_FUSE=2, on an emulator build with ASan + UBSan (build-cuemu-asan):
 #     an out-of-bounds or misaligned access in a kernel or the backend is a failure.
 set -eu

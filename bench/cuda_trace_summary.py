@@ -6,10 +6,12 @@
 A decode step is one replay of a CUDA graph: the graph with the most kernel records is taken (another with
 --graph), its records split into replays where its first node comes round again, and the first --skip replays
 left out (capture and warm-up). Printed, over the replays kept:
-  - each node in step order: kernel, grid and block, registers, mean time, and the mean gap before it (the time
+  - each node in step order: kernel, grid and block, registers, mean time, the mean gap before it (the time
     from the previous kernel's end to its start; negative when it started before that end: programmatic
-    dependent launch);
-  - the same by kernel name: launches a step, time a step, share of the step's span;
+    dependent launch), and its share of the step: its end minus the previous kernel's end (the first: its
+    time). A kernel that starts early waits inside its own time, so the shares, not the times, add up to the
+    step's span;
+  - the same by kernel name: launches a step, the shares a step, their part of the span, the times a step;
   - the step's span (first start to last end), the sum of its kernels' times, the idle time inside it (the union
     of the kernels' intervals against the span) and the time between steps.
 """
@@ -82,29 +84,34 @@ def main():
     # each node in step order
     dur = [0.0] * n_nodes
     gap = [0.0] * n_nodes
+    share = [0.0] * n_nodes
     for s in kept:
         for i, r in enumerate(s):
             dur[i] += (int(r["end_ns"]) - int(r["start_ns"])) / 1e3
             if i:
                 gap[i] += (int(r["start_ns"]) - int(s[i - 1]["end_ns"])) / 1e3
+                share[i] += (int(r["end_ns"]) - int(s[i - 1]["end_ns"])) / 1e3
+            else:
+                share[i] += (int(r["end_ns"]) - int(r["start_ns"])) / 1e3
     k = len(kept)
-    print(f"\n{'#':>3} {'kernel':<70} {'grid':>12} {'block':>5} {'regs':>4} {'us':>7} {'gap us':>7}")
+    print(f"\n{'#':>3} {'kernel':<70} {'grid':>12} {'block':>5} {'regs':>4} {'us':>7} {'gap us':>7} {'share':>7}")
     for i, r in enumerate(kept[0]):
         grid = f"{r['grid_x']}x{r['grid_y']}x{r['grid_z']}"
         print(f"{i:>3} {short(names[r['name']]):<70} {grid:>12} {r['block_x']:>5} {r['registers']:>4} "
-              f"{dur[i] / k:>7.2f} {gap[i] / k if i else 0.0:>7.2f}")
+              f"{dur[i] / k:>7.2f} {gap[i] / k if i else 0.0:>7.2f} {share[i] / k:>7.2f}")
 
     # by kernel
     by = OrderedDict()
     for i, r in enumerate(kept[0]):
         n = short(names[r["name"]])
-        c = by.setdefault(n, [0, 0.0])
+        c = by.setdefault(n, [0, 0.0, 0.0])
         c[0] += 1
-        c[1] += dur[i] / k
+        c[1] += share[i] / k
+        c[2] += dur[i] / k
     span = sum(int(s[-1]["end_ns"]) - int(s[0]["start_ns"]) for s in kept) / k / 1e3
-    print(f"\n{'kernel':<70} {'a step':>6} {'us':>8} {'of span':>7}")
-    for n, (c, t) in sorted(by.items(), key=lambda x: -x[1][1])[: a.top]:
-        print(f"{n:<70} {c:>6} {t:>8.1f} {t / span:>7.1%}")
+    print(f"\n{'kernel':<70} {'a step':>6} {'share':>8} {'of span':>7} {'time':>8}")
+    for n, (c, t, d) in sorted(by.items(), key=lambda x: -x[1][1])[: a.top]:
+        print(f"{n:<70} {c:>6} {t:>8.1f} {t / span:>7.1%} {d:>8.1f}")
 
     # the step
     busy = 0.0

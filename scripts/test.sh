@@ -12,7 +12,7 @@ OSP_TEST_PKGS="clang libclang-rt-14-dev" sh scripts/setup.sh
 # the same library tests on the AVX2 tier (no AVX-512: the int8 path through vpmaddubsw): what a CPU without it runs
 (cd build && OSP_DEVICE=cpu OSP_ISA=avx2 ctest --output-on-failure -j"$(nproc)" -E e2e)
 # the CUDA backend on the CUDA emulator (tests/cuemu): its kernels against references, every golden in every mode on
-# the emulated GPU, the fused paths (OSP_CUDA_FUSE=2) and OSP_CUDA_DQ2=1 bitwise against the defaults
+# the emulated GPU, the fused paths (OSP_CUDA_FUSE=2), OSP_CUDA_DQ2=0 and OSP_CUDA_ST=0 bitwise against the defaults
 sh scripts/test-cuemu.sh
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DOSP_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$(nproc)"

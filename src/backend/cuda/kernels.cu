@@ -483,7 +483,7 @@ struct tc_set {
     float teps;
     int tadd, tnth;
     unsigned *tcnt; // zero before and after
-    int dq;         // OSP_CUDA_DQ2=1: tc_sub's bf16x2 conversion where the codes are 4-bit with bf16 scales
+    int dq;         // tc_sub's bf16x2 conversion where the codes are 4-bit with bf16 scales (tc_dq2)
     // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
     // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
     int pair;
@@ -532,7 +532,7 @@ __device__ __forceinline__ float code_f(uint32_t word, int j) {
 }
 
 // sub-chunk v (8 columns) of a 16-byte chunk as 4 bf16 pairs
-// dq (OSP_CUDA_DQ2=1; 4-bit codes whose scales and biases are bf16, so s and b are bf16 values): in bf16x2
+// dq (tc_dq2; 4-bit codes whose scales and biases are bf16, so s and b are bf16 values): in bf16x2
 // arithmetic, two codes an instruction: the pair's nibbles put into the mantissas of 128 + c (bf16 0x4300 | c),
 // 128 taken off (exact), then s * c + b rounded once to bf16 (the f32 path rounds s * c + b to f32 first:
 // the two differ where that first rounding lands on a bf16 tie, which the KL tier covers)
@@ -617,8 +617,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // the conversion's below: the same numbers), half the bytes and no
 // conversions in each of the blocks that read it
 // GR: grouped (set.gtab): a block's expert, rows and token count come from the device (no split-K)
-// ST (few-token tiles, one split, not grouped; tc_st_ok): the block's 16 rows (codes, scales, biases) come into
-// shared memory by bulk copies issued as the block starts, before it waits for the kernel before it, and the
+// ST (few-token tiles, not grouped; tc_st_bytes): the block's 16 rows (codes, scales, biases; for a bf16 split,
+// the split's chunks of each row) come into shared memory by bulk copies issued as the block starts, before it waits for the kernel before it, and the
 // steps read them there: every byte of the tile in flight at once, in no registers. The same mma sequence on
 // the same operands: the same numbers.
 
@@ -666,7 +666,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     static_assert(!ST || (MT == 1 && NT == 1 && !GR), "staged tiles: few-token, one row tile, not grouped");
     __shared__ uint64_t st_bar; // (8-byte aligned, as its type)
     [[maybe_unused]] const unsigned char *st_sc = nullptr, *st_bi = nullptr; // ST: [16][ng] scales, biases
-    [[maybe_unused]] int64_t st_ng = 0;
     [[maybe_unused]] const uint4 *st_rows = nullptr; // ST: [16][st_rb] codes: the split's chunks from st_c0 on
     [[maybe_unused]] int64_t st_c0 = 0, st_rb = row_bytes;
     if constexpr (ST) { // pieces: the 16 rows (pair: gate's 8, up's 8), each its codes, scales and biases
@@ -674,7 +673,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
         const int64_t per = pair ? 8 : 16, cnt = rows - row0 < per ? rows - row0 : per;
         const int64_t sb = KIND == 2 ? 0 : ng * (w.sdtype == 0 ? 4 : 2); // a row's scales (tc_st_bytes: 16s)
         unsigned char *codes = (unsigned char *)st_sm, *scs = codes + 16 * row_bytes, *bis = scs + 16 * sb;
-        st_rows = st_sm, st_sc = scs, st_bi = bis, st_ng = ng;
+        st_rows = st_sm, st_sc = scs, st_bi = bis;
         constexpr int K3 = KIND == 2 ? 1 : 3;
         const int pieces = pair ? 2 : 1;
         if (SK > 1) { // (bf16, tc_st_bytes) each row's chunks of this split, a row every st_rb bytes
@@ -685,20 +684,21 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             if ((int64_t)threadIdx.x < cnt)
                 bulk_g2s(codes + threadIdx.x * st_rb, (const unsigned char *)w.data + (row0 + threadIdx.x) * row_bytes + c0 * 16,
                          (uint32_t)((c1 - c0) * 16), &st_bar);
-        } else {
-        if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(pieces * cnt * (row_bytes + 2 * sb)));
-        __syncthreads();
-        if ((int)threadIdx.x < pieces * K3) {
-            const int pc = (int)threadIdx.x / K3, k = (int)threadIdx.x % K3;
-            const osp_cu_weight &wp = pair ? set.w[pc] : w;
-            const int64_t lrow = pc * 8; // the piece's first row in shared memory
-            if (k == 0)
-                bulk_g2s(codes + lrow * row_bytes, (const unsigned char *)wp.data + row0 * row_bytes,
-                         (uint32_t)(cnt * row_bytes), &st_bar);
-            else
-                bulk_g2s((k == 1 ? scs : bis) + lrow * sb, (const unsigned char *)(k == 1 ? wp.scales : wp.biases) + row0 * sb,
-                         (uint32_t)(cnt * sb), &st_bar);
-        }
+        } else { // a copy a piece's codes, scales and biases
+            if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(pieces * cnt * (row_bytes + 2 * sb)));
+            __syncthreads();
+            if ((int)threadIdx.x < pieces * K3) {
+                const int pc = (int)threadIdx.x / K3, k = (int)threadIdx.x % K3;
+                const osp_cu_weight &wp = pair ? set.w[pc] : w;
+                const int64_t lrow = pc * 8; // the piece's first row in shared memory
+                if (k == 0)
+                    bulk_g2s(codes + lrow * row_bytes, (const unsigned char *)wp.data + row0 * row_bytes,
+                             (uint32_t)(cnt * row_bytes), &st_bar);
+                else
+                    bulk_g2s((k == 1 ? scs : bis) + lrow * sb,
+                             (const unsigned char *)(k == 1 ? wp.scales : wp.biases) + row0 * sb, (uint32_t)(cnt * sb),
+                             &st_bar);
+            }
         }
     }
     const uint4 *rp[MT][2];
@@ -754,7 +754,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
                             if constexpr (ST) {
-                                const int64_t gi = (int64_t)(g + 8 * h) * st_ng + ch * CH / w.group;
+                                const int64_t gi = (int64_t)(g + 8 * h) * ng + ch * CH / w.group;
                                 sc[u][m][h] = load_float(st_sc, w.sdtype, gi);
                                 bi[u][m][h] = load_float(st_bi, w.sdtype, gi);
                             } else {
@@ -919,12 +919,20 @@ static int tc_dq2() {
     return on;
 }
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false>
-static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk) {
+#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most
+
+// ST: the staged kernel, shm its tile's bytes (tc_st_bytes)
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false>
+static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk, size_t shm = 0) {
+    auto k = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, ST>;
+    static int raised = 0; // (per instantiation) the shared memory a staged block may take, raised once
+    if (ST && !raised) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_ST_MAX);
+        raised = 1;
+    }
     tc_layout(set, MT, n, sk);
     set.dq = tc_dq2();
-    pdl_launch(tc_kernel<KIND, KS, MT, NT, U, MINB, XB>, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk),
-               dim3(KS * WARP), 0, st, set, x, n);
+    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
 }
 
 // Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as
@@ -936,8 +944,6 @@ static int tc_st() {
     static const int on = env_digit("OSP_CUDA_ST", 1) != 0;
     return on;
 }
-
-#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most
 
 // the staged tile's shared memory for a set, or 0 where it cannot take it: one split, not grouped, rows of
 // whole 16-byte chunks (codes, and the scales and biases of a row a multiple of 16 bytes, 16-byte aligned)
@@ -958,19 +964,6 @@ static size_t tc_st_bytes(const tc_set &set, int sk) {
         if (b > most) most = b;
     }
     return most <= TC_ST_MAX ? most : 0;
-}
-
-template <int KIND, int KS, int U, int MINB>
-static void tc_go_st(osp_cu_stream st, tc_set set, const float *x, int64_t n, int sk, size_t shm) {
-    static int raised = 0; // (per instantiation) the shared memory a block may take, raised once
-    auto k = tc_kernel<KIND, KS, 1, 1, U, MINB, false, false, true>;
-    if (!raised) {
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_ST_MAX);
-        raised = 1;
-    }
-    tc_layout(set, 1, n, sk);
-    set.dq = tc_dq2();
-    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, (const void *)x, n);
 }
 
 // Tiles by the number of tokens (the numbers do not depend on them): a
@@ -1024,7 +1017,7 @@ template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
     if (stb) {
-        tc_go_st<KIND, KS, 2, 16 / KS>(st, set, x, n, sk, stb);
+        tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, true>(st, set, x, n, sk, stb);
     } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;

@@ -41,7 +41,7 @@ run() {
     fi
 }
 # OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 checks, and OSP_CUDA_DQ2=0 and OSP_CUDA_ST=0 against the defaults), e2e (the server with the openai client)
+# OSP_CUDA_FUSE=2 checks, OSP_CUDA_DQ2=0 and OSP_CUDA_ST=0 against the defaults, the other attention kernel), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then
@@ -102,6 +102,23 @@ for g in data/goldens/*/; do
         '$(bin osprey)' logits --device cuda --fast --model $g --input $g/golden.safetensors \
         --output '$tmp/sw'\${f%%=*}.safetensors --mode decode || exit 1; done; \
         cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_DQ2.safetensors' && cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_ST.safetensors'"
+done
+# The other attention kernel (OSP_CUDA_ATTC: the compact one, for an f32 cache): its positions' sums are taken
+# in another order, so not bitwise; the kernel suite (test_attn_compact checks it against a double reference),
+# the batch, fast-path, shapes and speculative suites with it, and every golden in every mode at the bound
+attc=OSP_CUDA_ATTC=1
+for t in test_cuda test_batch test_fast_path test_shapes test_spec; do
+    run "$t ($attc)" env $attc "$(bin "$t")"
+done
+for g in data/goldens/*/; do
+    g=${g%/}
+    [ -f "$g/golden.safetensors" ] || continue
+    case $g in *whisper*) continue ;; esac
+    for mode in prefill decode chunk:5; do
+        run "$attc $(basename "$g") $mode" sh -c "env $attc '$(bin osprey)' logits --device cuda --model $g \
+            --input $g/golden.safetensors --output '$tmp/at.safetensors' --mode $mode && \
+            '$(bin golden_compare)' $g '$tmp/at.safetensors'"
+    done
 done
 fi
 if want core; then

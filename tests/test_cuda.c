@@ -963,6 +963,121 @@ static void test_fuse_attention(void **state) {
     be->free(di);
 }
 
+/* The compact attention kernel (OSP_CUDA_ATTC=1) against the split kernel and a host reference in double,
+ * f32 cache: head sizes 16 to 512, 1 to 16 query heads a KV head (7: not a power of two), rows of 1 to 5
+ * splits, a full and a sliding layer, two decode steps and a chunk of 3 exact tokens. Both kernels must be
+ * within the goldens' bound of the reference; the scores and the splits are the same, the output's sums
+ * over positions are taken in another order, so the two differ by rounding only. */
+static void test_attn_compact(void **state) {
+    (void)state;
+    static const struct { int32_t D, hq, hk; } SH[] = {{16, 4, 2}, {64, 32, 8}, {128, 14, 2}, {256, 8, 1}, {512, 16, 1}, {64, 2, 2}};
+    enum { NB = 3, NL = 2, MAXP = 640 };
+    const int32_t lens[NB] = {5, 140, 600}, rows[NB] = {0, 1, 2};
+    for (size_t si = 0; si < sizeof SH / sizeof *SH; si++) {
+        const int32_t D = SH[si].D, HQ = SH[si].hq, HK = SH[si].hk, G = HQ / HK;
+        /* host copies of every row's K and V (unrotated: this test has no RoPE), [layer][row][pos][HK*D] */
+        const size_t per = (size_t)MAXP * HK * D;
+        float *Kh = malloc(sizeof(float) * NL * NB * per), *Vh = malloc(sizeof(float) * NL * NB * per);
+        float *q = malloc(sizeof(float) * NB * 3 * HQ * D), *out[2], *ref = malloc(sizeof(float) * NB * 3 * HQ * D);
+        out[0] = malloc(sizeof(float) * NB * 3 * HQ * D), out[1] = malloc(sizeof(float) * NB * 3 * HQ * D);
+        assert_non_null(Kh), assert_non_null(Vh), assert_non_null(q), assert_non_null(ref);
+        for (size_t i = 0; i < NL * NB * per; i++) Kh[i] = uniform(), Vh[i] = uniform();
+        osp_kv_spec sp[NL] = {{HK, D, 0, -1, 0, 32}, {HK, D, 100, -1, 0, 32}};
+        osp_kv *kv[2];
+        osp_be_session *ss[2];
+        for (int f = 0; f < 2; f++) {
+            if (f) setenv("OSP_CUDA_ATTC", "1", 1);
+            assert_int_equal(be->session_new(64, 8192, &ss[f]), OSP_OK);
+            unsetenv("OSP_CUDA_ATTC");
+            be->set_fast(ss[f], 1);
+            assert_int_equal(osp_kv_new(NB, NL, sp, MAXP, 4, be->kv_mem, &kv[f]), OSP_OK);
+            for (int32_t r = 0; r < NB; r++) {
+                assert_int_equal(osp_kv_reserve(kv[f], r, lens[r] + 8), OSP_OK);
+                be->begin_chunk(ss[f], 1, lens[r]);
+                for (int li = 0; li < NL; li++) {
+                    const float *src = Kh + ((size_t)li * NB + r) * per, *srv = Vh + ((size_t)li * NB + r) * per;
+                    osp_dbuf *dk = upload(src, (int64_t)lens[r] * HK * D), *dv = upload(srv, (int64_t)lens[r] * HK * D);
+                    be->kv_write(ss[f], kv[f], li, &rows[r], 1, dk, dv, lens[r]);
+                    if (be->status(ss[f]) != OSP_OK) fail_msg("%s", osp_last_error());
+                    be->free(dk), be->free(dv);
+                }
+                kv[f]->pos[r] = lens[r];
+            }
+        }
+        int32_t pos[NB];
+        for (int b = 0; b < NB; b++) pos[b] = lens[b];
+        for (int step = 0; step < 3; step++) {
+            const int32_t T = step < 2 ? 1 : 3;
+            const int64_t nq = (int64_t)NB * T * HQ * D, nk = (int64_t)NB * T * HK * D;
+            float *k = malloc(sizeof(float) * (size_t)nk), *v = malloc(sizeof(float) * (size_t)nk);
+            for (int64_t i = 0; i < nq; i++) q[i] = uniform();
+            for (int li = 0; li < NL; li++) {
+                /* this step's k and v: the host copies' next positions */
+                for (int b = 0; b < NB; b++)
+                    for (int32_t t = 0; t < T; t++)
+                        for (int64_t e = 0; e < (int64_t)HK * D; e++) {
+                            const size_t at = ((size_t)li * NB + b) * per + (size_t)(pos[b] + t) * HK * D + (size_t)e;
+                            k[((int64_t)b * T + t) * HK * D + e] = Kh[at], v[((int64_t)b * T + t) * HK * D + e] = Vh[at];
+                        }
+                for (int f = 0; f < 2; f++) {
+                    osp_be_session *s = ss[f];
+                    osp_dbuf *dq = upload(q, nq), *dk = upload(k, nk), *dv = upload(v, nk), *dout = be->alloc((size_t)nq);
+                    const int64_t stride = MAXP + 64;
+                    osp_dbuf *dsc = be->alloc((size_t)(NB * T * HQ * stride));
+                    assert_non_null(dout), assert_non_null(dsc);
+                    be->set_exact_tokens(s, T > 1);
+                    be->begin_chunk(s, NB, T);
+                    osp_attn_args a = {.kv = kv[f], .layer = li, .rows = rows, .nb = NB, .T = T, .n_heads = HQ,
+                                       .n_kv_heads = HK, .head_dim = D, .scale = 0.125f, .window = li ? 100 : 0,
+                                       .q = dq, .k = dk, .v = dv, .out = dout, .scores = dsc, .score_stride = stride,
+                                       .chunk_stored = T > 1};
+                    be->kv_write(s, kv[f], li, rows, NB, dk, dv, T);
+                    be->attention(s, &a);
+                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+                    be->read(out[f], dout, nq);
+                    be->free(dq), be->free(dk), be->free(dv), be->free(dout), be->free(dsc);
+                }
+                /* the reference: softmax(q k / 8) v over positions [max(0, p - window + 1), p], in double */
+                double *w = malloc(sizeof(double) * MAXP);
+                for (int b = 0; b < NB; b++)
+                    for (int32_t t = 0; t < T; t++)
+                        for (int32_t h = 0; h < HQ; h++) {
+                            const int32_t p = pos[b] + t, lo = li && p - 99 > 0 ? p - 99 : 0, hk = h / G;
+                            const float *qq = q + (((int64_t)b * T + t) * HQ + h) * D;
+                            const float *K0 = Kh + ((size_t)li * NB + b) * per, *V0 = Vh + ((size_t)li * NB + b) * per;
+                            double m = -INFINITY, l = 0;
+                            for (int32_t j = lo; j <= p; j++) {
+                                double sc = 0;
+                                for (int32_t d = 0; d < D; d++) sc += (double)qq[d] * K0[((size_t)j * HK + hk) * D + d];
+                                w[j] = sc * 0.125;
+                                if (w[j] > m) m = w[j];
+                            }
+                            for (int32_t j = lo; j <= p; j++) w[j] = exp(w[j] - m), l += w[j];
+                            for (int32_t d = 0; d < D; d++) {
+                                double o = 0;
+                                for (int32_t j = lo; j <= p; j++) o += w[j] * V0[((size_t)j * HK + hk) * D + d];
+                                ref[(((int64_t)b * T + t) * HQ + h) * D + d] = (float)(o / l);
+                            }
+                        }
+                free(w);
+                for (int64_t i = 0; i < nq; i++)
+                    for (int f = 0; f < 2; f++) {
+                        const double bound = 2e-5 * fmax(1.0, fabs(ref[i]));
+                        if (fabs((double)out[f][i] - ref[i]) > bound)
+                            fail_msg("D %d G %d layer %d step %d [%lld]: %s kernel %.9g, reference %.9g", D, G, li, step,
+                                     (long long)i, f ? "compact" : "split", out[f][i], ref[i]);
+                    }
+            }
+            for (int f = 0; f < 2; f++)
+                for (int b = 0; b < NB; b++) kv[f]->pos[rows[b]] += T;
+            for (int b = 0; b < NB; b++) pos[b] += T;
+            free(k), free(v);
+        }
+        for (int f = 0; f < 2; f++) osp_kv_free(kv[f]), be->session_free(ss[f]);
+        free(Kh), free(Vh), free(q), free(ref), free(out[0]), free(out[1]);
+    }
+}
+
 int main(void) {
     be = osp_backend_cuda();
     if (!be) {
@@ -981,6 +1096,7 @@ int main(void) {
         cmocka_unit_test(test_fuse_pair),
         cmocka_unit_test(test_fuse_tail),
         cmocka_unit_test(test_fuse_attention),
+        cmocka_unit_test(test_attn_compact),
         cmocka_unit_test(test_bandwidth_probe),
     };
     const char *only = getenv("OSP_TEST_ONLY"); /* a test's name (cmocka's filter: * and ? match) */

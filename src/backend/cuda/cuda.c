@@ -184,6 +184,8 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
      * left out if it fails */
     const char *fm = getenv("OSP_CUDA_FUSE_MASK");
     s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
+    const char *ac = getenv("OSP_CUDA_ATTC");
+    s->att_compact = ac && !strcmp(ac, "1");
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -693,6 +695,7 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
     c->rope = rope_inv != NULL, c->rope_inv = rope_inv;
+    c->compact = s->att_compact;
     c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
     if (!c->rows) return;
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;

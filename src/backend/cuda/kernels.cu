@@ -2066,9 +2066,32 @@ template <bool CG> __device__ __forceinline__ float combine_one(const float *pp,
     return __fdiv_rn(o, l);
 }
 
+// cnt (several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
+// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows. Called by
+// every thread of a split's block once its partials are written.
+__device__ __forceinline__ void last_split_combines(const osp_cu_attn &a, const float *part, int32_t nsplit,
+                                                    unsigned *cnt, int64_t row, int32_t hk, int32_t z, int32_t lo,
+                                                    int32_t p, int64_t pbase) {
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
+    __shared__ int last;
+    const int32_t nz = min((p - lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
+    unsigned *c = cnt + row * Hkv + hk;
+    __threadfence(); // this block's partials, visible to the last block before it counts this one
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        const float *pp = part + (pbase - z + (int64_t)g * nsplit) * (D + 2);
+        a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
+    }
+    if (threadIdx.x == 0) *c = 0;
+}
+
 // GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (OSP_CUDA_FUSE=2,
-// several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
-// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows.
+// several splits): last_split_combines.
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
                                                            unsigned *cnt) {
@@ -2242,22 +2265,160 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
             po[2 + d] = o;
         }
     }
-    if (nsplit == 1 || !cnt) return;
-    __shared__ int last;
-    const int32_t nz = min((p - lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
-    unsigned *c = cnt + row * Hkv + hk;
-    __threadfence(); // this block's partials, visible to the last block before it counts this one
+    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
+}
+
+// ---- attention, compact (osp_cu_attn.compact): the splits of attn_split_kernel and their partials (and its
+// RoPE taken in, and its last split's combine), for an f32 cache, in code that loops instead of unrolling. A decode step's attention is a few
+// blocks on cold instruction caches (ncu: half its stalls wait for an instruction fetch), so it runs short
+// loops over few instructions: a K row's 64 dimensions held once and reused for each head, one (head, 4
+// dimensions) of the output a thread with 16 V rows in flight. The scores and the softmax are the split
+// kernel's numbers; the output sums positions in another order (ATD_NT / (G D/4) subsets, not 128 / (D/4)).
+
+#define ATD_NT 256 // threads a block: ATD_NT / ATT_S threads a position, each its share of the heads
+#define ATD_KC 16  // float4s of a K row a thread holds at once
+#define ATD_VU 16  // V rows a thread has in flight
+
+__global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *part, int32_t nsplit, unsigned *cnt) {
+    OSP_DYN_SHARED(float, sm);
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv, D4 = D / 4;
+    const int items = G * D4, nsub = items >= ATD_NT ? 1 : ATD_NT / items;
+    float *qs = sm;                     // [G][D], later the subsets' sums [nsub][G][D]
+    float *ps = qs + G * D * nsub;      // [G][ATT_S]
+    float *stat = ps + G * ATT_S;       // [G]: max, sum
+    const int64_t row = blockIdx.x;     // b * T + t
+    const int32_t hk = blockIdx.y, z = blockIdx.z;
+    const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
+    const osp_cu_kvrow R = a.rows[b];
+    int32_t lo, p;
+    kv_span(a, R.pos, t, lo, p);
+    const int32_t cend = a.chunk_stored ? p : R.pos; // positions before it come from the cache
+    const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1), nj = j1 - j0;
+    const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z;
+    if (j0 > p) return;
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x;
+    for (int i = tid; i < G * D; i += ATD_NT) qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G) * D + i];
+    // a.rope: the split kernel's rotation of q, and of the own k row, stored with v (see there)
+    float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned
+    const bool own = a.rope && p >= j0 && p < j1;
+    const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
+    if (own)
+        for (int d = tid; d < D; d += ATD_NT) krot[d] = a.k[own_row + d];
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
-        const int g = i / D, d = i % D;
-        const float *pp = part + (pbase - z + (int64_t)g * nsplit) * (D + 2);
-        a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
+    if (a.rope) {
+        const int32_t half = D / 2, pp = R.pos + t;
+        for (int i = tid; i < G * half; i += ATD_NT) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
+        if (own)
+            for (int i = tid; i < half; i += ATD_NT) rope_rot(krot, i, half, pp, a.rope_inv);
+        __syncthreads();
+        if (own) {
+            kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
+            kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
+        }
     }
-    if (threadIdx.x == 0) *c = 0;
+    // scores: position jl, heads g0, g0 + gs, ... (the split kernel's sums: dimensions in order)
+    const int jl = tid % ATT_S, g0 = tid / ATT_S, gs = ATD_NT / ATT_S;
+    if (jl < nj) {
+        const float *kr = own && j0 + jl == p ? krot : k_row_f32(a, R, b, hk, j0 + jl, cend);
+#pragma unroll 1
+        for (int c0 = 0; c0 < D4; c0 += ATD_KC) {
+            float4 kq[ATD_KC];
+#pragma unroll
+            for (int u = 0; u < ATD_KC; u++) kq[u] = c0 + u < D4 ? ld4(kr + 4 * (c0 + u)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+            for (int g = g0; g < G; g += gs) {
+                float s = c0 ? ps[g * ATT_S + jl] : 0.0f;
+                const float *q = qs + g * D + 4 * c0;
+#pragma unroll
+                for (int u = 0; u < ATD_KC; u++) {
+                    if (c0 + u >= D4) break;
+                    const float4 kv = kq[u];
+                    s = __fmaf_rn(q[4 * u + 3], kv.w, __fmaf_rn(q[4 * u + 2], kv.z, __fmaf_rn(q[4 * u + 1], kv.y, __fmaf_rn(q[4 * u], kv.x, s))));
+                }
+                ps[g * ATT_S + jl] = s;
+            }
+        }
+#pragma unroll 1
+        for (int g = g0; g < G; g += gs) {
+            const float s = ps[g * ATT_S + jl];
+            ps[g * ATT_S + jl] = a.softcap > 0 ? a.softcap * tanhf(s * a.scale / a.softcap) : s * a.scale;
+        }
+    } else {
+        for (int g = g0; g < G; g += gs) ps[g * ATT_S + jl] = -INFINITY;
+    }
+    __syncthreads();
+    // per head: the split's max, then p = exp(s - max) (the split kernel's loop)
+    const int warp = tid / WARP, lane = tid % WARP;
+    for (int g = warp; g < G; g += ATD_NT / WARP) {
+        float m = -INFINITY;
+        for (int i = lane; i < ATT_S; i += WARP) m = fmaxf(m, ps[g * ATT_S + i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < ATT_S; i += WARP) {
+            const float e = i < nj ? expf(ps[g * ATT_S + i] - m) : 0.0f;
+            ps[g * ATT_S + i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
+    }
+    __syncthreads();
+    // outputs: item (head g, dimensions d4..d4+3), positions sub, sub + nsub, ... in order; then the subsets
+    // added in order. qs (free now) takes the sums.
+    const int sub = items >= ATD_NT ? 0 : tid / items;
+    const int istep = items >= ATD_NT ? ATD_NT : items;
+    // V row jp: from the chunk (jp >= cend) at a.v[vco + jp * Hkv * D], else from the cache at vk + slot * D,
+    // the slot (j0's, plus jj) wrapped once around a sliding layer's ring (the launch needs ring >= ATT_S)
+    const int64_t vco = ((int64_t)b * a.T * Hkv + hk) * D - (int64_t)R.pos * Hkv * D;
+    const float *vk = (const float *)R.mem + ((int64_t)Hkv + hk) * R.cap * D;
+    const int32_t s0 = kv_slot(a.L, j0), ringw = a.L.sliding ? a.L.ring : 0x7fffffff;
+    if (sub < nsub)
+#pragma unroll 1
+        for (int item = tid % istep; item < items; item += istep) {
+            const int g = item / D4, d4 = (item % D4) * 4;
+            const float *pg = ps + g * ATT_S;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+            for (int32_t jb = sub; jb < nj; jb += ATD_VU * nsub) {
+                float4 v[ATD_VU];
+#pragma unroll
+                for (int u = 0; u < ATD_VU; u++) {
+                    const int32_t jj = jb + u * nsub, jp = j0 + jj, sl = s0 + jj;
+                    v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (jj < nj)
+                        v[u] = ld4((jp >= cend ? a.v + (vco + (int64_t)jp * Hkv * D) : vk + (int64_t)(sl >= ringw ? sl - ringw : sl) * D) + d4);
+                }
+#pragma unroll
+                for (int u = 0; u < ATD_VU; u++) {
+                    const int32_t jj = jb + u * nsub;
+                    if (jj >= nj) break;
+                    const float w = pg[jj];
+                    acc.x = __fmaf_rn(w, v[u].x, acc.x);
+                    acc.y = __fmaf_rn(w, v[u].y, acc.y);
+                    acc.z = __fmaf_rn(w, v[u].z, acc.z);
+                    acc.w = __fmaf_rn(w, v[u].w, acc.w);
+                }
+            }
+            float *r = qs + ((int64_t)sub * G + g) * D + d4;
+            r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
+        }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += ATD_NT) {
+        const int g = i / D, d = i % D;
+        float o = qs[i];
+        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, qs[(int64_t)k * G * D + i]);
+        const float m = stat[2 * g], l = stat[2 * g + 1];
+        if (nsplit == 1) {
+            a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
+        } else {
+            float *po = part + (pbase + (int64_t)g * nsplit) * (D + 2);
+            if (d == 0) po[0] = m, po[1] = l;
+            po[2 + d] = o;
+        }
+    }
+    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
 }
 
 // a block per (query, head): combine_one over the query's own splits
@@ -2291,7 +2452,11 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
     if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
+    const int items = G * (D / 4), dsub = items >= ATD_NT ? 1 : ATD_NT / items;
+    const size_t dshm = sizeof(float) * ((size_t)G * D * dsub + (size_t)G * ATT_S + ((2 * G + 3) & ~3) + D);
+    if (a->compact && a->L.bits == 0 && (!a->L.sliding || a->L.ring >= ATT_S) && dshm <= 48 * 1024 - 64)
+        pdl_launch(attn_dec_kernel, grid, dim3(ATD_NT), dshm, st, *a, part, nsplit, cnt);
+    else if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
     else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
     else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
     else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);

@@ -169,6 +169,9 @@ typedef struct osp_cu_attn {
      * would */
     int32_t rope;
     const float *rope_inv;
+    /* attn_dec_kernel (an f32 cache, any rope and counters): the compact kernel, the same partials and scores,
+     * the output's positions summed in another order (OSP_CUDA_ATTC) */
+    int32_t compact;
 } osp_cu_attn;
 
 /* Attention of a chunk's queries, positions cut into nsplit splits of 128

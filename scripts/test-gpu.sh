@@ -67,17 +67,20 @@ done
 fi
 if want fuse; then
 # OSP_CUDA_FUSE=2 (launches joined in decode steps: the activation into the down matmul, the splits'
-# combine into attention, the KV store into the RoPE): every golden's decode-mode logits bitwise the same
-# as without, in both precisions, and the batch, ids-out and speculative suites with it
+# combine into attention, the KV store into the RoPE, ...) and the default (few-token steps: the KV store
+# into the RoPE, gate and up with their activation): every golden's decode-mode logits bitwise the same as
+# with every launch on its own (OSP_CUDA_FEW_FUSE=0), in both precisions, and the batch, ids-out and
+# speculative suites with FUSE=2
 for g in data/goldens/*/; do
     g=${g%/}
     [ -f "$g/golden.safetensors" ] || continue
     case $g in *whisper*) continue ;; esac
     for prec in "" "--fast"; do
-        run "fuse=2 $(basename "$g") decode ${prec:-reference}" sh -c "for f in 1 2; do OSP_CUDA_FUSE=\$f \
+        run "fuse=2 $(basename "$g") decode ${prec:-reference}" sh -c "for f in 0 1 2; do \
+            env OSP_CUDA_FUSE=\$((f > 1 ? 2 : 1)) OSP_CUDA_FEW_FUSE=\$((f ? 68 : 0)) \
             '$(bin osprey)' logits --device cuda $prec --model $g --input $g/golden.safetensors \
             --output '$tmp/fuse'\$f.safetensors --mode decode || exit 1; done; \
-            cmp '$tmp/fuse1.safetensors' '$tmp/fuse2.safetensors'"
+            cmp '$tmp/fuse0.safetensors' '$tmp/fuse1.safetensors' && cmp '$tmp/fuse0.safetensors' '$tmp/fuse2.safetensors'"
     done
 done
 for t in test_batch test_ids_out test_spec test_fast_path; do
@@ -103,20 +106,23 @@ for g in data/goldens/*/; do
         --output '$tmp/sw'\${f%%=*}.safetensors --mode decode || exit 1; done; \
         cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_DQ2.safetensors' && cmp '$tmp/swX.safetensors' '$tmp/swOSP_CUDA_ST.safetensors'"
 done
-# The other attention kernel (OSP_CUDA_ATTC: the compact one, for an f32 cache): its positions' sums are taken
-# in another order, so not bitwise; the kernel suite (test_attn_compact checks it against a double reference),
-# the batch, fast-path, shapes and speculative suites with it, and every golden in every mode at the bound
-attc=OSP_CUDA_ATTC=1
-for t in test_cuda test_batch test_fast_path test_shapes test_spec; do
-    run "$t ($attc)" env $attc "$(bin "$t")"
+# The attention kernels (an f32 cache): the compact one in few-token steps by default; OSP_CUDA_ATTC=0 the
+# split kernel in every step, =2 the compact one in every step. Their positions' sums are taken in different
+# orders, so not bitwise: the suites with each, and every golden at the bound in the modes each changes
+# (test_cuda's test_attn_compact checks the two kernels against a double reference)
+for t in test_batch test_fast_path test_spec; do
+    run "$t (OSP_CUDA_ATTC=0)" env OSP_CUDA_ATTC=0 "$(bin "$t")"
+done
+for t in test_batch test_shapes; do
+    run "$t (OSP_CUDA_ATTC=2)" env OSP_CUDA_ATTC=2 "$(bin "$t")"
 done
 for g in data/goldens/*/; do
     g=${g%/}
     [ -f "$g/golden.safetensors" ] || continue
     case $g in *whisper*) continue ;; esac
-    for mode in prefill decode chunk:5; do
-        run "$attc $(basename "$g") $mode" sh -c "env $attc '$(bin osprey)' logits --device cuda --model $g \
-            --input $g/golden.safetensors --output '$tmp/at.safetensors' --mode $mode && \
+    for am in "0 decode" "2 prefill" "2 chunk:5"; do
+        run "OSP_CUDA_ATTC=${am% *} $(basename "$g") ${am#* }" sh -c "env OSP_CUDA_ATTC=${am% *} '$(bin osprey)' logits \
+            --device cuda --model $g --input $g/golden.safetensors --output '$tmp/at.safetensors' --mode ${am#* } && \
             '$(bin golden_compare)' $g '$tmp/at.safetensors'"
     done
 done

@@ -679,11 +679,15 @@ static void test_moe(void **state) {
  * own launch), and a decode step's k and v stored by the launch that rotates k, with attention's splits
  * combined by the last of them (f32, bf16, 8-bit and 4-bit KV; a full layer and a sliding one; rows of 5 to
  * 600 positions: one split and several), plus a verification chunk of exact tokens. */
+/* fuse 1: every launch on its own (no part fused, in few-token steps either: OSP_CUDA_FEW_FUSE=0); 2: every
+ * part of OSP_CUDA_FUSE=2 */
 static osp_be_session *fuse_session(int fuse) {
     setenv("OSP_CUDA_FUSE", fuse == 2 ? "2" : "1", 1);
+    setenv("OSP_CUDA_FEW_FUSE", "0", 1);
     osp_be_session *s;
     assert_int_equal(be->session_new(64, 8192, &s), OSP_OK);
     unsetenv("OSP_CUDA_FUSE");
+    unsetenv("OSP_CUDA_FEW_FUSE");
     be->set_fast(s, 1);
     return s;
 }
@@ -963,7 +967,7 @@ static void test_fuse_attention(void **state) {
     be->free(di);
 }
 
-/* The compact attention kernel (OSP_CUDA_ATTC=1) against the split kernel and a host reference in double,
+/* The compact attention kernel (OSP_CUDA_ATTC=2: in every step) against the split kernel (0) and a host reference in double,
  * f32 cache: head sizes 16 to 512, 1 to 16 query heads a KV head (7: not a power of two), rows of 1 to 5
  * splits, a full and a sliding layer, two decode steps and a chunk of 3 exact tokens. Both kernels must be
  * within the goldens' bound of the reference; the scores and the splits are the same, the output's sums
@@ -986,7 +990,7 @@ static void test_attn_compact(void **state) {
         osp_kv *kv[2];
         osp_be_session *ss[2];
         for (int f = 0; f < 2; f++) {
-            if (f) setenv("OSP_CUDA_ATTC", "1", 1);
+            setenv("OSP_CUDA_ATTC", f ? "2" : "0", 1); /* the compact kernel in every step, or in none */
             assert_int_equal(be->session_new(64, 8192, &ss[f]), OSP_OK);
             unsetenv("OSP_CUDA_ATTC");
             be->set_fast(ss[f], 1);

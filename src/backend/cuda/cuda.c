@@ -184,8 +184,12 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
      * left out if it fails */
     const char *fm = getenv("OSP_CUDA_FUSE_MASK");
     s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
+    /* OSP_CUDA_FEW_FUSE: the parts a few-token step takes under the default (FUSE_KV | FUSE_PAIR unless set);
+     * OSP_CUDA_ATTC: the compact attention kernel in few-token steps (1, the default), every step (2), none (0) */
+    const char *ff = getenv("OSP_CUDA_FEW_FUSE");
+    s->fuse_few = ff ? atoi(ff) & FUSE_ALL : FUSE_KV | FUSE_PAIR;
     const char *ac = getenv("OSP_CUDA_ATTC");
-    s->att_compact = ac && !strcmp(ac, "1");
+    s->att_compact = ac && (ac[0] == '0' || ac[0] == '2') ? ac[0] - '0' : 1;
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -208,6 +212,15 @@ static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
  * chunk first). */
 static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
+
+/* A step of few tokens (a decode step of up to 8 rows, a short verification chunk): its launches are short and
+ * many, so it takes the fused parts (fuse_few) and the compact attention kernel by default */
+#define FEW_TOKENS 8
+static int few(const osp_be_session *s) { return (int64_t)s->B * s->T <= FEW_TOKENS; }
+
+/* the FUSE_ parts on in this step: fuse2's under OSP_CUDA_FUSE=2, fuse_few's in a step of few tokens under
+ * the default */
+static int fz(const osp_be_session *s) { return s->fuse == 2 ? s->fuse2 : s->fuse == 1 && few(s) ? s->fuse_few : 0; }
 static void flush(osp_be_session *s);
 static osp_status status(osp_be_session *s) {
     flush(s);
@@ -306,7 +319,7 @@ static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, i
 /* A matmul of one tensor-core weight in a decode step (few tokens) is held back (OSP_CUDA_FUSE=2): the
  * residual add of its output and the norm of that sum, which usually follow, join its launch (add, norm). */
 static int hold_mm(osp_be_session *s, const osp_cu_weight *d, int64_t n) {
-    return (s->fuse2 & FUSE_TAIL) && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
+    return (fz(s) & FUSE_TAIL) && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
 }
 
 /* weights sharing an input go in one operation, four at a time */
@@ -330,7 +343,7 @@ static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const
         }
     }
     flush(s);
-    if (nw == 2 && (s->fuse2 & FUSE_PAIR) && s->fast && ws[0]->packed && ws[1]->packed &&
+    if (nw == 2 && (fz(s) & FUSE_PAIR) && s->fast && ws[0]->packed && ws[1]->packed &&
         osp_cu_tc_pair_ok(ws[0]->packed, ws[1]->packed, n) && !use_gemm(s, n)) {
         /* held: an activation of the two outputs next joins them (act_mul); anything else submits it as is */
         ARGS(mm_args, a);
@@ -397,7 +410,7 @@ static void norm_exec(osp_be_session *s, const void *p) {
     const norm_args *a = p;
     /* FUSE_XB: rows for a many-token tensor-core matmul also rounded to bf16 here, where it would round them */
     uint16_t *yb = NULL;
-    if ((s->fuse2 & FUSE_XB) && s->fast && a->n > 8 && s->tcws.xb && a->n * a->d <= s->tcws.xb_elems)
+    if ((fz(s) & FUSE_XB) && s->fast && a->n > 8 && s->tcws.xb && a->n * a->d <= s->tcws.xb_elems)
         yb = s->tcws.xb, s->xb_seq = s->n_exec, s->xb_of = a->y, s->xb_of_n = a->n * a->d;
     note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, yb), "rmsnorm");
 }
@@ -532,7 +545,7 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
-    if ((s->fuse2 & FUSE_ACT) && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
+    if ((fz(s) & FUSE_ACT) && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
         memcpy(s->pend_args, &a, sizeof a);
         s->pend = HELD_ACT;
         return;
@@ -570,7 +583,7 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
             h->x2 = D(x), h->heads2 = heads;
             if (s->pend_n2) h->w2 = n2->w, h->eps2 = n2->eps, h->norm2 = 1, h->add2 = n2->add_one;
             s->pend_n2 = 0;
-            if (s->fuse2 & FUSE_KV) return; /* held still: the store of k (and v) next may join it (kv_write) */
+            if (fz(s) & FUSE_KV) return; /* held still: the store of k (and v) next may join it (kv_write) */
             s->pend = 0;
             SUBMIT(s, rope_exec, *h);
             return;
@@ -670,7 +683,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
     /* the splits combined by the last of them (the same numbers): counters zeroed once when allocated */
     unsigned *cnt = NULL;
     size_t nc = (size_t)a->c.nb * (size_t)a->c.T * (size_t)a->c.L.n_kv_heads;
-    if ((s->fuse2 & FUSE_COMBINE) && a->nsplit > 1) {
+    if ((fz(s) & FUSE_COMBINE) && a->nsplit > 1) {
         size_t had = s->att_cnt_cap;
         if (osp_cu_grow(s, (void **)&s->att_cnt, &s->att_cnt_cap, nc, sizeof(unsigned))) {
             if (s->att_cnt_cap != had) note(s, cudaMemsetAsync(s->att_cnt, 0, nc * sizeof(unsigned), s->st), "counters");
@@ -695,7 +708,7 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
     c->rope = rope_inv != NULL, c->rope_inv = rope_inv;
-    c->compact = s->att_compact;
+    c->compact = s->att_compact == 2 || (s->att_compact == 1 && few(s));
     c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
     if (!c->rows) return;
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
@@ -738,7 +751,7 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
-    if (s->pend == HELD_ROPE && (s->fuse2 & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
+    if (s->pend == HELD_ROPE && (fz(s) & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
         rope_args *h = (rope_args *)s->pend_args;
         const osp_kv_layer *l = &kv->layers[layer];
         if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
@@ -748,7 +761,7 @@ static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const 
                 h->pos = osp_cu_stage(s, s->pend_host, sizeof(int32_t) * (size_t)h->B);
             if (h->kvrows && h->pos) {
                 h->v = CD(v), h->kv = kv, h->layer = layer;
-                if ((s->fuse2 & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
+                if ((fz(s) & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
                     s->pend = HELD_ROPE_ATT; /* held once more: the attention of this step may rotate and store itself */
                     return;
                 }

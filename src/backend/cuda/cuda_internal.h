@@ -66,7 +66,9 @@ struct osp_be_session {
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
     _Alignas(16) unsigned char pend_n2_args[OP_ARGS];
-    int att_compact;         /* attention through the compact kernel where it applies (OSP_CUDA_ATTC) */
+    int att_compact;         /* the compact attention kernel: 1 in few-token steps, 2 in every step, 0 never
+                                (OSP_CUDA_ATTC) */
+    int fuse_few;            /* the FUSE_ parts of a few-token step under OSP_CUDA_FUSE=1 (OSP_CUDA_FEW_FUSE) */
     int fuse2;               /* OSP_CUDA_FUSE=2's parts on (FUSE_ACT ...; OSP_CUDA_FUSE_MASK) */
     int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
                                 (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it, a

@@ -967,11 +967,11 @@ static void test_fuse_attention(void **state) {
     be->free(di);
 }
 
-/* The compact attention kernel (OSP_CUDA_ATTC=2: in every step) against the split kernel (0) and a host reference in double,
- * f32 cache: head sizes 16 to 512, 1 to 16 query heads a KV head (7: not a power of two), rows of 1 to 5
- * splits, a full and a sliding layer, two decode steps and a chunk of 3 exact tokens. Both kernels must be
- * within the goldens' bound of the reference; the scores and the splits are the same, the output's sums
- * over positions are taken in another order, so the two differ by rounding only. */
+/* The compact attention kernel (OSP_CUDA_ATTC=2: in every step) against the split kernel (0) and a host
+ * reference in double, f32 cache: head sizes 16 to 512, 1 to 16 query heads a KV head (7: not a power of
+ * two), rows of 1 to 5 splits, a full and a sliding layer, two decode steps and a chunk of 3 exact tokens.
+ * Both kernels must be within the goldens' bound of the reference, and bitwise the same (every sum is taken
+ * in the same order: a step's choice of kernel, by its number of tokens, must not change a row's numbers). */
 static void test_attn_compact(void **state) {
     (void)state;
     static const struct { int32_t D, hq, hk; } SH[] = {{16, 4, 2}, {64, 32, 8}, {128, 14, 2}, {256, 8, 1}, {512, 16, 1}, {64, 2, 2}};
@@ -1064,6 +1064,9 @@ static void test_attn_compact(void **state) {
                             }
                         }
                 free(w);
+                if (memcmp(out[0], out[1], sizeof(float) * (size_t)nq))
+                    fail_msg("D %d G %d layer %d step %d: the compact kernel's output differs from the split kernel's", D,
+                             G, li, step);
                 for (int64_t i = 0; i < nq; i++)
                     for (int f = 0; f < 2; f++) {
                         const double bound = 2e-5 * fmax(1.0, fabs(ref[i]));

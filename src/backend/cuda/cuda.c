@@ -36,22 +36,25 @@ static osp_dbuf *cu_alloc(size_t n) {
     return cudaMalloc(&p, (n ? n : 1) * sizeof(float)) == cudaSuccess ? (osp_dbuf *)p : NULL;
 }
 
-static void cu_free(osp_dbuf *p) { cudaFree(p); }
+/* every legacy-stream operation and free under osp_cu_legacy_lock (no other session is capturing) */
+#define LEGACY(stmt) (osp_cu_legacy_lock(), (stmt), osp_cu_legacy_unlock())
+
+static void cu_free(osp_dbuf *p) { LEGACY(cudaFree(p)); }
 
 static osp_dbuf *cu_adopt_vec(float *host, int64_t n) {
     void *p = NULL;
     if (cudaMalloc(&p, (size_t)(n ? n : 1) * sizeof(float)) != cudaSuccess) return NULL;
-    cudaMemcpy(p, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+    LEGACY(cudaMemcpy(p, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
     osp_free(host);
     return (osp_dbuf *)p;
 }
 
 static void cu_write(osp_dbuf *dst, const float *host, int64_t n) {
-    cudaMemcpy(dst, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+    LEGACY(cudaMemcpy(dst, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 static void cu_read(float *host, const osp_dbuf *src, int64_t n) {
-    cudaMemcpy(host, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost);
+    LEGACY(cudaMemcpy(host, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 /* KV blocks are allocated, copied and freed between steps, on the legacy
@@ -63,17 +66,19 @@ static void *kv_alloc(size_t n) {
         cudaGetLastError();
         return NULL;
     }
-    if (cudaMemsetAsync(p, 0, n, 0) != cudaSuccess) {
-        cudaFree(p);
+    int e;
+    LEGACY(e = cudaMemsetAsync(p, 0, n, 0));
+    if (e != cudaSuccess) {
+        LEGACY(cudaFree(p));
         return NULL;
     }
     return p;
 }
 
-static void kv_free(void *p) { cudaFree(p); }
-static void kv_copy(void *d, const void *s, size_t n) { cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0); }
-static void kv_to_host(void *h, const void *s, size_t n) { cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost); }
-static void kv_from_host(void *d, const void *h, size_t n) { cudaMemcpy(d, h, n, cudaMemcpyHostToDevice); }
+static void kv_free(void *p) { LEGACY(cudaFree(p)); }
+static void kv_copy(void *d, const void *s, size_t n) { LEGACY(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0)); }
+static void kv_to_host(void *h, const void *s, size_t n) { LEGACY(cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost)); }
+static void kv_from_host(void *d, const void *h, size_t n) { LEGACY(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
 static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy, kv_to_host, kv_from_host};
 
 /* ---- weights ---- */
@@ -123,8 +128,10 @@ static osp_status cu_place(osp_weight *const *ws, int n, const void *const *keep
         for (int k = 0; k < 3; k++) {
             if (!part[k]) continue;
             dst[k] = next;
-            if (cudaMemcpy(next, src[k], part[k], cudaMemcpyHostToDevice) != cudaSuccess) {
-                cudaFree(pl->arena);
+            int e;
+            LEGACY(e = cudaMemcpy(next, src[k], part[k], cudaMemcpyHostToDevice));
+            if (e != cudaSuccess) {
+                LEGACY(cudaFree(pl->arena));
                 free(pl->descs);
                 free(pl);
                 return osp_err(OSP_ERR_IO, "uploading weights to the GPU failed");
@@ -142,7 +149,7 @@ static osp_status cu_place(osp_weight *const *ws, int n, const void *const *keep
 static void cu_unplace(void *owned) {
     placed *pl = owned;
     if (!pl) return;
-    cudaFree(pl->arena);
+    LEGACY(cudaFree(pl->arena));
     free(pl->descs);
     free(pl);
 }
@@ -153,6 +160,7 @@ static void session_free(osp_be_session *s) {
     if (!s) return;
     cudaStreamSynchronize(s->st);
     osp_cu_step_free(s);
+    osp_cu_legacy_lock(); /* (the frees below) */
     osp_cublas_free(s->blas);
     cudaFree(s->logits);
     cudaFree(s->ids_d);
@@ -166,6 +174,7 @@ static void session_free(osp_be_session *s) {
     for (int i = 0; i < s->n_moe_tab; i++) cudaFree(s->moe_tab[i].dev);
     osp_cu_tc_ws_free(&s->tcws);
     cudaStreamDestroy(s->st);
+    osp_cu_legacy_unlock();
     free(s);
 }
 
@@ -184,10 +193,12 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
      * left out if it fails */
     const char *fm = getenv("OSP_CUDA_FUSE_MASK");
     s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
-    /* OSP_CUDA_FEW_FUSE: the parts a few-token step takes under the default (FUSE_KV | FUSE_PAIR unless set);
+    /* OSP_CUDA_FEW_FUSE: the parts a few-token step takes under the default (unless set: the KV store in k's
+     * RoPE, or, a one-token step without q/k norms, the RoPE and store in attention; gate and up in one launch
+     * with their activation);
      * OSP_CUDA_ATTC: the compact attention kernel in few-token steps (1, the default), every step (2), none (0) */
     const char *ff = getenv("OSP_CUDA_FEW_FUSE");
-    s->fuse_few = ff ? atoi(ff) & FUSE_ALL : FUSE_KV | FUSE_PAIR;
+    s->fuse_few = ff ? atoi(ff) & FUSE_ALL : FUSE_KV | FUSE_ROPE_ATT | FUSE_PAIR;
     const char *ac = getenv("OSP_CUDA_ATTC");
     s->att_compact = ac && (ac[0] == '0' || ac[0] == '2') ? ac[0] - '0' : 1;
     /* the embedding rows of a full chunk and room for the small arrays */
@@ -809,9 +820,13 @@ static int ids_room(osp_be_session *s, size_t n) {
     size_t cap = s->ids_cap;
     s->ids_cap = 0;
     if (!osp_cu_grow(s, (void **)&s->ids_d, &cap, n, sizeof(int32_t))) return 0;
+    int e;
+    osp_cu_legacy_lock();
     cudaFreeHost(s->ids_h);
     s->ids_h = NULL;
-    if (cudaMallocHost((void **)&s->ids_h, n * sizeof(int32_t)) != cudaSuccess) {
+    e = cudaMallocHost((void **)&s->ids_h, n * sizeof(int32_t));
+    osp_cu_legacy_unlock();
+    if (e != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
@@ -995,7 +1010,7 @@ static const osp_cu_weight *moe_table(osp_be_session *s, const osp_moe_args *a) 
         s->moe_tab[s->n_moe_tab++] = (struct osp_cu_moe_tab){a->gate, first, last, d};
     } else {
         cudaGetLastError();
-        cudaFree(d);
+        LEGACY(cudaFree(d));
         d = NULL;
     }
     free(h);
@@ -1133,7 +1148,8 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
 
 /* ---- measuring ---- */
 
-static double bw_trial(int release) {
+/* the legacy stream's read of 2 GiB, timed (a bench's, between its steps) */
+static double bw_trial_locked(int release) {
     static void *buf;
     static unsigned *sink;
     static int sms;
@@ -1166,6 +1182,13 @@ static double bw_trial(int release) {
     else cudaEventElapsedTime(&ms, e0, e1);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return ms > 0 ? (double)bytes / (ms * 1e-3) / 1e9 : -1;
+}
+
+static double bw_trial(int release) {
+    osp_cu_legacy_lock();
+    double r = bw_trial_locked(release);
+    osp_cu_legacy_unlock();
+    return r;
 }
 
 static osp_backend CUDA = {

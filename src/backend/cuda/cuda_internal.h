@@ -121,6 +121,13 @@ enum {
 enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_XB = 32, FUSE_PAIR = 64,
        FUSE_ALL = 127 };
 
+/* The sessions' streams are blocking streams, ordered with the legacy stream both ways, so legacy-stream work
+ * (a synchronous copy, a KV block's copy or zeroing) or a free from one thread while another session captures a
+ * graph would make the legacy stream depend on the capturing stream: an error for both. Such work and every
+ * capture (osp_cu_step_begin to its end) take this lock, process-wide and recursive. */
+void osp_cu_legacy_lock(void);
+void osp_cu_legacy_unlock(void);
+
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);
 /* Grow a device buffer to n elements of elem bytes (contents not kept);

@@ -2271,9 +2271,10 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 // ---- attention, compact (osp_cu_attn.compact): the splits of attn_split_kernel and their partials (and its
 // RoPE taken in, and its last split's combine), for an f32 cache, in code that loops instead of unrolling. A decode step's attention is a few
 // blocks on cold instruction caches (ncu: half its stalls wait for an instruction fetch), so it runs short
-// loops over few instructions: a K row's 64 dimensions held once and reused for each head, one (head, 4
-// dimensions) of the output a thread with 16 V rows in flight. The scores and the softmax are the split
-// kernel's numbers; the output sums positions in another order (ATD_NT / (G D/4) subsets, not 128 / (D/4)).
+// loops over few instructions: a K row's 64 dimensions held once and reused for each head, a unit of the
+// output (4 dimensions of a head over a subset of positions) a loop step with 16 V rows in flight. Every sum
+// is the split kernel's, in its order: the numbers are the same (test_attn_compact), so which kernel a step
+// takes (by its number of tokens) does not change a row's numbers.
 
 #define ATD_NT 256 // threads a block: ATD_NT / ATT_S threads a position, each its share of the heads
 #define ATD_KC 16  // float4s of a K row a thread holds at once
@@ -2282,7 +2283,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *part, int32_t nsplit, unsigned *cnt) {
     OSP_DYN_SHARED(float, sm);
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv, D4 = D / 4;
-    const int items = G * D4, nsub = items >= ATD_NT ? 1 : ATD_NT / items;
+    const int nsub = ATT_S / D4; // the split kernel's subsets of positions
     float *qs = sm;                     // [G][D], later the subsets' sums [nsub][G][D]
     float *ps = qs + G * D * nsub;      // [G][ATT_S]
     float *stat = ps + G * ATT_S;       // [G]: max, sum
@@ -2365,45 +2366,43 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
         if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
     }
     __syncthreads();
-    // outputs: item (head g, dimensions d4..d4+3), positions sub, sub + nsub, ... in order; then the subsets
-    // added in order. qs (free now) takes the sums.
-    const int sub = items >= ATD_NT ? 0 : tid / items;
-    const int istep = items >= ATD_NT ? ATD_NT : items;
+    // outputs: a unit is (subset sub, head g, dimensions d4..d4+3), the split kernel's subsets (ATT_S / (D/4)
+    // of positions: sub, sub + nsub, ... summed in order), then the subsets added in order: the split kernel's
+    // sums exactly, so the two kernels' numbers are the same. qs (free now) takes the subsets' sums.
     // V row jp: from the chunk (jp >= cend) at a.v[vco + jp * Hkv * D], else from the cache at vk + slot * D,
     // the slot (j0's, plus jj) wrapped once around a sliding layer's ring (the launch needs ring >= ATT_S)
     const int64_t vco = ((int64_t)b * a.T * Hkv + hk) * D - (int64_t)R.pos * Hkv * D;
     const float *vk = (const float *)R.mem + ((int64_t)Hkv + hk) * R.cap * D;
     const int32_t s0 = kv_slot(a.L, j0), ringw = a.L.sliding ? a.L.ring : 0x7fffffff;
-    if (sub < nsub)
 #pragma unroll 1
-        for (int item = tid % istep; item < items; item += istep) {
-            const int g = item / D4, d4 = (item % D4) * 4;
-            const float *pg = ps + g * ATT_S;
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int un = tid; un < nsub * G * D4; un += ATD_NT) {
+        const int sub = un / (G * D4), g = (un / D4) % G, d4 = (un % D4) * 4;
+        const float *pg = ps + g * ATT_S;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
-            for (int32_t jb = sub; jb < nj; jb += ATD_VU * nsub) {
-                float4 v[ATD_VU];
+        for (int32_t jb = sub; jb < nj; jb += ATD_VU * nsub) {
+            float4 v[ATD_VU];
 #pragma unroll
-                for (int u = 0; u < ATD_VU; u++) {
-                    const int32_t jj = jb + u * nsub, jp = j0 + jj, sl = s0 + jj;
-                    v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    if (jj < nj)
-                        v[u] = ld4((jp >= cend ? a.v + (vco + (int64_t)jp * Hkv * D) : vk + (int64_t)(sl >= ringw ? sl - ringw : sl) * D) + d4);
-                }
-#pragma unroll
-                for (int u = 0; u < ATD_VU; u++) {
-                    const int32_t jj = jb + u * nsub;
-                    if (jj >= nj) break;
-                    const float w = pg[jj];
-                    acc.x = __fmaf_rn(w, v[u].x, acc.x);
-                    acc.y = __fmaf_rn(w, v[u].y, acc.y);
-                    acc.z = __fmaf_rn(w, v[u].z, acc.z);
-                    acc.w = __fmaf_rn(w, v[u].w, acc.w);
-                }
+            for (int u = 0; u < ATD_VU; u++) {
+                const int32_t jj = jb + u * nsub, jp = j0 + jj, sl = s0 + jj;
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (jj < nj)
+                    v[u] = ld4((jp >= cend ? a.v + (vco + (int64_t)jp * Hkv * D) : vk + (int64_t)(sl >= ringw ? sl - ringw : sl) * D) + d4);
             }
-            float *r = qs + ((int64_t)sub * G + g) * D + d4;
-            r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
+#pragma unroll
+            for (int u = 0; u < ATD_VU; u++) {
+                const int32_t jj = jb + u * nsub;
+                if (jj >= nj) break;
+                const float w = pg[jj];
+                acc.x = __fmaf_rn(w, v[u].x, acc.x);
+                acc.y = __fmaf_rn(w, v[u].y, acc.y);
+                acc.z = __fmaf_rn(w, v[u].z, acc.z);
+                acc.w = __fmaf_rn(w, v[u].w, acc.w);
+            }
         }
+        float *r = qs + ((int64_t)sub * G + g) * D + d4;
+        r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
+    }
     __syncthreads();
     for (int i = tid; i < G * D; i += ATD_NT) {
         const int g = i / D, d = i % D;
@@ -2452,10 +2451,8 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
     if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
-    const int items = G * (D / 4), dsub = items >= ATD_NT ? 1 : ATD_NT / items;
-    const size_t dshm = sizeof(float) * ((size_t)G * D * dsub + (size_t)G * ATT_S + ((2 * G + 3) & ~3) + D);
-    if (a->compact && a->L.bits == 0 && (!a->L.sliding || a->L.ring >= ATT_S) && dshm <= 48 * 1024 - 64)
-        pdl_launch(attn_dec_kernel, grid, dim3(ATD_NT), dshm, st, *a, part, nsplit, cnt);
+    if (a->compact && a->L.bits == 0 && (!a->L.sliding || a->L.ring >= ATT_S)) // (the same shared memory)
+        pdl_launch(attn_dec_kernel, grid, dim3(ATD_NT), shm, st, *a, part, nsplit, cnt);
     else if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
     else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
     else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);

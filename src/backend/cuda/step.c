@@ -18,11 +18,29 @@
  * (B, T). When none matches, or the step needs the host mid-way (MoE
  * routing in reference precision), or a capture fails, the recorded operations run eagerly: a
  * graph never runs a different computation, and no step is lost. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_profiler_api.h>
 #include "backend/cuda/cuda_internal.h"
+
+/* One lock for every session's capture and every thread's legacy-stream work and frees (osp_cu_legacy_lock):
+ * recursive, so that a capturing thread may call what takes it. */
+static pthread_mutex_t legacy_mu;
+static pthread_once_t legacy_once = PTHREAD_ONCE_INIT;
+static void legacy_init(void) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&legacy_mu, &a);
+    pthread_mutexattr_destroy(&a);
+}
+void osp_cu_legacy_lock(void) {
+    pthread_once(&legacy_once, legacy_init);
+    pthread_mutex_lock(&legacy_mu);
+}
+void osp_cu_legacy_unlock(void) { pthread_mutex_unlock(&legacy_mu); }
 
 /* OSP_CUDA_PROFILE_ROWS=N: a profiler's window (ncu --profile-from-start off)
  * around the third decode step (one token a row) of N rows or more, so that
@@ -63,7 +81,9 @@ int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem)
     if (s->mode != STEP_EAGER) return 0;
     cudaStreamSynchronize(s->st);
     drop_graphs(s);
+    osp_cu_legacy_lock();
     cudaFree(*p);
+    osp_cu_legacy_unlock();
     *p = NULL;
     *cap = 0;
     if (cudaMalloc(p, n * elem) != cudaSuccess) {
@@ -77,8 +97,11 @@ int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem)
 osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
     const char *g = getenv("OSP_CUDA_GRAPHS");
     s->use_graphs = !(g && !strcmp(g, "0"));
-    if (cudaMallocHost((void **)&s->stage_h, stage_bytes) != cudaSuccess ||
-        cudaMalloc((void **)&s->stage_d, stage_bytes) != cudaSuccess) {
+    osp_cu_legacy_lock();
+    int ok = cudaMallocHost((void **)&s->stage_h, stage_bytes) == cudaSuccess &&
+             cudaMalloc((void **)&s->stage_d, stage_bytes) == cudaSuccess;
+    osp_cu_legacy_unlock();
+    if (!ok) {
         cudaGetLastError();
         return osp_err(OSP_ERR_NOMEM, "out of GPU or pinned host memory for a session's staging area");
     }
@@ -88,8 +111,10 @@ osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
 
 void osp_cu_step_free(osp_be_session *s) {
     drop_graphs(s);
+    osp_cu_legacy_lock();
     cudaFreeHost(s->stage_h);
     cudaFree(s->stage_d);
+    osp_cu_legacy_unlock();
     free(s->log);
 }
 
@@ -139,7 +164,9 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
         if (has_graph(s, k)) s->mode = STEP_REPLAY;
         return;
     }
+    osp_cu_legacy_lock(); /* held until the capture ends (osp_cu_step_eager, osp_cu_step_end) */
     if (cudaStreamBeginCapture(s->st, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+        osp_cu_legacy_unlock();
         cudaGetLastError();
         s->use_graphs = 0;
         return;
@@ -161,6 +188,7 @@ void osp_cu_step_eager(osp_be_session *s) {
     if (s->mode == STEP_CAPTURE) {
         cudaGraph_t g = NULL;
         cudaStreamEndCapture(s->st, &g);
+        osp_cu_legacy_unlock();
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
         s->cap_err = 0;
@@ -208,14 +236,17 @@ void *osp_cu_stage_alloc(osp_be_session *s, size_t n, void **host) {
         cudaStreamSynchronize(s->st); /* earlier copies have read the old area */
         drop_graphs(s);
         unsigned char *h = NULL, *d = NULL;
+        osp_cu_legacy_lock();
         if (cudaMallocHost((void **)&h, cap) != cudaSuccess || cudaMalloc((void **)&d, cap) != cudaSuccess) {
             cudaFreeHost(h);
+            osp_cu_legacy_unlock();
             cudaGetLastError();
             osp_cu_note(s, cudaErrorMemoryAllocation, "staging");
             return NULL;
         }
         cudaFreeHost(s->stage_h);
         cudaFree(s->stage_d);
+        osp_cu_legacy_unlock();
         s->stage_h = h, s->stage_d = d, s->stage_cap = cap;
     }
     s->stage_off = off + n;
@@ -257,6 +288,7 @@ void osp_cu_step_end(osp_be_session *s) {
         cudaGraph_t g = NULL;
         cudaGraphExec_t ex = NULL;
         int e = cudaStreamEndCapture(s->st, &g);
+        osp_cu_legacy_unlock();
         int fits = s->stage_off <= s->seen_staged[k];
         if (e == cudaSuccess && !s->cap_err && fits) e = cudaGraphInstantiate(&ex, g, 0);
         if (g) cudaGraphDestroy(g);

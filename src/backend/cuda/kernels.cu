@@ -2090,6 +2090,94 @@ __device__ __forceinline__ void last_split_combines(const osp_cu_attn &a, const 
     if (threadIdx.x == 0) *c = 0;
 }
 
+// Both attention kernels' common steps (any block size: loops stride by blockDim.x):
+// a block's query row (b * T + t), KV head, split z and its positions [j0, j1) of the query's [lo, p];
+// positions before cend come from the cache; pbase: the block's first partial (+ g * nsplit for head g)
+struct att_blk {
+    int64_t row, pbase;
+    int32_t hk, z, b, t, lo, p, cend, j0, j1;
+    osp_cu_kvrow R;
+};
+__device__ __forceinline__ att_blk att_block(const osp_cu_attn &a, int32_t nsplit) {
+    att_blk k;
+    k.row = blockIdx.x, k.hk = blockIdx.y, k.z = blockIdx.z;
+    k.b = (int32_t)(k.row / a.T), k.t = (int32_t)(k.row % a.T);
+    k.R = a.rows[k.b];
+    kv_span(a, k.R.pos, k.t, k.lo, k.p);
+    k.cend = a.chunk_stored ? k.p : k.R.pos;
+    k.j0 = k.lo + k.z * ATT_S, k.j1 = min(k.j0 + ATT_S, k.p + 1);
+    k.pbase = ((k.row * a.n_heads) + (int64_t)k.hk * (a.n_heads / a.L.n_kv_heads)) * nsplit + k.z;
+    return k;
+}
+// the block's q heads into qs [G][D] and, a.rope and holding the query's own position (returned), that k row
+// (unrotated) into krot [D]; then the block synchronizes
+__device__ __forceinline__ bool att_load(const osp_cu_attn &a, const att_blk &k, float *qs, float *krot) {
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = a.q[(k.row * a.n_heads + (int64_t)k.hk * G) * D + i];
+    const bool own = a.rope && k.p >= k.j0 && k.p < k.j1;
+    if (own)
+        for (int d = threadIdx.x; d < D; d += blockDim.x) krot[d] = a.k[(((int64_t)k.b * a.T + k.t) * Hkv + k.hk) * D + d];
+    __syncthreads();
+    return own;
+}
+
+// a.rope: the block rotates its q heads qs [G][D] and, holding the query's own position (own), that k row krot,
+// and stores it and the v row (rope_rot, kv_store: the numbers of the RoPE launch and the store it replaces)
+__device__ __forceinline__ void split_rope(const osp_cu_attn &a, const osp_cu_kvrow &R, float *qs, float *krot,
+                                           bool own, int64_t own_row, int32_t t, int32_t hk) {
+    const int32_t D = a.L.head_dim, G = a.n_heads / a.L.n_kv_heads, half = D / 2, pp = R.pos + t;
+    for (int i = threadIdx.x; i < G * half; i += blockDim.x) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
+    if (own)
+        for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rot(krot, i, half, pp, a.rope_inv);
+    __syncthreads();
+    if (own) {
+        kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
+        kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
+    }
+}
+
+// per head g, a warp each: the split's max m of its scores ps [G][ATT_S] (nj of them), p = exp(s - m) in their
+// place, and their sum l; stat [G][2] = (m, l)
+__device__ __forceinline__ void split_softmax(float *ps, float *stat, int G, int32_t nj) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    for (int g = warp; g < G; g += blockDim.x / WARP) {
+        float m = -INFINITY;
+        for (int i = lane; i < ATT_S; i += WARP) m = fmaxf(m, ps[g * ATT_S + i]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int i = lane; i < ATT_S; i += WARP) {
+            const float e = i < nj ? expf(ps[g * ATT_S + i] - m) : 0.0f;
+            ps[g * ATT_S + i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
+    }
+    __syncthreads();
+}
+
+// the output of one split (a.out), or the split's partials (max, sum, unnormalized output): the nsub subsets'
+// sums red [nsub][G][D] added in subset order; then, with counters, the last split combines
+__device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, int32_t nsplit, unsigned *cnt,
+                                            const float *red, const float *stat, int nsub, int64_t row, int32_t hk,
+                                            int32_t z, int32_t lo, int32_t p, int64_t pbase) {
+    const int32_t D = a.L.head_dim, G = a.n_heads / a.L.n_kv_heads;
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        float o = red[i];
+        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, red[(int64_t)k * G * D + i]);
+        const float m = stat[2 * g], l = stat[2 * g + 1];
+        if (nsplit == 1) {
+            a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
+        } else {
+            float *po = part + (pbase + (int64_t)g * nsplit) * (D + 2);
+            if (d == 0) po[0] = m, po[1] = l;
+            po[2 + d] = o;
+        }
+    }
+    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
+}
+
 // GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (OSP_CUDA_FUSE=2,
 // several splits): last_split_combines.
 template <int GM>
@@ -2100,42 +2188,19 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     float *qs = sm;                        // [G][D]
     float *ps = qs + G * D * (ATT_S / (D / 4)); // [G][ATT_S] (qs: q [G][D], later [nsub][G][D])
     float *stat = ps + G * ATT_S;          // [G]: tile max, then correction
-    const int64_t row = blockIdx.x;        // b * T + t
-    const int32_t hk = blockIdx.y, z = blockIdx.z;
-    const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
-    const osp_cu_kvrow R = a.rows[b];
-    int32_t lo, p;
-    kv_span(a, R.pos, t, lo, p);
-    const int32_t cend = a.chunk_stored ? p : R.pos; // positions before it come from the cache
-    const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1);
-    const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z; // + g * nsplit
+    const att_blk k = att_block(a, nsplit);
+    const int64_t row = k.row, pbase = k.pbase;
+    const int32_t hk = k.hk, z = k.z, b = k.b, t = k.t, lo = k.lo, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1;
+    const osp_cu_kvrow &R = k.R;
     if (j0 > p) return; // an empty split: the combine reads a query's own splits only
     pdl_wait();
     pdl_trigger();
-    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
-        const int g = i / D, d = i % D;
-        qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G + g) * D + d];
-    }
     // a.rope (one-token steps): q and k come unrotated; the block rotates its q heads, and the split holding
-    // the query's own position rotates that k row too and stores it and the v row (rope_rot, kv_store: the
-    // numbers of the RoPE launch and the store it replaces)
+    // the query's own position rotates that k row too and stores it and the v row (split_rope)
     float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned (read as float4)
-    const bool own = a.rope && p >= j0 && p < j1;
+    const bool own = att_load(a, k, qs, krot);
     const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
-    if (own)
-        for (int d = threadIdx.x; d < D; d += ATT_S) krot[d] = a.k[own_row + d];
-    __syncthreads();
-    if (a.rope) {
-        const int32_t half = D / 2, pp = R.pos + t;
-        for (int i = threadIdx.x; i < G * half; i += ATT_S) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
-        if (own)
-            for (int i = threadIdx.x; i < half; i += ATT_S) rope_rot(krot, i, half, pp, a.rope_inv);
-        __syncthreads();
-        if (own) {
-            kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
-            kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
-        }
-    }
+    if (a.rope) split_rope(a, R, qs, krot, own, own_row, t, hk);
     // scores: a thread per position, all G heads
     const int32_t j = j0 + threadIdx.x;
     float sc[GM];
@@ -2181,22 +2246,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
         ps[g * ATT_S + threadIdx.x] = s;
     }
     __syncthreads();
-    // per head: the split's max, then p = exp(s - max); a warp per head
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nw = ATT_S / WARP;
-    for (int g = warp; g < G; g += nw) {
-        float m = -INFINITY;
-        for (int i = lane; i < ATT_S; i += WARP) m = fmaxf(m, ps[g * ATT_S + i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < ATT_S; i += WARP) {
-            const float e = i < j1 - j0 ? expf(ps[g * ATT_S + i] - m) : 0.0f;
-            ps[g * ATT_S + i] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
-    }
-    __syncthreads();
+    split_softmax(ps, stat, G, j1 - j0);
     // outputs: a thread owns 4 consecutive dimensions and every nsub-th
     // position (D/4 threads cover a row, ATT_S / (D/4) subsets of positions),
     // all G heads; 8 V rows in flight per thread. The subsets' sums are then
@@ -2252,20 +2302,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 #pragma unroll
                 for (int e = 0; e < 4; e++) red[((int64_t)sub * G + g) * D + d4 + e] = acc[g][e];
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += ATT_S) {
-        const int g = i / D, d = i % D;
-        float o = red[i];
-        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, red[(int64_t)k * G * D + i]);
-        const float m = stat[2 * g], l = stat[2 * g + 1];
-        if (nsplit == 1) {
-            a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
-        } else {
-            float *po = part + (pbase + (int64_t)g * nsplit) * (D + 2);
-            if (d == 0) po[0] = m, po[1] = l;
-            po[2 + d] = o;
-        }
-    }
-    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
+    split_write(a, part, nsplit, cnt, red, stat, nsub, row, hk, z, lo, p, pbase);
 }
 
 // ---- attention, compact (osp_cu_attn.compact): the splits of attn_split_kernel and their partials (and its
@@ -2287,38 +2324,20 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
     float *qs = sm;                     // [G][D], later the subsets' sums [nsub][G][D]
     float *ps = qs + G * D * nsub;      // [G][ATT_S]
     float *stat = ps + G * ATT_S;       // [G]: max, sum
-    const int64_t row = blockIdx.x;     // b * T + t
-    const int32_t hk = blockIdx.y, z = blockIdx.z;
-    const int32_t b = (int32_t)(row / a.T), t = (int32_t)(row % a.T);
-    const osp_cu_kvrow R = a.rows[b];
-    int32_t lo, p;
-    kv_span(a, R.pos, t, lo, p);
-    const int32_t cend = a.chunk_stored ? p : R.pos; // positions before it come from the cache
-    const int32_t j0 = lo + z * ATT_S, j1 = min(j0 + ATT_S, p + 1), nj = j1 - j0;
-    const int64_t pbase = ((row * a.n_heads) + (int64_t)hk * G) * nsplit + z;
+    const att_blk k = att_block(a, nsplit);
+    const int64_t row = k.row, pbase = k.pbase;
+    const int32_t hk = k.hk, z = k.z, b = k.b, t = k.t, lo = k.lo, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1;
+    const int32_t nj = j1 - j0;
+    const osp_cu_kvrow &R = k.R;
     if (j0 > p) return;
     pdl_wait();
     pdl_trigger();
     const int tid = threadIdx.x;
-    for (int i = tid; i < G * D; i += ATD_NT) qs[i] = a.q[(row * a.n_heads + (int64_t)hk * G) * D + i];
-    // a.rope: the split kernel's rotation of q, and of the own k row, stored with v (see there)
+    // a.rope: the split kernel's rotation of q, and of the own k row, stored with v
     float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned
-    const bool own = a.rope && p >= j0 && p < j1;
+    const bool own = att_load(a, k, qs, krot);
     const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
-    if (own)
-        for (int d = tid; d < D; d += ATD_NT) krot[d] = a.k[own_row + d];
-    __syncthreads();
-    if (a.rope) {
-        const int32_t half = D / 2, pp = R.pos + t;
-        for (int i = tid; i < G * half; i += ATD_NT) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
-        if (own)
-            for (int i = tid; i < half; i += ATD_NT) rope_rot(krot, i, half, pp, a.rope_inv);
-        __syncthreads();
-        if (own) {
-            kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
-            kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
-        }
-    }
+    if (a.rope) split_rope(a, R, qs, krot, own, own_row, t, hk);
     // scores: position jl, heads g0, g0 + gs, ... (the split kernel's sums: dimensions in order)
     const int jl = tid % ATT_S, g0 = tid / ATT_S, gs = ATD_NT / ATT_S;
     if (jl < nj) {
@@ -2350,22 +2369,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
         for (int g = g0; g < G; g += gs) ps[g * ATT_S + jl] = -INFINITY;
     }
     __syncthreads();
-    // per head: the split's max, then p = exp(s - max) (the split kernel's loop)
-    const int warp = tid / WARP, lane = tid % WARP;
-    for (int g = warp; g < G; g += ATD_NT / WARP) {
-        float m = -INFINITY;
-        for (int i = lane; i < ATT_S; i += WARP) m = fmaxf(m, ps[g * ATT_S + i]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int i = lane; i < ATT_S; i += WARP) {
-            const float e = i < nj ? expf(ps[g * ATT_S + i] - m) : 0.0f;
-            ps[g * ATT_S + i] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) stat[2 * g] = m, stat[2 * g + 1] = l;
-    }
-    __syncthreads();
+    split_softmax(ps, stat, G, nj);
     // outputs: a unit is (subset sub, head g, dimensions d4..d4+3), the split kernel's subsets (ATT_S / (D/4)
     // of positions: sub, sub + nsub, ... summed in order), then the subsets added in order: the split kernel's
     // sums exactly, so the two kernels' numbers are the same. qs (free now) takes the subsets' sums.
@@ -2404,20 +2408,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
         r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += ATD_NT) {
-        const int g = i / D, d = i % D;
-        float o = qs[i];
-        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, qs[(int64_t)k * G * D + i]);
-        const float m = stat[2 * g], l = stat[2 * g + 1];
-        if (nsplit == 1) {
-            a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
-        } else {
-            float *po = part + (pbase + (int64_t)g * nsplit) * (D + 2);
-            if (d == 0) po[0] = m, po[1] = l;
-            po[2 + d] = o;
-        }
-    }
-    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
+    split_write(a, part, nsplit, cnt, qs, stat, nsub, row, hk, z, lo, p, pbase);
 }
 
 // a block per (query, head): combine_one over the query's own splits

@@ -110,6 +110,14 @@ osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
 }
 
 void osp_cu_step_free(osp_be_session *s) {
+    if (s->mode == STEP_CAPTURE) { /* a capture left open ends (and its lock goes), its step not run */
+        cudaGraph_t g = NULL;
+        cudaStreamEndCapture(s->st, &g);
+        osp_cu_legacy_unlock();
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        s->mode = STEP_EAGER;
+    }
     drop_graphs(s);
     osp_cu_legacy_lock();
     cudaFreeHost(s->stage_h);
@@ -144,6 +152,7 @@ static int32_t graph_key(const osp_be_session *s, int32_t B, int32_t T) {
 }
 
 void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
+    if (s->mode == STEP_CAPTURE) osp_cu_step_eager(s); /* (a chunk without a head or status: its capture ends) */
     if (s->pending) { /* the staging area is rewritten: the last chunk's copies must have run */
         osp_cu_note(s, cudaStreamSynchronize(s->st), "a previous chunk");
         s->pending = 0;

@@ -4,9 +4,11 @@
  * row operations, and batch invariance (a token's result is bitwise the
  * same whatever number of tokens shares the call), the head's ids out
  * (the device's argmax against the host's), routed experts on the device
- * (against the host's routing, alone and among others, graphs). Skipped (exit 77) on a
+ * (against the host's routing, alone and among others, graphs), the two attention kernels, and graph
+ * captures beside another thread's copies. Skipped (exit 77) on a
  * machine without a CUDA device or a build without the backend. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 #include "backend/backend.h"
 #include "core/core.h"
 #include "kv/kv.h"
+#include "osprey.h"
 #include "tensor/tensor.h"
 
 static const osp_backend *be;
@@ -1085,6 +1088,66 @@ static void test_attn_compact(void **state) {
     }
 }
 
+/* Another thread's copies while a session captures its decode graphs (a transcription beside a chat, in the
+ * server): the sessions' streams are blocking streams, so a legacy-stream copy during a capture would fail
+ * both (osp_cu_legacy_lock orders them). A thread writes, reads back and frees device buffers in a loop while
+ * fresh sessions of a golden model decode, each capturing its step's graph: every step must succeed and
+ * every buffer must come back as written. */
+typedef struct copier {
+    volatile int stop;
+    long rounds, bad;
+} copier;
+
+static void *copy_loop(void *p) {
+    copier *c = p;
+    float host[256], back[256];
+    while (!c->stop) {
+        osp_dbuf *d = be->alloc(256);
+        if (!d) {
+            c->bad++;
+            break;
+        }
+        for (int i = 0; i < 256; i++) host[i] = (float)(c->rounds * 256 + i);
+        be->write(d, host, 256);
+        memset(back, 0, sizeof back);
+        be->read(back, d, 256);
+        be->free(d);
+        if (memcmp(host, back, sizeof host)) c->bad++;
+        c->rounds++;
+    }
+    return NULL;
+}
+
+static void test_capture_beside_copies(void **state) {
+    (void)state;
+    osp_model *m;
+    if (osp_model_load("data/goldens/llama3", &m) != OSP_OK) fail_msg("%s", osp_last_error());
+    copier c = {0, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, copy_loop, &c), 0);
+    const int32_t prompt[4] = {1, 2, 3, 4}, row = 0;
+    for (int k = 0; k < 6; k++) {
+        osp_session *s;
+        assert_int_equal(osp_session_new(m, 1, 32, &s), OSP_OK);
+        osp_session_set_fast(s, 1);
+        int32_t next;
+        float *lg = malloc(sizeof(float) * 4096 * 4); /* (scratch for the ids-out forward: no row needs logits) */
+        assert_non_null(lg);
+        if (osp_forward_rows_ids(s, &row, 1, prompt, 4, NULL, lg, &next) != OSP_OK)
+            fail_msg("session %d, the prompt beside another thread's copies: %s", k, osp_last_error());
+        for (int t = 0; t < 6; t++) /* the second step of one row is captured, later ones replay it */
+            if (osp_forward_rows_ids(s, &row, 1, &next, 1, NULL, lg, &next) != OSP_OK)
+                fail_msg("session %d, decode step %d beside another thread's copies: %s", k, t, osp_last_error());
+        free(lg);
+        osp_session_free(s);
+    }
+    c.stop = 1;
+    pthread_join(th, NULL);
+    osp_model_free(m);
+    if (c.bad) fail_msg("%ld of %ld copies came back wrong beside the captures", c.bad, c.rounds);
+    assert_true(c.rounds > 0);
+}
+
 int main(void) {
     be = osp_backend_cuda();
     if (!be) {
@@ -1104,6 +1167,7 @@ int main(void) {
         cmocka_unit_test(test_fuse_tail),
         cmocka_unit_test(test_fuse_attention),
         cmocka_unit_test(test_attn_compact),
+        cmocka_unit_test(test_capture_beside_copies),
         cmocka_unit_test(test_bandwidth_probe),
     };
     const char *only = getenv("OSP_TEST_ONLY"); /* a test's name (cmocka's filter: * and ? match) */

@@ -2066,30 +2066,6 @@ template <bool CG> __device__ __forceinline__ float combine_one(const float *pp,
     return __fdiv_rn(o, l);
 }
 
-// cnt (several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
-// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows. Called by
-// every thread of a split's block once its partials are written.
-__device__ __forceinline__ void last_split_combines(const osp_cu_attn &a, const float *part, int32_t nsplit,
-                                                    unsigned *cnt, int64_t row, int32_t hk, int32_t z, int32_t lo,
-                                                    int32_t p, int64_t pbase) {
-    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
-    __shared__ int last;
-    const int32_t nz = min((p - lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
-    unsigned *c = cnt + row * Hkv + hk;
-    __threadfence(); // this block's partials, visible to the last block before it counts this one
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        const float *pp = part + (pbase - z + (int64_t)g * nsplit) * (D + 2);
-        a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
-    }
-    if (threadIdx.x == 0) *c = 0;
-}
-
 // Both attention kernels' common steps (any block size: loops stride by blockDim.x):
 // a block's query row (b * T + t), KV head, split z and its positions [j0, j1) of the query's [lo, p];
 // positions before cend come from the cache; pbase: the block's first partial (+ g * nsplit for head g)
@@ -2121,18 +2097,41 @@ __device__ __forceinline__ bool att_load(const osp_cu_attn &a, const att_blk &k,
     return own;
 }
 
+// cnt (several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
+// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows. Called by
+// every thread of a split's block once its partials are written.
+__device__ __forceinline__ void last_split_combines(const osp_cu_attn &a, const float *part, int32_t nsplit,
+                                                    unsigned *cnt, const att_blk &k) {
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
+    const int64_t row = k.row;
+    __shared__ int last;
+    const int32_t nz = min((k.p - k.lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
+    unsigned *c = cnt + row * Hkv + k.hk;
+    __threadfence(); // this block's partials, visible to the last block before it counts this one
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+        const int g = i / D, d = i % D;
+        const float *pp = part + (k.pbase - k.z + (int64_t)g * nsplit) * (D + 2);
+        a.out[(row * a.n_heads + (int64_t)k.hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
+    }
+    if (threadIdx.x == 0) *c = 0;
+}
+
 // a.rope: the block rotates its q heads qs [G][D] and, holding the query's own position (own), that k row krot,
 // and stores it and the v row (rope_rot, kv_store: the numbers of the RoPE launch and the store it replaces)
-__device__ __forceinline__ void split_rope(const osp_cu_attn &a, const osp_cu_kvrow &R, float *qs, float *krot,
-                                           bool own, int64_t own_row, int32_t t, int32_t hk) {
-    const int32_t D = a.L.head_dim, G = a.n_heads / a.L.n_kv_heads, half = D / 2, pp = R.pos + t;
+__device__ __forceinline__ void split_rope(const osp_cu_attn &a, const att_blk &k, float *qs, float *krot, bool own) {
+    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv, half = D / 2, pp = k.R.pos + k.t;
     for (int i = threadIdx.x; i < G * half; i += blockDim.x) rope_rot(qs + (i / half) * D, i % half, half, pp, a.rope_inv);
     if (own)
         for (int i = threadIdx.x; i < half; i += blockDim.x) rope_rot(krot, i, half, pp, a.rope_inv);
     __syncthreads();
     if (own) {
-        kv_store(a.L, R, kv_slot(a.L, pp), hk, 0, krot);
-        kv_store(a.L, R, kv_slot(a.L, pp), hk, 1, a.v + own_row);
+        kv_store(a.L, k.R, kv_slot(a.L, pp), k.hk, 0, krot);
+        kv_store(a.L, k.R, kv_slot(a.L, pp), k.hk, 1, a.v + (((int64_t)k.b * a.T + k.t) * Hkv + k.hk) * D);
     }
 }
 
@@ -2159,13 +2158,14 @@ __device__ __forceinline__ void split_softmax(float *ps, float *stat, int G, int
 // the output of one split (a.out), or the split's partials (max, sum, unnormalized output): the nsub subsets'
 // sums red [nsub][G][D] added in subset order; then, with counters, the last split combines
 __device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, int32_t nsplit, unsigned *cnt,
-                                            const float *red, const float *stat, int nsub, int64_t row, int32_t hk,
-                                            int32_t z, int32_t lo, int32_t p, int64_t pbase) {
+                                            const float *red, const float *stat, int nsub, const att_blk &k) {
     const int32_t D = a.L.head_dim, G = a.n_heads / a.L.n_kv_heads;
+    const int64_t row = k.row, pbase = k.pbase;
+    const int32_t hk = k.hk;
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
         const int g = i / D, d = i % D;
         float o = red[i];
-        for (int k = 1; k < nsub; k++) o = __fadd_rn(o, red[(int64_t)k * G * D + i]);
+        for (int u = 1; u < nsub; u++) o = __fadd_rn(o, red[(int64_t)u * G * D + i]);
         const float m = stat[2 * g], l = stat[2 * g + 1];
         if (nsplit == 1) {
             a.out[(row * a.n_heads + (int64_t)hk * G + g) * D + d] = __fdiv_rn(o, l);
@@ -2175,10 +2175,10 @@ __device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, i
             po[2 + d] = o;
         }
     }
-    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, row, hk, z, lo, p, pbase);
+    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, k);
 }
 
-// GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (OSP_CUDA_FUSE=2,
+// GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (FUSE_COMBINE,
 // several splits): last_split_combines.
 template <int GM>
 __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
@@ -2189,8 +2189,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     float *ps = qs + G * D * (ATT_S / (D / 4)); // [G][ATT_S] (qs: q [G][D], later [nsub][G][D])
     float *stat = ps + G * ATT_S;          // [G]: tile max, then correction
     const att_blk k = att_block(a, nsplit);
-    const int64_t row = k.row, pbase = k.pbase;
-    const int32_t hk = k.hk, z = k.z, b = k.b, t = k.t, lo = k.lo, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1;
+    const int32_t hk = k.hk, b = k.b, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1;
     const osp_cu_kvrow &R = k.R;
     if (j0 > p) return; // an empty split: the combine reads a query's own splits only
     pdl_wait();
@@ -2199,8 +2198,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
     // the query's own position rotates that k row too and stores it and the v row (split_rope)
     float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned (read as float4)
     const bool own = att_load(a, k, qs, krot);
-    const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
-    if (a.rope) split_rope(a, R, qs, krot, own, own_row, t, hk);
+    if (a.rope) split_rope(a, k, qs, krot, own);
     // scores: a thread per position, all G heads
     const int32_t j = j0 + threadIdx.x;
     float sc[GM];
@@ -2302,12 +2300,12 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 #pragma unroll
                 for (int e = 0; e < 4; e++) red[((int64_t)sub * G + g) * D + d4 + e] = acc[g][e];
     __syncthreads();
-    split_write(a, part, nsplit, cnt, red, stat, nsub, row, hk, z, lo, p, pbase);
+    split_write(a, part, nsplit, cnt, red, stat, nsub, k);
 }
 
 // ---- attention, compact (osp_cu_attn.compact): the splits of attn_split_kernel and their partials (and its
-// RoPE taken in, and its last split's combine), for an f32 cache, in code that loops instead of unrolling. A decode step's attention is a few
-// blocks on cold instruction caches (ncu: half its stalls wait for an instruction fetch), so it runs short
+// RoPE taken in, and its last split's combine), for an f32 cache, in code that loops instead of unrolling. A
+// decode step's attention is a few blocks on cold instruction caches (ncu: half its stalls wait for an instruction fetch), so it runs short
 // loops over few instructions: a K row's 64 dimensions held once and reused for each head, a unit of the
 // output (4 dimensions of a head over a subset of positions) a loop step with 16 V rows in flight. Every sum
 // is the split kernel's, in its order: the numbers are the same (test_attn_compact), so which kernel a step
@@ -2325,9 +2323,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
     float *ps = qs + G * D * nsub;      // [G][ATT_S]
     float *stat = ps + G * ATT_S;       // [G]: max, sum
     const att_blk k = att_block(a, nsplit);
-    const int64_t row = k.row, pbase = k.pbase;
-    const int32_t hk = k.hk, z = k.z, b = k.b, t = k.t, lo = k.lo, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1;
-    const int32_t nj = j1 - j0;
+    const int32_t hk = k.hk, b = k.b, p = k.p, cend = k.cend, j0 = k.j0, j1 = k.j1, nj = j1 - j0;
     const osp_cu_kvrow &R = k.R;
     if (j0 > p) return;
     pdl_wait();
@@ -2336,8 +2332,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
     // a.rope: the split kernel's rotation of q, and of the own k row, stored with v
     float *krot = stat + ((2 * G + 3) & ~3); // [D], 16-byte aligned
     const bool own = att_load(a, k, qs, krot);
-    const int64_t own_row = (((int64_t)b * a.T + t) * Hkv + hk) * D;
-    if (a.rope) split_rope(a, R, qs, krot, own, own_row, t, hk);
+    if (a.rope) split_rope(a, k, qs, krot, own);
     // scores: position jl, heads g0, g0 + gs, ... (the split kernel's sums: dimensions in order)
     const int jl = tid % ATT_S, g0 = tid / ATT_S, gs = ATD_NT / ATT_S;
     if (jl < nj) {
@@ -2408,7 +2403,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
         r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
     }
     __syncthreads();
-    split_write(a, part, nsplit, cnt, qs, stat, nsub, row, hk, z, lo, p, pbase);
+    split_write(a, part, nsplit, cnt, qs, stat, nsub, k);
 }
 
 // a block per (query, head): combine_one over the query's own splits

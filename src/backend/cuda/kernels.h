@@ -169,8 +169,8 @@ typedef struct osp_cu_attn {
      * would */
     int32_t rope;
     const float *rope_inv;
-    /* attn_dec_kernel (an f32 cache, any rope and counters): the compact kernel, the same partials and scores,
-     * the output's positions summed in another order (OSP_CUDA_ATTC) */
+    /* attn_dec_kernel (an f32 cache, any rope and counters): the compact kernel, every sum in the split
+     * kernel's order, so the same numbers (OSP_CUDA_ATTC) */
     int32_t compact;
 } osp_cu_attn;
 

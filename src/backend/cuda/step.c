@@ -57,6 +57,16 @@ static void profile_window(int32_t B, int32_t T) {
     seen++;
 }
 
+/* a capture in progress ends, its graph dropped (and the capture lock let go) */
+static void drop_capture(osp_be_session *s) {
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(s->st, &g);
+    osp_cu_legacy_unlock();
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    s->cap_err = 0;
+}
+
 static void drop_graphs(osp_be_session *s) {
     for (int i = 0; i < s->n_graphs; i++) cudaGraphExecDestroy(s->graphs[i].exec);
     s->n_graphs = 0;
@@ -111,11 +121,7 @@ osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
 
 void osp_cu_step_free(osp_be_session *s) {
     if (s->mode == STEP_CAPTURE) { /* a capture left open ends (and its lock goes), its step not run */
-        cudaGraph_t g = NULL;
-        cudaStreamEndCapture(s->st, &g);
-        osp_cu_legacy_unlock();
-        if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
+        drop_capture(s);
         s->mode = STEP_EAGER;
     }
     drop_graphs(s);
@@ -194,14 +200,7 @@ static void run_log(osp_be_session *s) {
 }
 
 void osp_cu_step_eager(osp_be_session *s) {
-    if (s->mode == STEP_CAPTURE) {
-        cudaGraph_t g = NULL;
-        cudaStreamEndCapture(s->st, &g);
-        osp_cu_legacy_unlock();
-        if (g) cudaGraphDestroy(g);
-        cudaGetLastError();
-        s->cap_err = 0;
-    }
+    if (s->mode == STEP_CAPTURE) drop_capture(s);
     if (s->mode != STEP_EAGER) run_log(s);
 }
 

@@ -163,6 +163,25 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
 osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
                                 int32_t n_tok, const uint8_t *need_logits, float *logits, int32_t *next);
 
+/* Greedy decoding as a chain of steps, so that a GPU need not wait for the
+ * host between them. With ids [nb] (a chain begins): the step of the rows
+ * (one token each) fed with ids is queued; prev is not used. With ids NULL
+ * (the chain goes on, the same rows): prev[nb] = the greedy tokens of the
+ * step fed with the last ids (given or given back), and the step fed with
+ * prev is queued, on a GPU before prev reached the host. The tokens are
+ * osp_forward_rows_ids's, call for call. logits: [nb, vocab] scratch.
+ * osp_forward_chain_end ends a chain: keep 1 finishes the step fed with the
+ * last ids given back (last[nb] = its tokens, or NULL); keep 0 undoes it,
+ * as if it never ran (the rows stay at the position after those ids).
+ * While a chain is in flight the session takes no other forward call, and
+ * its rows no other operation. */
+osp_status osp_forward_rows_chain(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, float *logits,
+                                  int32_t *prev);
+osp_status osp_forward_chain_end(osp_session *s, int keep, float *logits, int32_t *last);
+/* 1 when a chain can gain anything here (the device queues steps: a GPU); 0 on the CPU, where a chain computes
+ * what osp_forward_rows_ids does, one step later. */
+int osp_session_chain_queues(const osp_session *s);
+
 /* Row operations (KV cache). Trim forgets a row's last n positions.
  * A speculative round: round_begin records every row's position,
  * rollback(keep) keeps keep[b] of the tokens row b added since (one entry

@@ -11,7 +11,14 @@
  *   only, some with logits): ids == the sampler's choice on the plain
  *   logits, and the wanted rows' logits are the plain ones, bitwise.
  * - A stream fed ids (osp_generate takes that path when greedy) reports the
- *   same tokens, text, finish and counts as one fed logits. */
+ *   same tokens, text, finish and counts as one fed logits.
+ * - Chains of greedy steps (osp_forward_rows_chain), every golden model,
+ *   both precisions, with and without a spare ring slot, fed ahead and from
+ *   the host (OSP_CHAIN=0): the tokens of plain greedy steps, call for call,
+ *   up to the context's end (where a chain stops queuing); a chain ended
+ *   with its last step undone leaves the rows where plain decoding
+ *   continues them, bitwise; a forward call or other rows while a chain is
+ *   in flight are refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -185,6 +192,106 @@ static void test_goldens(void **st) {
     print_message("%ld ids and logit rows checked\n", n_checked);
 }
 
+/* ---- chains of greedy steps against plain ids out ---- */
+
+#define CHAIN_CTX 32 /* past the sliding goldens' window of 8 */
+#define CHAIN_STEPS (CHAIN_CTX - 7)
+
+static long n_chained;
+
+static osp_session *chain_session(osp_model *m, int fast, int spare) {
+    osp_session_opts o = {.n_rows = R, .max_ctx = CHAIN_CTX, .spare = spare};
+    osp_session *s;
+    assert_int_equal(osp_session_new_opts(m, &o, &s), OSP_OK);
+    osp_session_set_fast(s, fast);
+    return s;
+}
+
+/* rows prefilled alone (1, 4 and 7 prompt tokens), their first greedy tokens into first */
+static void chain_prefill(osp_session *s, const golden *g, float *lg, int32_t *first) {
+    static const int32_t len[R] = {1, 4, 7};
+    for (int32_t b = 0; b < R; b++) assert_int_equal(osp_forward_rows_ids(s, &b, 1, g->ids, len[b], NULL, lg, first + b), OSP_OK);
+}
+
+static void chain_model(const char *name, int fast, int spare, int ahead) {
+    char dir[256], what[160];
+    snprintf(dir, sizeof dir, "data/goldens/%s", name);
+    snprintf(what, sizeof what, "%s (%s, spare %d, %s)", name, fast ? "fast" : "reference", spare,
+             ahead ? "ahead" : "from the host");
+    setenv("OSP_CHAIN", ahead ? "1" : "0", 1); /* (read by each session's first chain) */
+    osp_model *m;
+    golden g;
+    assert_int_equal(osp_model_load(dir, &m), OSP_OK);
+    assert_int_equal(golden_load(dir, &g), 0);
+    const int32_t V = osp_model_get_info(m)->vocab;
+    float *lg = malloc(sizeof(float) * R * V);
+    int32_t rows[R] = {0, 1, 2}, first[R], f2[R], cur[R], tok[CHAIN_STEPS][R], got[R];
+    /* plain greedy steps until the longest row fills the context */
+    osp_session *sa = chain_session(m, fast, spare);
+    chain_prefill(sa, &g, lg, first);
+    memcpy(cur, first, sizeof cur);
+    for (int32_t k = 0; k < CHAIN_STEPS; k++) {
+        assert_int_equal(osp_forward_rows_ids(sa, rows, R, cur, 1, NULL, lg, tok[k]), OSP_OK);
+        memcpy(cur, tok[k], sizeof cur);
+    }
+    assert_int_equal(osp_session_row_pos(sa, 2), CHAIN_CTX);
+    /* the whole way as a chain: step k's tokens come back with call k + 1, the last with the end */
+    osp_session *sb = chain_session(m, fast, spare);
+    chain_prefill(sb, &g, lg, f2);
+    assert_memory_equal(first, f2, sizeof first);
+    assert_int_equal(osp_forward_rows_chain(sb, rows, R, first, lg, NULL), OSP_OK);
+    assert_int_equal(osp_forward_rows(sb, rows, R, first, 1, 0, lg), OSP_ERR_INVALID); /* in flight: refused */
+    assert_int_equal(osp_forward_rows_ids(sb, rows, R, first, 1, NULL, lg, got), OSP_ERR_INVALID);
+    int32_t other[R] = {2, 1, 0};
+    assert_int_equal(osp_forward_rows_chain(sb, other, R, NULL, lg, got), OSP_ERR_INVALID);
+    assert_int_equal(osp_forward_rows_chain(sb, rows, R, first, lg, NULL), OSP_ERR_INVALID); /* one chain at a time */
+    for (int32_t k = 1; k < CHAIN_STEPS; k++) {
+        assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_OK);
+        if (memcmp(got, tok[k - 1], sizeof got))
+            fail_msg("%s: chained step %d: %d %d %d, plain %d %d %d", what, k - 1, got[0], got[1], got[2], tok[k - 1][0],
+                     tok[k - 1][1], tok[k - 1][2]);
+        n_chained += R;
+    }
+    assert_int_equal(osp_forward_chain_end(sb, 1, lg, got), OSP_OK);
+    assert_memory_equal(got, tok[CHAIN_STEPS - 1], sizeof got);
+    for (int32_t b = 0; b < R; b++) assert_int_equal(osp_session_row_pos(sb, b), osp_session_row_pos(sa, b));
+    assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_ERR_INVALID); /* ended */
+    /* stopped early: the step fed with the last tokens given back is undone, and plain steps go on from there */
+    for (int32_t stop = 1; stop < CHAIN_STEPS - 1; stop += 5) {
+        osp_session *sc = chain_session(m, fast, spare);
+        chain_prefill(sc, &g, lg, f2);
+        assert_int_equal(osp_forward_rows_chain(sc, rows, R, first, lg, NULL), OSP_OK);
+        for (int32_t k = 1; k <= stop; k++) {
+            assert_int_equal(osp_forward_rows_chain(sc, rows, R, NULL, lg, got), OSP_OK);
+            assert_memory_equal(got, tok[k - 1], sizeof got);
+        }
+        assert_int_equal(osp_forward_chain_end(sc, 0, NULL, NULL), OSP_OK);
+        assert_int_equal(osp_session_row_pos(sc, 2), 7 + stop);
+        memcpy(cur, got, sizeof cur);
+        for (int32_t k = stop; k < CHAIN_STEPS; k++) {
+            assert_int_equal(osp_forward_rows_ids(sc, rows, R, cur, 1, NULL, lg, got), OSP_OK);
+            if (memcmp(got, tok[k], sizeof got)) fail_msg("%s: stopped after %d, plain step %d differs", what, stop, k);
+            memcpy(cur, got, sizeof cur);
+        }
+        osp_session_free(sc);
+    }
+    free(lg);
+    osp_session_free(sa), osp_session_free(sb);
+    golden_free(&g);
+    osp_model_free(m);
+    unsetenv("OSP_CHAIN");
+}
+
+static void test_chain(void **st) {
+    (void)st;
+    for (size_t i = 0; i < N_GOLDEN_MODELS; i++)
+        for (int fast = 0; fast < 2; fast++) {
+            chain_model(GOLDEN_MODELS[i], fast, 0, 1);
+            chain_model(GOLDEN_MODELS[i], fast, 1, fast); /* (a spare slot: queued past the window) */
+        }
+    print_message("%ld chained tokens checked\n", n_chained);
+}
+
 /* ---- a stream fed ids against one fed logits ---- */
 
 static const int32_t PROMPT[] = {2, 3, 3428, 204, 791, 352, 264, 860, 19, 4, 204, 3, 82, 339, 342, 204};
@@ -270,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_argmax_edges),
         cmocka_unit_test(test_takes_argmax),
         cmocka_unit_test(test_goldens),
+        cmocka_unit_test(test_chain),
         cmocka_unit_test(test_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

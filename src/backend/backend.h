@@ -69,7 +69,11 @@ typedef struct osp_attn_args {
  * soft-cap: the first index of the largest value, NaN never chosen, 0 when
  * every value is NaN), and only the rows with need[b] != 0 are sure to
  * have their logits written (need NULL: none); the other rows' blocks of
- * `logits` are scratch. On a GPU only B ids and the needed rows come back. */
+ * `logits` are scratch. On a GPU only B ids and the needed rows come back.
+ *
+ * Deferred ids (defer_ids, with ids and need NULL): head may return while
+ * the step still runs; the ids are written into `ids` by the ids_wait that
+ * follows (a backend without ids_wait writes them before head returns). */
 typedef struct osp_head_args {
     const osp_dbuf *x;           /* [B*T, hidden] */
     const osp_dbuf *norm;        /* [hidden] */
@@ -81,6 +85,7 @@ typedef struct osp_head_args {
     float *logits;
     int32_t *ids;                /* [B] host, or NULL: no ids out */
     const uint8_t *need;         /* [B] host, with ids: the rows whose logits are wanted too */
+    int defer_ids;               /* the ids may come later (ids_wait) */
     osp_dbuf *xn, *hlast;        /* scratch [B*T, hidden], [B, hidden] */
 } osp_head_args;
 
@@ -217,6 +222,15 @@ typedef struct osp_backend {
                  const osp_dbuf *inv_freq, const int32_t *pos);
     /* x[i] = row ids[i] of e (host ids), times scale when scale != 1 */
     void (*embed)(osp_be_session *s, const osp_weight *e, float scale, const int32_t *ids, int64_t n, osp_dbuf *x);
+    /* The same with ids = the greedy tokens the previous chunk's head took (its ids out, the same n rows), read
+     * where they were taken: a step fed by the step before it, queued before its ids reach the host
+     * (osp_forward_rows_chain). NULL, or can_embed_prev(e) == 0 (the table is not where the ids are): not
+     * available, and the caller passes host ids to embed. */
+    int (*can_embed_prev)(const osp_weight *e);
+    void (*embed_prev)(osp_be_session *s, const osp_weight *e, float scale, int64_t n, osp_dbuf *x);
+    /* Wait for the oldest head run with defer_ids whose ids have not been waited for, and write its ids where
+     * its arguments said; OSP_OK, or the failure of that step. NULL: heads never defer. */
+    osp_status (*ids_wait)(osp_be_session *s);
     void (*attention)(osp_be_session *s, const osp_attn_args *a);
     /* store a chunk's K/V in the cache (see osp_kv_write) */
     void (*kv_write)(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,

@@ -102,10 +102,31 @@ static void probe_close(bw_probe *pr) {
     osp_free(pr->tr.a), osp_free(pr->tr.b), osp_free(pr->tr.c);
 }
 
+/* Greedy decode steps of the rows, each fed with next: a chain of steps
+ * where the device queues them (osp_forward_rows_chain, as generate takes a
+ * greedy stream's tokens there; next then gets the tokens of the step
+ * before), else one osp_forward_rows_ids a step (next gets its tokens).
+ * --no-chain: always the latter. bench_end finishes a chain's last step. */
+static int no_chain;
+
+static int bench_step(osp_session *s, const int32_t *rows, int32_t nb, int32_t *next, float *logits, int *chained) {
+    if (no_chain || !osp_session_chain_queues(s)) return osp_forward_rows_ids(s, rows, nb, next, 1, NULL, logits, next) == OSP_OK;
+    osp_status rc = *chained ? osp_forward_rows_chain(s, rows, nb, NULL, logits, next)
+                             : osp_forward_rows_chain(s, rows, nb, next, logits, NULL);
+    *chained = rc == OSP_OK;
+    return rc == OSP_OK;
+}
+
+static int bench_end(osp_session *s, float *logits, int32_t *next, int *chained) {
+    if (!*chained) return 1;
+    *chained = 0;
+    return osp_forward_chain_end(s, 1, logits, next) == OSP_OK;
+}
+
 /* Seconds for n greedy decode steps of one sequence after a p-token
  * prefill, on a session of its own; < 0 on failure. Each step's token is
- * taken by the backend (osp_forward_rows_ids), as the server and generate
- * take a greedy stream's. */
+ * taken by the backend (bench_step), as the server and generate take a
+ * greedy stream's. */
 static double single_stream_s(osp_model *m, const osp_session_opts *like, const int32_t *ids, int p, int n, int fast) {
     const osp_model_info *in = osp_model_get_info(m);
     osp_session_opts so = *like;
@@ -118,8 +139,9 @@ static double single_stream_s(osp_model *m, const osp_session_opts *like, const 
     int32_t row = 0, best;
     if (logits && osp_forward_rows_ids(s, &row, 1, ids, p, NULL, logits, &best) == OSP_OK) {
         double t0 = osp_now_s();
-        int ok = 1;
-        for (int i = 0; i < n && ok; i++) ok = osp_forward_rows_ids(s, &row, 1, &best, 1, NULL, logits, &best) == OSP_OK;
+        int ok = 1, chained = 0;
+        for (int i = 0; i < n && ok; i++) ok = bench_step(s, &row, 1, &best, logits, &chained);
+        if (ok) ok = bench_end(s, logits, &best, &chained);
         if (ok) dt = osp_now_s() - t0;
     }
     free(logits);
@@ -134,9 +156,11 @@ static int cmp_double(const void *a, const void *b) {
 
 static int usage(void) {
     fprintf(stderr, "usage: osprey bench [--model MODEL] [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-t THREADS] [--json] "
-                    "[--precise] [--concurrency N] [--kv-bits 4|8|16|32] [--kv-group-size G]\n"
+                    "[--precise] [--no-chain] [--concurrency N] [--kv-bits 4|8|16|32] [--kv-group-size G]\n"
                     "         [--device cpu|cuda|auto]\n" OSP_CLI_DEVICE_HELP
                     "  --precise: reference precision (f32 activations) instead of the production path\n"
+                    "  --no-chain: on a GPU, each decode step waits for its tokens before the next is queued (by\n"
+                    "              default the next step is queued first, fed with them on the GPU)\n"
                     "  --concurrency N: N sequences decoded together (each prefilled alone first); decode_tok_s is\n"
                     "                   then the aggregate over all streams, and one sequence alone is decoded\n"
                     "                   before and after in the same run for the speedup (batch_speedup)\n"
@@ -175,6 +199,7 @@ int osp_cmd_bench(int argc, char **argv) {
         else if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--threads")) && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--precise")) fast = 0;
+        else if (!strcmp(argv[i], "--no-chain")) no_chain = 1;
         else if ((!strcmp(argv[i], "--concurrency") || !strcmp(argv[i], "-np")) && i + 1 < argc) conc = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv-bits") && i + 1 < argc) kv_bits = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--kv-group-size") && i + 1 < argc) kv_group = atoi(argv[++i]);
@@ -257,16 +282,34 @@ int osp_cmd_bench(int argc, char **argv) {
      * and its bandwidth says nothing about such a model's speed) */
     int every = n / 16 > 0 ? n / 16 : 1, trial = 0, interleave = in->decode_bytes >= BENCH_INTERLEAVE_BYTES;
     double t_decode = 0;
+    int chained = 0;
     for (int i = 0; i < n; i++) {
-        if (interleave && i % every == 0) probe_trial(on_dev || trial++ % 2 == 0 ? &bw_huge : &bw_4k);
+        if (interleave && i % every == 0) {
+            double te = osp_now_s(); /* (a chain's step in flight finishes first: its time is the step's before) */
+            if (chained && !bench_end(s, logits, next, &chained)) {
+                rc = osp_cli_fail("bench");
+                goto done;
+            }
+            if (i > 0) step[i - 1] += osp_now_s() - te, t_decode += osp_now_s() - te;
+            probe_trial(on_dev || trial++ % 2 == 0 ? &bw_huge : &bw_4k);
+        }
         double ts = osp_now_s();
-        /* greedy: the backend takes each row's token (only the ids come back from a GPU) */
-        if (osp_forward_rows_ids(s, all, conc, next, 1, NULL, logits, next) != OSP_OK) {
+        /* greedy: the backend takes each row's token (only the ids come back from a GPU); in a chain, this call
+         * waits for the step before */
+        if (!bench_step(s, all, conc, next, logits, &chained)) {
             rc = osp_cli_fail("bench");
             goto done;
         }
         step[i] = osp_now_s() - ts;
         t_decode += step[i];
+    }
+    {
+        double te = osp_now_s();
+        if (!bench_end(s, logits, next, &chained)) {
+            rc = osp_cli_fail("bench");
+            goto done;
+        }
+        step[n - 1] += osp_now_s() - te, t_decode += osp_now_s() - te;
     }
     while (bw_huge.trials < 8 || (!on_dev && bw_4k.trials < 8))
         probe_trial(on_dev || bw_huge.trials <= bw_4k.trials ? &bw_huge : &bw_4k);

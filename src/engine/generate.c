@@ -337,11 +337,31 @@ osp_status osp_generate(osp_session *s, const osp_tokenizer *tok, const int32_t 
                : osp_forward(s, prompt, n_prompt, 0, logits);
     double forward_s = 0;
     osp_status src = OSP_OK;
-    while (rc == OSP_OK && (by_id ? osp_stream_next_id(g, id, osp_session_row_pos(s, 0), &next, &src)
-                                  : osp_stream_next(g, logits, osp_session_row_pos(s, 0), &next, &src))) {
-        double tf = osp_now_s();
-        rc = by_id ? osp_forward_rows_ids(s, &row, 1, &next, 1, NULL, logits, &id) : osp_forward(s, &next, 1, 0, logits);
-        forward_s += osp_now_s() - tf;
+    if (by_id && osp_session_chain_queues(s)) {
+        /* on a GPU, a chain: the step fed with a token is queued before that token reaches the host, so the GPU
+         * does not wait for the stream's work (the step after the last token is undone) */
+        int32_t pos = osp_session_row_pos(s, 0); /* the row's, without a step in flight */
+        int chained = 0;
+        while (rc == OSP_OK && osp_stream_next_id(g, id, pos, &next, &src)) {
+            double tf = osp_now_s();
+            if (!chained) {
+                rc = osp_forward_rows_chain(s, &row, 1, &next, logits, NULL);
+                chained = rc == OSP_OK;
+            }
+            if (rc == OSP_OK) rc = osp_forward_rows_chain(s, &row, 1, NULL, logits, &id);
+            pos++;
+            forward_s += osp_now_s() - tf;
+        }
+        osp_status e = osp_forward_chain_end(s, 0, NULL, NULL);
+        if (rc == OSP_OK) rc = e;
+    } else {
+        while (rc == OSP_OK && (by_id ? osp_stream_next_id(g, id, osp_session_row_pos(s, 0), &next, &src)
+                                      : osp_stream_next(g, logits, osp_session_row_pos(s, 0), &next, &src))) {
+            double tf = osp_now_s();
+            rc = by_id ? osp_forward_rows_ids(s, &row, 1, &next, 1, NULL, logits, &id)
+                       : osp_forward(s, &next, 1, 0, logits);
+            forward_s += osp_now_s() - tf;
+        }
     }
     if (rc == OSP_OK) rc = src;
     *st = g->st;

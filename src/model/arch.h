@@ -44,9 +44,12 @@ typedef struct osp_arch_ops {
 
     /* One chunk of s's current batch: ids [nb, T]; logits as osp_forward
      * writes them, or NULL for an intermediate prefill chunk. Advances the
-     * rows' positions by T. */
+     * rows' positions by T. With prev_ids, ids may be NULL in a one-token
+     * step: the greedy tokens the previous step's head took, where it took
+     * them (the backend's embed_prev; osp_forward_rows_chain). */
     osp_status (*forward_chunk)(struct osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
                                 int64_t ld_rows);
+    int prev_ids;
 } osp_arch_ops;
 
 /* The table serving an "architectures" name (or, when that is NULL, a

@@ -5,14 +5,17 @@
  *
  * Input ids [B, T]; row b continues at its own position kv->pos[b]. All
  * math is the backend's; reference precision is f32 throughout. */
+#include <stdlib.h>
 #include <string.h>
 #include "core/threadpool.h"
 #include "model.h"
 
 /* out_ids: the last chunk's head also takes each row's greedy token (see
- * osp_forward_rows_ids); NULL for plain logits. */
+ * osp_forward_rows_ids); NULL for plain logits. defer: its head may defer
+ * them (a chain's step); ids NULL: a chain's step fed with the ids of the
+ * step before it, where they are (arch prev_ids, backend embed_prev). */
 static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
-                               int all_logits, float *logits, int32_t *out_ids, const uint8_t *need) {
+                               int all_logits, float *logits, int32_t *out_ids, const uint8_t *need, int defer) {
     const osp_config *c = &s->m->cfg;
     osp_kv *kv = s->kv;
     if (n_tok <= 0) return osp_err(OSP_ERR_INVALID, "forward needs at least one token per row");
@@ -25,7 +28,7 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
         if ((int64_t)kv->pos[r] + n_tok > kv->max_ctx)
             return osp_err(OSP_ERR_RANGE, "row %d: %d + %d tokens exceed the context of %d", r, kv->pos[r], n_tok,
                            kv->max_ctx);
-        for (int32_t t = 0; t < n_tok; t++) {
+        for (int32_t t = 0; ids && t < n_tok; t++) {
             int32_t id = ids[(int64_t)b * n_tok + t];
             if (id < 0 || id >= c->vocab)
                 return osp_err(OSP_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", id, c->vocab - 1);
@@ -37,7 +40,7 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
     int32_t step = s->sc.max_tok / nb;
     for (int32_t t0 = 0; t0 < n_tok; t0 += step) {
         int32_t T = n_tok - t0 < step ? n_tok - t0 : step;
-        for (int32_t b = 0; b < nb; b++)
+        for (int32_t b = 0; ids && b < nb; b++)
             memcpy(s->sc.ids + (int64_t)b * T, ids + (int64_t)b * n_tok + t0, sizeof(int32_t) * T);
         int last = t0 + T >= n_tok;
         float *dst = all_logits ? logits + (int64_t)t0 * c->vocab : logits;
@@ -45,25 +48,159 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
         for (int32_t b = 0; b < nb; b++) s->sc.bpos[b] = kv->pos[rows[b]];
         s->head_ids = last ? out_ids : NULL;
         s->head_need = need;
+        s->head_defer = defer;
         s->be->begin_chunk(s->bs, nb, T);
-        osp_status rc = c->arch->forward_chunk(s, s->sc.ids, T, all_logits, dst, n_tok);
-        s->head_ids = NULL, s->head_need = NULL;
+        osp_status rc = c->arch->forward_chunk(s, ids ? s->sc.ids : NULL, T, all_logits, dst, n_tok);
+        s->head_ids = NULL, s->head_need = NULL, s->head_defer = 0;
         OSP_TRY(rc);
         OSP_TRY(s->be->status(s->bs));
     }
     return OSP_OK;
 }
 
+#define NO_CHAIN(s)                                                                                              \
+    if ((s)->chain) return osp_err(OSP_ERR_INVALID, "a chain of greedy steps is in flight: end it first")
+
 osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
                             int all_logits, float *logits) {
-    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL);
+    NO_CHAIN(s);
+    if (!ids) return osp_err(OSP_ERR_INVALID, "forward without token ids");
+    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL, 0);
 }
 
 osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
                                 const uint8_t *need_logits, float *logits, int32_t *next) {
-    if (!logits || !next) return osp_err(OSP_ERR_INVALID, "forward with ids out needs a logits area and the ids' room");
-    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits);
+    NO_CHAIN(s);
+    if (!logits || !next || !ids)
+        return osp_err(OSP_ERR_INVALID, "forward with ids out needs token ids, a logits area and the ids' room");
+    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits, 0);
 }
+
+/* ---- chains of greedy steps (osp_forward_rows_chain) ----
+ *
+ * A chain keeps the step fed with the last ids it gave back in flight: its
+ * head defers its ids (a GPU's come back later, osp_backend.ids_wait). Going
+ * on, the next step is queued before the in-flight one's ids are waited for,
+ * fed with them where they are (ahead), when the architecture and the
+ * backend can do that and the chain is on (OSP_CHAIN=0: not); otherwise the
+ * ids are waited for first and the next step is fed with them from the host.
+ * A step is queued only when every row has room for it and could go back
+ * one position afterwards (a sliding ring's spare slot: the caller may stop,
+ * and osp_forward_chain_end undoes that step); else the chain waits (lazy)
+ * and the next call runs it. The tokens are the same every way. */
+
+enum { CHAIN_NONE, CHAIN_FLIGHT, CHAIN_LAZY };
+
+static int32_t *chain_buf(osp_session *s, int which) {
+    return s->chain_ids + (size_t)(s->chain_buf ^ which) * (size_t)s->kv->n_rows;
+}
+
+/* a step of the chain may be queued now (room, and a way back) */
+static int chain_can_queue(const osp_session *s) {
+    for (int32_t b = 0; b < s->chain_nb; b++) {
+        int32_t p = s->kv->pos[s->chain_rows[b]];
+        if (p + 1 > s->kv->max_ctx || !osp_kv_resumable(s->kv, p + 1, p)) return 0;
+    }
+    return 1;
+}
+
+/* the next step may be fed with the in-flight step's ids where they are */
+static int chain_ahead(const osp_session *s) {
+    const osp_backend *be = s->be;
+    return s->chain_ahead && s->m->cfg.arch->prev_ids && be->ids_wait && be->embed_prev && be->can_embed_prev &&
+           be->can_embed_prev(osp_model_embed_rows(s->m));
+}
+
+static osp_status chain_wait(osp_session *s) { return s->be->ids_wait ? s->be->ids_wait(s->bs) : OSP_OK; }
+
+/* queue a step of the chain's rows fed with ids (host), or with the in-flight step's (NULL); its ids go to the
+ * other buffer, which becomes the in-flight step's */
+static osp_status chain_step(osp_session *s, const int32_t *ids, float *logits) {
+    osp_status rc = forward_rows(s, s->chain_rows, s->chain_nb, ids, 1, 0, logits, chain_buf(s, 1), NULL, 1);
+    s->chain_buf ^= 1;
+    s->chain = CHAIN_FLIGHT;
+    return rc;
+}
+
+/* a failure: what is queued is waited for, and the chain ends */
+static osp_status chain_fail(osp_session *s, osp_status rc) {
+    while (s->chain == CHAIN_FLIGHT && s->be->ids_wait && s->be->ids_wait(s->bs) == OSP_OK) {
+    }
+    s->chain = CHAIN_NONE;
+    return rc;
+}
+
+osp_status osp_forward_rows_chain(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, float *logits,
+                                  int32_t *prev) {
+    const osp_kv *kv = s->kv;
+    if (!logits) return osp_err(OSP_ERR_INVALID, "a chain of steps needs a logits area");
+    if (!s->chain_ids) {
+        s->chain_ids = malloc(sizeof(int32_t) * 2 * (size_t)kv->n_rows);
+        s->chain_rows = malloc(sizeof(int32_t) * (size_t)kv->n_rows);
+        if (!s->chain_ids || !s->chain_rows) return osp_err(OSP_ERR_NOMEM, "out of memory");
+        const char *e = getenv("OSP_CHAIN");
+        s->chain_ahead = !(e && !strcmp(e, "0"));
+    }
+    if (ids) { /* a chain begins */
+        NO_CHAIN(s);
+        if (nb <= 0 || nb > kv->n_rows) return osp_err(OSP_ERR_INVALID, "a chain of %d rows in a session of %d", nb, kv->n_rows);
+        for (int32_t b = 0; b < nb; b++) {
+            if (rows[b] < 0 || rows[b] >= kv->n_rows) return osp_err(OSP_ERR_INVALID, "row %d is not in the session", rows[b]);
+            if (ids[b] < 0 || ids[b] >= s->m->cfg.vocab)
+                return osp_err(OSP_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", ids[b], s->m->cfg.vocab - 1);
+        }
+        memcpy(s->chain_rows, rows, sizeof(int32_t) * (size_t)nb);
+        memcpy(chain_buf(s, 0), ids, sizeof(int32_t) * (size_t)nb);
+        s->chain_nb = nb;
+        s->chain = CHAIN_LAZY;
+        if (!chain_can_queue(s)) return OSP_OK;
+        osp_status rc = chain_step(s, chain_buf(s, 0), logits);
+        return rc == OSP_OK ? rc : chain_fail(s, rc);
+    }
+    if (!s->chain) return osp_err(OSP_ERR_INVALID, "no chain of greedy steps is in flight");
+    if (!prev) return osp_err(OSP_ERR_INVALID, "a chain's step gives back ids: no room for them");
+    if (nb != s->chain_nb || memcmp(rows, s->chain_rows, sizeof(int32_t) * (size_t)nb))
+        return osp_err(OSP_ERR_INVALID, "a chain's steps take the same rows");
+    osp_status rc = OSP_OK;
+    if (s->chain == CHAIN_LAZY) rc = chain_step(s, chain_buf(s, 0), logits); /* (the range checks are its own) */
+    if (rc != OSP_OK) return chain_fail(s, rc);
+    const int32_t *done = chain_buf(s, 0); /* the in-flight step's ids, once waited for */
+    if (!chain_can_queue(s)) {
+        rc = chain_wait(s);
+        s->chain = CHAIN_LAZY; /* (its ids are the next step's input: chain_buf 0) */
+    } else if (chain_ahead(s)) {
+        rc = chain_step(s, NULL, logits);
+        osp_status w = chain_wait(s); /* the step before it */
+        if (rc == OSP_OK) rc = w;
+    } else {
+        rc = chain_wait(s);
+        if (rc == OSP_OK) rc = chain_step(s, done, logits);
+    }
+    if (rc != OSP_OK) return chain_fail(s, rc);
+    memcpy(prev, done, sizeof(int32_t) * (size_t)nb);
+    return OSP_OK;
+}
+
+osp_status osp_forward_chain_end(osp_session *s, int keep, float *logits, int32_t *last) {
+    osp_status rc = OSP_OK;
+    if (s->chain == CHAIN_LAZY && keep) { /* the step fed with the last ids given back runs now */
+        if (!logits) return osp_err(OSP_ERR_INVALID, "a chain of steps needs a logits area");
+        rc = chain_step(s, chain_buf(s, 0), logits);
+        if (rc != OSP_OK) return chain_fail(s, rc);
+    }
+    if (s->chain == CHAIN_FLIGHT) {
+        rc = chain_wait(s);
+        if (rc == OSP_OK && keep && last) memcpy(last, chain_buf(s, 0), sizeof(int32_t) * (size_t)s->chain_nb);
+        for (int32_t b = 0; !keep && b < s->chain_nb; b++) { /* (chain_can_queue made sure they can) */
+            osp_status t = osp_kv_trim(s->kv, s->chain_rows[b], 1);
+            if (rc == OSP_OK) rc = t;
+        }
+    }
+    s->chain = CHAIN_NONE;
+    return rc;
+}
+
+int osp_session_chain_queues(const osp_session *s) { return s->be->ids_wait != NULL; }
 
 osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {
     return osp_forward_rows(s, s->all_rows, s->kv->n_rows, ids, n_tok, all_logits, logits);

@@ -347,7 +347,8 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
                            .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
                            .eps = c->eps, .softcap = c->final_softcap, .add_one = 0, .logits = logits,
-                           .ids = s->head_ids, .need = s->head_need, .xn = sc->xn, .hlast = sc->hlast};
+                           .ids = s->head_ids, .need = s->head_need, .defer_ids = s->head_defer, .xn = sc->xn,
+                           .hlast = sc->hlast};
         s->be->head(s->bs, &h);
     }
     return OSP_OK;

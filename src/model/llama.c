@@ -169,7 +169,8 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
     int32_t B = s->nb;
-    s->be->embed(s->bs, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
+    if (ids) s->be->embed(s->bs, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
+    else s->be->embed_prev(s->bs, osp_model_embed_rows(m), m->embed_scale, (int64_t)B * T, sc->x);
     for (int li = 0; li < c->n_layers; li++) {
         attention_block(s, li, B, T);
         mlp_block(s, li, B, T);
@@ -179,8 +180,8 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
                            .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
                            .eps = c->eps, .softcap = c->final_softcap, .add_one = c->norm_add_one,
-                           .logits = logits, .ids = s->head_ids, .need = s->head_need, .xn = sc->xn,
-                           .hlast = sc->hlast};
+                           .logits = logits, .ids = s->head_ids, .need = s->head_need,
+                           .defer_ids = s->head_defer, .xn = sc->xn, .hlast = sc->hlast};
         s->be->head(s->bs, &h);
     }
     return OSP_OK;
@@ -188,7 +189,7 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
 
 /* ---- the tables ---- */
 
-#define LLAMA_BODY .layout = layout, .forward_chunk = forward_chunk
+#define LLAMA_BODY .layout = layout, .forward_chunk = forward_chunk, .prev_ids = 1
 
 const osp_arch_ops osp_arch_llama = {
     .name = "llama", .hf_names = (const char *const[]){"LlamaForCausalLM", NULL},

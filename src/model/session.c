@@ -113,6 +113,9 @@ osp_status osp_session_new(const osp_model *m, int32_t n_rows, int32_t max_ctx, 
 
 void osp_session_free(osp_session *s) {
     if (!s) return;
+    osp_forward_chain_end(s, 0, NULL, NULL); /* (a step in flight is waited for) */
+    free(s->chain_ids);
+    free(s->chain_rows);
     osp_kv_free(s->kv);
     scratch_free(s->m, &s->sc);
     if (s->bs) s->be->session_free(s->bs);

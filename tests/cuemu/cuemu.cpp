@@ -705,6 +705,8 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
     return cudaSuccess;
 }
 
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
+
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;

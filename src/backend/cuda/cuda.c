@@ -812,10 +812,13 @@ static void argmax_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_argmax(s->st, a->x, a->rows, a->n, a->ids), "argmax");
 }
 
-/* Room for n ids: device (written by the step, so never moved under a graph) and pinned host. */
+static void dfr_pop(osp_be_session *s);
+
+/* Room for n ids: device (written by the step, so never moved under a graph) and pinned host (two slots). */
 static int ids_room(osp_be_session *s, size_t n) {
     if (n <= s->ids_cap) return 1;
     osp_cu_step_eager(s);
+    while (s->n_dfr) dfr_pop(s); /* (their ids are in the slots) */
     if (n < MAX_GRAPH_ROWS) n = MAX_GRAPH_ROWS;
     size_t cap = s->ids_cap;
     s->ids_cap = 0;
@@ -824,7 +827,7 @@ static int ids_room(osp_be_session *s, size_t n) {
     osp_cu_legacy_lock();
     cudaFreeHost(s->ids_h);
     s->ids_h = NULL;
-    e = cudaMallocHost((void **)&s->ids_h, n * sizeof(int32_t));
+    e = cudaMallocHost((void **)&s->ids_h, 2 * n * sizeof(int32_t));
     osp_cu_legacy_unlock();
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -851,6 +854,7 @@ static void logits_back(osp_be_session *s, const osp_head_args *a, const float *
         return;
     }
     note(s, cudaMemcpyAsync(s->ids_h, s->ids_d, sizeof(int32_t) * (size_t)a->B, cudaMemcpyDeviceToHost, s->st), "ids");
+    /* (slot 0: no deferred head is waiting, the stream's synchronization below waits for them all) */
     for (int32_t b = 0; a->need && b < a->B;) {
         if (!a->need[b]) {
             b++;
@@ -881,6 +885,10 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         note(s, cudaErrorMemoryAllocation, "ids");
         return;
     }
+    int defer = ids && a->defer_ids && !a->need;
+    /* two deferred heads at most (the caller waits for one before the next); a head that is not deferred
+     * takes slot 0 */
+    while (s->n_dfr == 2 || (!defer && s->n_dfr)) dfr_pop(s);
     if (!w) {
         note(s, cudaErrorInvalidValue, "the head's weight is not on the GPU");
         return;
@@ -908,12 +916,73 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         m.x = lg, m.ids = s->ids_d, m.rows = a->B, m.n = V;
         SUBMIT(s, argmax_exec, m);
     }
+    s->defer = defer, s->staged_marked = 0;
     osp_cu_step_end(s);
-    if (s->err) return;
+    s->defer = 0;
+    if (s->err) {
+        s->staged_marked = 0;
+        return;
+    }
+    if (!defer) s->staged_marked = 0;
+    if (defer) { /* the ids into a free slot, an event after them; the next step may be staged at ev_staged */
+        if (!s->staged_marked) note(s, cudaEventRecord(s->ev_staged, s->st), "staging"); /* (an eager step) */
+        s->staged_marked = 1;
+        int slot = s->n_dfr ? !s->dfr[0].slot : 0;
+        note(s, cudaMemcpyAsync(s->ids_h + (size_t)slot * s->ids_cap, s->ids_d, sizeof(int32_t) * (size_t)a->B,
+                                cudaMemcpyDeviceToHost, s->st),
+             "ids");
+        note(s, cudaEventRecord(s->dfr_ev[slot], s->st), "ids");
+        if (s->err) return;
+        s->dfr[s->n_dfr++] = (struct osp_cu_dfr){slot, a->B, a->ids};
+        s->pending = 1;
+        return;
+    }
     logits_back(s, a, lg); /* after the step's graph, on its stream */
     note(s, cudaStreamSynchronize(s->st), "logits");
     s->pending = 0;
     if (ids && !s->err) memcpy(a->ids, s->ids_h, sizeof(int32_t) * (size_t)a->B);
+}
+
+/* the oldest deferred head's ids, once copied, where it said (touches nothing of a step in progress) */
+static void dfr_pop(osp_be_session *s) {
+    struct osp_cu_dfr d = s->dfr[0];
+    s->dfr[0] = s->dfr[1];
+    s->n_dfr--;
+    note(s, cudaEventSynchronize(s->dfr_ev[d.slot]), "a step's ids");
+    if (!s->err) memcpy(d.dst, s->ids_h + (size_t)d.slot * s->ids_cap, sizeof(int32_t) * (size_t)d.nb);
+}
+
+static osp_status ids_wait(osp_be_session *s) {
+    if (!s->n_dfr) return OSP_OK;
+    dfr_pop(s);
+    return status(s);
+}
+
+/* ids on the device: a deferred (or any) head's ids_d, read by the next step's first kernel */
+typedef struct embp_args {
+    osp_cu_weight w;
+    const int32_t *ids;
+    int64_t n;
+    float scale;
+    float *x;
+} embp_args;
+
+static void embp_exec(osp_be_session *s, const void *p) {
+    const embp_args *a = p;
+    note(s, osp_cu_embed_ids(s->st, &a->w, a->ids, a->n, a->scale, a->x), "embedding");
+}
+
+static int can_embed_prev(const osp_weight *e) { return e->packed != NULL; }
+
+static void embed_prev(osp_be_session *s, const osp_weight *e, float sc, int64_t n, osp_dbuf *x) {
+    if (!e->packed || !s->ids_d || (size_t)n > s->ids_cap) {
+        note(s, cudaErrorInvalidValue, "an embedding of the previous step's ids, which are not on the GPU");
+        return;
+    }
+    ARGS(embp_args, a);
+    a.w = *(const osp_cu_weight *)e->packed;
+    a.ids = s->ids_d, a.n = n, a.scale = sc, a.x = D(x);
+    SUBMIT(s, embp_exec, a);
 }
 
 
@@ -1218,6 +1287,9 @@ static osp_backend CUDA = {
     .act_mul = act_mul,
     .rope = rope,
     .embed = embed,
+    .can_embed_prev = can_embed_prev,
+    .embed_prev = embed_prev,
+    .ids_wait = ids_wait,
     .attention = attention,
     .kv_write = kv_write,
     .head = head,

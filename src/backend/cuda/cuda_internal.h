@@ -77,8 +77,22 @@ struct osp_be_session {
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */
-    int32_t *ids_d, *ids_h;  /* the head's greedy tokens: device, and their pinned host copy */
-    size_t ids_cap;          /* ids (both) */
+    int32_t *ids_d, *ids_h;  /* the head's greedy tokens: device, and their pinned host copies (two slots of
+                                ids_cap: a deferred head's and the one after it) */
+    size_t ids_cap;          /* ids (device; each host slot) */
+    /* deferred heads (osp_head_args.defer_ids) whose ids are not waited for yet, oldest first: the slot of ids_h
+     * their copy lands in (completing dfr_ev[slot]), and where ids_wait writes them */
+    struct osp_cu_dfr {
+        int slot;
+        int32_t nb;
+        int32_t *dst;
+    } dfr[2];
+    int n_dfr;
+    cudaEvent_t dfr_ev[2];
+    cudaEvent_t ev_staged;   /* recorded once the last deferred step's staging is copied up (its area may be
+                                rewritten then, while the step runs) */
+    int defer;               /* the step in progress ends in a deferred head: osp_cu_step_end records ev_staged */
+    int staged_marked;       /* ev_staged was recorded after the last chunk's staging copies (a deferred head) */
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
     unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */

@@ -1743,6 +1743,30 @@ extern "C" int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, con
     return launch_status();
 }
 
+// x[i] = row ids[i] of w (f32 values; an affine code's s * c + b rounded as the host's osp_weight_row_f32 rounds
+// it, each operation once), times scale when scale != 1 (the host's embed: one rounding)
+__global__ void embed_ids_kernel(osp_cu_weight w, const int32_t *ids, int64_t n, float scale, float *x) {
+    const int64_t i = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, H = w.cols;
+    if (i >= n || c >= H) return;
+    const int64_t r = ids[i];
+    float v;
+    if (!w.qbits) {
+        v = load_float((const unsigned char *)w.data + r * H * (w.dtype == 0 ? 4 : 2), w.dtype, c);
+    } else {
+        const int64_t ng = H / w.group, g = c / w.group;
+        const unsigned char *row = (const unsigned char *)w.data + r * (H * w.qbits / 8);
+        const float sc = load_float(w.scales, w.sdtype, r * ng + g), bi = load_float(w.biases, w.sdtype, r * ng + g);
+        v = __fadd_rn(__fmul_rn(sc, (float)q_code(row, w.qbits, c)), bi);
+    }
+    x[i * H + c] = scale != 1.0f ? __fmul_rn(v, scale) : v;
+}
+
+extern "C" int osp_cu_embed_ids(osp_cu_stream st, const osp_cu_weight *w, const int32_t *ids, int64_t n, float scale,
+                                float *x) {
+    if (n > 0 && w->cols > 0) launch(embed_ids_kernel, dim3(blocks_for(w->cols, EW), (unsigned)n), dim3(EW), 0, st, *w, ids, n, scale, x);
+    return launch_status();
+}
+
 extern "C" int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows,
                                    const float *w, int64_t n, int64_t H) {
     if (n * H > 0) launch(scatter_axpy_kernel, blocks_for(n * H, EW), EW, 0, st, out, acc, rows, w, n, H);

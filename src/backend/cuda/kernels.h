@@ -109,6 +109,9 @@ typedef struct osp_cu_rope_side {
     float eps;
     int32_t norm, add_one;
 } osp_cu_rope_side;
+/* x[i] = row ids[i] of w as f32 (the host's osp_weight_row_f32, bitwise), times scale when scale != 1; ids on the
+ * device (a head's greedy tokens) */
+int osp_cu_embed_ids(osp_cu_stream st, const osp_cu_weight *w, const int32_t *ids, int64_t n, float scale, float *x);
 /* dst[i] = src[rows[i]] (rows of H floats); out[rows[i]] += w[i] * acc[i] */
 int osp_cu_gather(osp_cu_stream st, float *dst, const float *src, const int32_t *rows, int64_t n, int64_t H);
 int osp_cu_scatter_axpy(osp_cu_stream st, float *out, const float *acc, const int32_t *rows, const float *w,

@@ -8,16 +8,19 @@
  * A decode step (one token per row) issues the same operations with the
  * same arguments every time for a given number of rows and head mode, so
  * it can run as a CUDA graph: the first decode step of B rows runs eagerly
- * (and measures its staging), the next one of B rows is captured (its
- * staging copied up by one node at the graph's start), and later ones only
- * stage their data, record their operations and, at the head, replay the
- * graph whose fingerprint (every operation's function and argument bytes)
- * matches. The same holds for short chunks of B rows of T tokens that
+ * (and measures its staging), the next one of B rows is captured, and
+ * later ones only stage their data, record their operations and, at the
+ * head, copy their staging up in one copy and replay the graph whose
+ * fingerprint (every operation's function and argument bytes) matches. The same holds for short chunks of B rows of T tokens that
  * never use cuBLAS (graph_key): a speculative verification chunk in exact
  * mode, a draft's catch-up of a token or two; their graphs are kept per
  * (B, T). When none matches, or the step needs the host mid-way (MoE
  * routing in reference precision), or a capture fails, the recorded operations run eagerly: a
- * graph never runs a different computation, and no step is lost. */
+ * graph never runs a different computation, and no step is lost.
+ *
+ * A step whose head defers its ids (osp_head_args.defer_ids) is not waited
+ * for: the next step may be staged while it runs, once its staging has been
+ * copied up (ev_staged, recorded after that copy). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +112,10 @@ osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
     s->use_graphs = !(g && !strcmp(g, "0"));
     osp_cu_legacy_lock();
     int ok = cudaMallocHost((void **)&s->stage_h, stage_bytes) == cudaSuccess &&
-             cudaMalloc((void **)&s->stage_d, stage_bytes) == cudaSuccess;
+             cudaMalloc((void **)&s->stage_d, stage_bytes) == cudaSuccess &&
+             cudaEventCreateWithFlags(&s->ev_staged, cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&s->dfr_ev[0], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&s->dfr_ev[1], cudaEventDisableTiming) == cudaSuccess;
     osp_cu_legacy_unlock();
     if (!ok) {
         cudaGetLastError();
@@ -128,6 +134,9 @@ void osp_cu_step_free(osp_be_session *s) {
     osp_cu_legacy_lock();
     cudaFreeHost(s->stage_h);
     cudaFree(s->stage_d);
+    if (s->ev_staged) cudaEventDestroy(s->ev_staged);
+    for (int i = 0; i < 2; i++)
+        if (s->dfr_ev[i]) cudaEventDestroy(s->dfr_ev[i]);
     osp_cu_legacy_unlock();
     free(s->log);
 }
@@ -160,9 +169,13 @@ static int32_t graph_key(const osp_be_session *s, int32_t B, int32_t T) {
 void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
     if (s->mode == STEP_CAPTURE) osp_cu_step_eager(s); /* (a chunk without a head or status: its capture ends) */
     if (s->pending) { /* the staging area is rewritten: the last chunk's copies must have run */
-        osp_cu_note(s, cudaStreamSynchronize(s->st), "a previous chunk");
+        if (s->staged_marked) /* a deferred step runs: its staging copy is enough */
+            osp_cu_note(s, cudaEventSynchronize(s->ev_staged), "a previous step's staging");
+        else
+            osp_cu_note(s, cudaStreamSynchronize(s->st), "a previous chunk");
         s->pending = 0;
     }
+    s->staged_marked = 0;
     profile_window(B, T);
     s->B = B, s->T = T;
     s->stage_off = 0;
@@ -186,10 +199,7 @@ void osp_cu_step_begin(osp_be_session *s, int32_t B, int32_t T) {
         s->use_graphs = 0;
         return;
     }
-    s->mode = STEP_CAPTURE;
-    /* the graph's first node: the whole step's staging, as large as the eager step's was */
-    osp_cu_note(s, cudaMemcpyAsync(s->stage_d, s->stage_h, s->seen_staged[k], cudaMemcpyHostToDevice, s->st),
-                "staging");
+    s->mode = STEP_CAPTURE; /* (the staging is copied up before each launch of the graph: launch) */
 }
 
 /* Run what the step recorded, eagerly, from its first operation. */
@@ -290,6 +300,18 @@ void *osp_cu_stage(osp_be_session *s, const void *src, size_t n) {
     return d;
 }
 
+/* A graph's launch: the step's staging copied up first (and, before a deferred head, ev_staged recorded). */
+static void launch(osp_be_session *s, cudaGraphExec_t ex) {
+    if (s->stage_off)
+        osp_cu_note(s, cudaMemcpyAsync(s->stage_d, s->stage_h, s->stage_off, cudaMemcpyHostToDevice, s->st), "staging");
+    if (s->defer) {
+        osp_cu_note(s, cudaEventRecord(s->ev_staged, s->st), "staging");
+        s->staged_marked = 1;
+    }
+    osp_cu_note(s, cudaGraphLaunch(ex, s->st), "launching a decode step's graph");
+    s->pending = 1;
+}
+
 void osp_cu_step_end(osp_be_session *s) {
     int32_t k = s->key; /* the chunk's shape */
     if (s->mode == STEP_CAPTURE) {
@@ -320,8 +342,7 @@ void osp_cu_step_end(osp_be_session *s) {
         s->graphs[slot] = (graph_slot){k, ex, s->n_ops, s->stage_off, s->fp, s->steps};
         s->want[k] = 0;
         s->mode = STEP_EAGER;
-        osp_cu_note(s, cudaGraphLaunch(ex, s->st), "launching a decode step's graph");
-        s->pending = 1;
+        launch(s, ex);
         return;
     }
     if (s->mode == STEP_REPLAY) {
@@ -334,8 +355,7 @@ void osp_cu_step_end(osp_be_session *s) {
         }
         s->mode = STEP_EAGER;
         g->used = s->steps;
-        osp_cu_note(s, cudaGraphLaunch(g->exec, s->st), "launching a decode step's graph");
-        s->pending = 1;
+        launch(s, g->exec);
         return;
     }
     if (s->use_graphs && k >= 0 && s->stage_off > s->seen_staged[k]) s->seen_staged[k] = s->stage_off;

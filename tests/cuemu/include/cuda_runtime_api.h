@@ -106,6 +106,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t st);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
+#define cudaEventDisableTiming 0x02
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);

@@ -483,6 +483,71 @@ static void test_head_ids(void **state) {
     free(wd);
 }
 
+/* A step fed with the previous head's ids where they are (embed_prev, osp_forward_rows_chain's way): every kind
+ * of weight's rows, with and without a scale, bitwise the host's (osp_weight_row_f32, then the scale, as the host's
+ * embed); the ids of a head that defers them (defer_ids) come with ids_wait. The head's weight is an identity and
+ * its input one-hot, so its greedy tokens are the chosen ones. */
+static void test_embed_prev(void **state) {
+    (void)state;
+    enum { V = 300, B = 3 };
+    host_weight hw;
+    memset(&hw, 0, sizeof hw);
+    hw.w.rows = V, hw.w.cols = V, hw.w.dtype = OSP_DT_F32;
+    float *id = calloc((size_t)V * V, sizeof(float)), *x = malloc(sizeof(float) * B * V), ones[V];
+    for (int i = 0; i < V; i++) id[(int64_t)i * V + i] = 1.0f, ones[i] = 1.0f;
+    hw.data = id, hw.w.data = id;
+    osp_weight *ws[] = {&hw.w};
+    assert_int_equal(be->place(ws, 1, NULL, 0, NULL, 0, &hw.owned), OSP_OK);
+    osp_dbuf *dn = upload(ones, V), *dx = be->alloc((size_t)B * V), *xn = be->alloc((size_t)B * V),
+             *hl = be->alloc((size_t)B * V);
+    float *lg = malloc(sizeof(float) * B * V);
+    osp_be_session *s;
+    assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
+    assert_non_null(be->embed_prev);
+    for (size_t k = 0; k < sizeof KINDS / sizeof *KINDS; k++) {
+        const wkind *kd = &KINDS[k];
+        host_weight e;
+        osp_weight unplaced = {0};
+        assert_int_equal(be->can_embed_prev(&unplaced), 0);
+        make_weight(&e, V, kd->cols, kd->dt, kd->bits, kd->group, kd->sdt);
+        assert_int_equal(be->can_embed_prev(&e.w), 1);
+        const int64_t H = kd->cols;
+        osp_dbuf *de = be->alloc((size_t)(B * H));
+        float *got = malloc(sizeof(float) * B * H), *want = malloc(sizeof(float) * H);
+        for (int round = 0; round < 3; round++) {
+            int32_t t[B], ids[B];
+            memset(x, 0, sizeof(float) * B * V);
+            for (int b = 0; b < B; b++) t[b] = (int32_t)(next_u32() % V), x[b * V + t[b]] = 1.0f;
+            be->write(dx, x, B * V);
+            osp_head_args a = {.x = dx, .norm = dn, .w = &hw.w, .B = B, .T = 1, .hidden = V, .vocab = V, .ld_rows = 1,
+                               .eps = 1e-6f, .logits = lg, .ids = ids, .defer_ids = round != 1, .xn = xn, .hlast = hl};
+            be->begin_chunk(s, B, 1);
+            be->head(s, &a);
+            if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+            if (be->ids_wait(s) != OSP_OK) fail_msg("%s", osp_last_error());
+            for (int b = 0; b < B; b++) assert_int_equal(ids[b], t[b]);
+            const float sc = round == 2 ? 45.254833995939045f : 1.0f; /* (sqrt(2048) in f32, Gemma's kind) */
+            be->begin_chunk(s, B, 1);
+            be->embed_prev(s, &e.w, sc, B, de);
+            if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
+            be->read(got, de, B * H);
+            for (int b = 0; b < B; b++) {
+                osp_weight_row_f32(&e.w, t[b], want);
+                for (int64_t j = 0; sc != 1.0f && j < H; j++) want[j] *= sc;
+                if (memcmp(want, got + b * H, sizeof(float) * H))
+                    fail_msg("%s, round %d: row %d (id %d) differs from the host's", kd->name, round, b, t[b]);
+            }
+        }
+        be->free(de);
+        free(got), free(want);
+        free_weight(&e);
+    }
+    be->session_free(s);
+    be->free(dn), be->free(dx), be->free(xn), be->free(hl);
+    be->unplace(hw.owned);
+    free(id), free(x), free(lg);
+}
+
 /* Head norms fused into the RoPE that follows them (cuda.c holds an in-place
  * norm, and k's after q's RoPE): bitwise the separate launches (a session
  * made with OSP_CUDA_FUSE=0), in the orders the models issue them (Gemma 4,
@@ -1160,6 +1225,7 @@ int main(void) {
         cmocka_unit_test(test_tc),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_head_ids),
+        cmocka_unit_test(test_embed_prev),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_norm_rope),
         cmocka_unit_test(test_fuse_act),

@@ -194,7 +194,7 @@ static void test_goldens(void **st) {
 
 /* ---- chains of greedy steps against plain ids out ---- */
 
-#define CHAIN_CTX 32 /* past the sliding goldens' window of 8 */
+#define CHAIN_CTX 20 /* past the sliding goldens' window of 8 */
 #define CHAIN_STEPS (CHAIN_CTX - 7)
 
 static long n_chained;
@@ -257,7 +257,7 @@ static void chain_model(const char *name, int fast, int spare, int ahead) {
     for (int32_t b = 0; b < R; b++) assert_int_equal(osp_session_row_pos(sb, b), osp_session_row_pos(sa, b));
     assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_ERR_INVALID); /* ended */
     /* stopped early: the step fed with the last tokens given back is undone, and plain steps go on from there */
-    for (int32_t stop = 1; stop < CHAIN_STEPS - 1; stop += 5) {
+    for (int32_t stop = 2; stop < CHAIN_STEPS - 1; stop += 8) { /* (before the window, and past it) */
         osp_session *sc = chain_session(m, fast, spare);
         chain_prefill(sc, &g, lg, f2);
         assert_int_equal(osp_forward_rows_chain(sc, rows, R, first, lg, NULL), OSP_OK);
@@ -286,8 +286,9 @@ static void test_chain(void **st) {
     (void)st;
     for (size_t i = 0; i < N_GOLDEN_MODELS; i++)
         for (int fast = 0; fast < 2; fast++) {
+            int sliding = !strncmp(GOLDEN_MODELS[i], "gemma", 5);
             chain_model(GOLDEN_MODELS[i], fast, 0, 1);
-            chain_model(GOLDEN_MODELS[i], fast, 1, fast); /* (a spare slot: queued past the window) */
+            if (sliding) chain_model(GOLDEN_MODELS[i], fast, 1, fast); /* (a spare slot: queued past the window) */
         }
     print_message("%ld chained tokens checked\n", n_chained);
 }

@@ -11,7 +11,8 @@
  * (and measures its staging), the next one of B rows is captured, and
  * later ones only stage their data, record their operations and, at the
  * head, copy their staging up in one copy and replay the graph whose
- * fingerprint (every operation's function and argument bytes) matches. The same holds for short chunks of B rows of T tokens that
+ * fingerprint (every operation's function and argument bytes) matches.
+ * The same holds for short chunks of B rows of T tokens that
  * never use cuBLAS (graph_key): a speculative verification chunk in exact
  * mode, a draft's catch-up of a token or two; their graphs are kept per
  * (B, T). When none matches, or the step needs the host mid-way (MoE

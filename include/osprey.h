@@ -178,6 +178,9 @@ osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb,
 osp_status osp_forward_rows_chain(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, float *logits,
                                   int32_t *prev);
 osp_status osp_forward_chain_end(osp_session *s, int keep, float *logits, int32_t *last);
+/* 1 when the step fed with the last ids a chain gave back is queued (ending with keep 1 only waits for it); 0
+ * when the chain waits (lazy: the rows could not go back one, or had no room) or none is in flight. */
+int osp_forward_chain_queued(const osp_session *s);
 /* 1 when a chain can gain anything here (the device queues steps: a GPU); 0 on the CPU, where a chain computes
  * what osp_forward_rows_ids does, one step later. */
 int osp_session_chain_queues(const osp_session *s);

@@ -202,6 +202,8 @@ osp_status osp_forward_chain_end(osp_session *s, int keep, float *logits, int32_
 
 int osp_session_chain_queues(const osp_session *s) { return s->be->ids_wait != NULL; }
 
+int osp_forward_chain_queued(const osp_session *s) { return s->chain == CHAIN_FLIGHT; }
+
 osp_status osp_forward(osp_session *s, const int32_t *ids, int32_t n_tok, int all_logits, float *logits) {
     return osp_forward_rows(s, s->all_rows, s->kv->n_rows, ids, n_tok, all_logits, logits);
 }

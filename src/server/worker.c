@@ -159,6 +159,8 @@ struct srv_slot {
     int32_t row;
     int32_t done_prompt;
     int32_t next;       /* the token a decoding row feeds next */
+    int has_pending;    /* a chain's last step computed the row's next token: pending, for its stream first */
+    int32_t pending;
     int decoding;
     int looked_up;      /* the prefix cache was asked (when its prefill began) */
     int64_t reserved;   /* KV bytes held for it */
@@ -176,6 +178,7 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     }
     sl->done_prompt = 0;
     sl->looked_up = 0;
+    sl->has_pending = 0;
     if (s->spec) osp_spec_reset_row(s->spec, sl->row);
     sl->decoding = 0; /* its row is empty: slot_end resets it */
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
@@ -287,6 +290,75 @@ static int admit(srv *s, srv_job **out, int64_t *need_out, int max) {
     return n;
 }
 
+/* Chains of greedy steps (osp_forward_rows_chain) in the decode loop: when every decoding row takes the
+ * backend's greedy token, no row prefills and nothing speculates, the step fed with the tokens a step gave back
+ * is queued before they reach the host (on a GPU, which then never waits for this thread between steps). The
+ * chain keeps its rows; before the batch changes it ends: a step it queued finishes, and its tokens become the
+ * rows' pending ones, which their streams take before their next step (no step is run twice). A row whose
+ * stream ends takes back the step queued for it (one position), so its KV is what plain steps leave.
+ * OSP_SERVE_CHAIN=0: never; 1: also where the device does not queue (the CPU: for tests); unset: where it does. */
+typedef struct wchain {
+    int on, active, nb;
+    srv_slot **batch;    /* [P] its rows' slots */
+    int32_t *rows, *got; /* [P] its rows; the tokens of its last step */
+    osp_status *why;     /* [P] a row's stream's end (chain_next) */
+    uint8_t *ends;       /* [P] */
+} wchain;
+
+static int chain_wanted(srv *s) {
+    const char *e = getenv("OSP_SERVE_CHAIN");
+    if (e && !strcmp(e, "0")) return 0;
+    if (e && !strcmp(e, "1")) return 1;
+    return osp_session_chain_queues(s->session);
+}
+
+/* the chain ends before the batch changes (see wchain) */
+static void chain_stop(srv *s, wchain *c) {
+    if (!c->active) return;
+    c->active = 0;
+    int queued = osp_forward_chain_queued(s->session);
+    osp_status rc = osp_forward_chain_end(s->session, queued, s->logits, c->got);
+    for (int b = 0; b < c->nb; b++) {
+        srv_slot *sl = c->batch[b];
+        if (rc != OSP_OK) slot_end(s, sl, rc);
+        else if (queued) sl->pending = c->got[b], sl->has_pending = 1;
+    }
+}
+
+/* the chain goes on: the tokens of the step before to each row's stream; the step fed with them is queued.
+ * A row whose stream ends leaves (its queued step taken back), which ends the chain for the others (pending). */
+static void chain_next(srv *s, wchain *c, int32_t *prev) {
+    osp_status rc = osp_forward_rows_chain(s->session, c->rows, c->nb, NULL, s->logits, prev);
+    if (rc != OSP_OK) { /* (the chain is over: what it queued was waited for) */
+        c->active = 0;
+        for (int b = 0; b < c->nb; b++) slot_end(s, c->batch[b], rc);
+        return;
+    }
+    int ended = 0, queued = osp_forward_chain_queued(s->session);
+    for (int b = 0; b < c->nb; b++) {
+        srv_slot *sl = c->batch[b];
+        if (c->nb > sl->j->batch_max) sl->j->batch_max = c->nb;
+        int32_t pos = osp_session_row_pos(s->session, sl->row) - queued; /* (without the queued step) */
+        c->why[b] = OSP_OK;
+        c->ends[b] = !osp_stream_next_id(sl->st, prev[b], pos, &sl->next, &c->why[b]);
+        ended |= c->ends[b];
+    }
+    if (!ended) return;
+    c->active = 0;
+    rc = osp_forward_chain_end(s->session, queued, s->logits, c->got);
+    for (int b = 0; b < c->nb; b++) {
+        srv_slot *sl = c->batch[b];
+        if (c->ends[b]) {
+            osp_status t = queued && rc == OSP_OK ? osp_session_trim_row(s->session, sl->row, 1) : rc;
+            slot_end(s, sl, t != OSP_OK ? t : c->why[b]);
+        } else if (rc != OSP_OK) {
+            slot_end(s, sl, rc);
+        } else if (queued) {
+            sl->pending = c->got[b], sl->has_pending = 1;
+        }
+    }
+}
+
 static void *worker_main(void *arg) {
     srv *s = arg;
     int P = s->parallel;
@@ -300,10 +372,13 @@ static void *worker_main(void *arg) {
     osp_status *rcs = malloc(sizeof(osp_status) * P);
     int32_t *chosen = malloc(sizeof(int32_t) * P); /* the backend's greedy tokens (osp_forward_rows_ids) */
     uint8_t *want = malloc((size_t)P);             /* rows whose stream needs its logits */
-    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs || !chosen || !want) {
+    wchain c = {.on = chain_wanted(s), .batch = malloc(sizeof(srv_slot *) * P), .rows = malloc(sizeof(int32_t) * P),
+                .got = malloc(sizeof(int32_t) * P), .why = malloc(sizeof(osp_status) * P), .ends = malloc((size_t)P)};
+    if (!rows || !ids || !batch || !fresh || !need || !streams || !use || !more || !rcs || !chosen || !want ||
+        !c.batch || !c.rows || !c.got || !c.why || !c.ends) {
         OSP_LOG(0, "osprey serve: out of memory starting the scheduler");
         free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
-        free(chosen), free(want);
+        free(chosen), free(want), free(c.batch), free(c.rows), free(c.got), free(c.why), free(c.ends);
         return NULL;
     }
     for (;;) {
@@ -328,6 +403,8 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&s->qmu);
         if (idle) break; /* stopping and nothing left */
 
+        for (int i = 0; c.active && i < P; i++) /* a row joins or leaves: a chain ends first */
+            if (s->slots[i].j && (s->slots[i].decoding < 0 || atomic_load(&s->slots[i].j->cancel))) chain_stop(s, &c);
         for (int i = 0; i < P; i++) { /* new rows get their stream; cancelled ones leave */
             srv_slot *sl = &s->slots[i];
             if (!sl->j) continue;
@@ -361,6 +438,7 @@ static void *worker_main(void *arg) {
             }
         }
         if (pf) {
+            chain_stop(s, &c); /* (no chain runs beside a prefill) */
             int32_t left = pf->j->n_prompt - pf->done_prompt, n = left < s->prefill_step ? left : s->prefill_step;
             int last = n == left;
             want[0] = !osp_stream_takes_id(pf->st);
@@ -389,13 +467,49 @@ static void *worker_main(void *arg) {
         int nb = 0;
         for (int i = 0; i < P; i++) {
             srv_slot *sl = &s->slots[i];
-            if (sl->j && sl->decoding > 0 && sl != pf) {
-                batch[nb] = sl;
-                rows[nb] = sl->row;
-                ids[nb++] = sl->next;
-            }
+            if (sl->j && sl->decoding > 0 && sl != pf) batch[nb++] = sl;
         }
+        if (c.active) { /* the chain goes on with the same rows, all still taking ids, or ends */
+            int same = nb == c.nb && !s->spec;
+            for (int b = 0; same && b < nb; b++) same = batch[b] == c.batch[b] && osp_stream_takes_id(batch[b]->st);
+            if (same) {
+                chain_next(s, &c, ids);
+                continue;
+            }
+            chain_stop(s, &c);
+        }
+        for (int b = 0; b < nb; b++) { /* a chain's last tokens first */
+            srv_slot *sl = batch[b];
+            if (!sl->has_pending) continue;
+            sl->has_pending = 0;
+            osp_status src = OSP_OK;
+            if (!osp_stream_next_id(sl->st, sl->pending, osp_session_row_pos(s->session, sl->row), &sl->next, &src))
+                slot_end(s, sl, src);
+        }
+        int kept = 0;
+        for (int b = 0; b < nb; b++)
+            if (batch[b]->j) {
+                batch[kept] = batch[b];
+                rows[kept] = batch[b]->row;
+                ids[kept++] = batch[b]->next;
+            }
+        nb = kept;
         if (!nb) continue;
+        int greedy = c.on && !s->spec && !pf;
+        for (int b = 0; greedy && b < nb; b++) greedy = osp_stream_takes_id(batch[b]->st);
+        if (greedy) { /* a chain begins: this step's tokens come back with the next */
+            osp_status rc = osp_forward_rows_chain(s->session, rows, nb, ids, s->logits, NULL);
+            if (rc == OSP_OK) {
+                c.active = 1, c.nb = nb;
+                memcpy(c.batch, batch, sizeof(srv_slot *) * (size_t)nb);
+                memcpy(c.rows, rows, sizeof(int32_t) * (size_t)nb);
+                for (int b = 0; b < nb; b++)
+                    if (nb > batch[b]->j->batch_max) batch[b]->j->batch_max = nb;
+            } else {
+                for (int b = 0; b < nb; b++) slot_end(s, batch[b], rc);
+            }
+            continue;
+        }
         if (s->spec) { /* a speculative round: each row's drafts verified in one exact chunk (engine/spec.h) */
             for (int b = 0; b < nb; b++) streams[b] = batch[b]->st, use[b] = batch[b]->j->speculative;
             osp_status rc = osp_spec_step(s->spec, s->session, rows, nb, streams, use, ids, more, rcs);
@@ -428,8 +542,9 @@ static void *worker_main(void *arg) {
             slot_end(s, sl, src);
         }
     }
+    chain_stop(s, &c);
     free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
-    free(chosen), free(want);
+    free(chosen), free(want), free(c.batch), free(c.rows), free(c.got), free(c.why), free(c.ends);
     return NULL;
 }
 

@@ -320,6 +320,35 @@ static void test_tc(void **state) {
     be->session_free(s);
 }
 
+/* A few-token bf16 launch of one weight whose 16-row tile is too large to stage whole (8,192 columns: 256 KB)
+ * in enough row tiles to need no split-K (the down projection of a Llama-1B shape): the register kernel, or under
+ * OSP_CUDA_RING=1 the ring of bulk copies (scripts/test-gpu.sh runs both); each token bitwise as in a launch of 9
+ * (the many-token kernel), all within the bound of the bf16-rounded reference; a partial last row tile. */
+static void test_tc_ring(void **state) {
+    (void)state;
+    osp_be_session *s;
+    assert_int_equal(be->session_new(128, 8192, &s), OSP_OK);
+    be->set_fast(s, 1);
+    const int64_t R = 16 * 67 + 5, C = 8192, N = 9;
+    host_weight h;
+    make_weight(&h, R, C, OSP_DT_BF16, 0, 0, 0);
+    float *x = malloc(sizeof(float) * (size_t)(N * C)), *y9 = malloc(sizeof(float) * (size_t)(N * R)),
+          *y = malloc(sizeof(float) * (size_t)(N * R));
+    for (int64_t i = 0; i < N * C; i++) x[i] = uniform();
+    device_matmul(s, &h, x, N, (int32_t)N, 1, y9);
+    check_matmul_bf16(&h, x, N, y9, 1e-4, "bf16 8192 columns, 9 tokens");
+    const int64_t ns[] = {1, 3, 8};
+    for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
+        for (int64_t i = 0; i < ns[j] * R; i++) y[i] = NAN;
+        device_matmul(s, &h, x, ns[j], (int32_t)ns[j], 1, y);
+        if (memcmp(y, y9, sizeof(float) * (size_t)(ns[j] * R)))
+            fail_msg("bf16 8192 columns: %lld tokens differ from the same tokens among 9", (long long)ns[j]);
+    }
+    free(x), free(y9), free(y);
+    free_weight(&h);
+    be->session_free(s);
+}
+
 static void test_rows(void **state) {
     (void)state;
     osp_be_session *s;
@@ -1223,6 +1252,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_tc),
+        cmocka_unit_test(test_tc_ring),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_head_ids),
         cmocka_unit_test(test_embed_prev),

@@ -621,8 +621,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // the split's chunks of each row) come into shared memory by bulk copies issued as the block starts, before it waits for the kernel before it, and the
 // steps read them there: every byte of the tile in flight at once, in no registers. The same mma sequence on
 // the same operands: the same numbers.
+// RG (few-token bf16 tiles too large to stage whole, one weight; tc_rg_bytes): the tile comes through a ring of
+// RG_BUF stages in shared memory, each RG_SS steps of every warp (a warp's steps are consecutive: a stage is
+// KS * 16 pieces of RG_SS * 64 bytes, a bulk copy each, on the stage's mbarrier); the first RG_BUF are issued as
+// the block starts, and each later one once every warp has read the stage before it. The same steps in the
+// same order: the same numbers.
+#define RG_SS 4
+#define RG_BUF 3
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false>
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false, bool RG = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
     const float *__restrict__ x = (const float *)xv;
@@ -701,6 +708,28 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             }
         }
     }
+    static_assert(!RG || (KIND == 2 && MT == 1 && NT == 1 && !GR && !ST), "ring: few-token bf16 tiles");
+    __shared__ uint64_t rg_bar[RG_BUF];
+    [[maybe_unused]] const unsigned char *rg_sm = nullptr; // RG: [RG_BUF][KS][16] pieces of RG_SS * 64 bytes
+    [[maybe_unused]] int64_t rg_nst = 0;                   // RG: stages (the warps' steps / RG_SS)
+    [[maybe_unused]] auto rg_issue = [&](int64_t k) {      // stage k into its buffer (every thread calls it)
+        constexpr int64_t PB = RG_SS * 64;                  // a piece: a row's RG_SS steps of a warp
+        const int64_t cnt = rows - row0 < 16 ? rows - row0 : 16, per = b_n / KS;
+        uint64_t *bar = &rg_bar[k % RG_BUF];
+        if (threadIdx.x == 0) mbar_arm(bar, (uint32_t)(cnt * KS * PB));
+        __syncthreads();
+        const int pw = (int)threadIdx.x / 16, rr = (int)threadIdx.x % 16;
+        if (pw < KS && rr < cnt)
+            bulk_g2s((unsigned char *)rg_sm + (((k % RG_BUF) * KS + pw) * 16 + rr) * PB,
+                     (const unsigned char *)w.data + (row0 + rr) * row_bytes + (b_lo + pw * per + k * RG_SS) * 64,
+                     (uint32_t)PB, bar);
+    };
+    if constexpr (RG) {
+        OSP_DYN_SHARED(uint4, rg_dyn);
+        rg_sm = (const unsigned char *)rg_dyn;
+        rg_nst = b_n / KS / RG_SS;
+        for (int64_t k = 0; k < RG_BUF && k < rg_nst; k++) rg_issue(k);
+    }
     const uint4 *rp[MT][2];
     bool rok[MT][2];
 #pragma unroll
@@ -711,12 +740,14 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rok[m][h] = r < rows;
             if constexpr (ST)
                 rp[m][h] = (const uint4 *)((const unsigned char *)st_rows + (int64_t)(g + 8 * h) * st_rb);
+            else if constexpr (RG) // (the warp's pieces of rows g, g + 8 in buffer 0; a stage's buffer adds on)
+                rp[m][h] = (const uint4 *)(rg_sm + ((int64_t)warp * 16 + g + 8 * h) * (RG_SS * 64));
             else
                 rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
                                            (rok[m][h] ? r : 0) * row_bytes);
         }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; !GR && !ST && u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && !ST && !RG && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -736,6 +767,18 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
         for (int64_t s = s_lo; s < s_hi; s += U) {
+            [[maybe_unused]] int64_t rg_off = 0; // RG: uint4s from a chunk's index to its place in the stage
+            if constexpr (RG) { // (every warp has as many steps, a multiple of RG_SS: uniform)
+                const int64_t i = s - s_lo, k = i / RG_SS;
+                if (i % RG_SS == 0) {
+                    if (k >= 1 && k - 1 + RG_BUF < rg_nst) { // every warp read stage k - 1: its buffer takes another
+                        __syncthreads();
+                        rg_issue(k - 1 + RG_BUF);
+                    }
+                    mbar_wait(&rg_bar[k % RG_BUF], 0);
+                }
+                rg_off = (k % RG_BUF) * KS * 16 * (RG_SS * 4) + (s - k * RG_SS - s_lo) * 4 - s * 4;
+            }
             // U steps of weights and inputs in flight together
             uint4 a[U][MT][2];
             float sc[U][MT][2], bi[U][MT][2];
@@ -750,6 +793,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                     for (int h = 0; h < 2; h++) {
                         const bool ok = live && rok[m][h];
                         if constexpr (ST) a[u][m][h] = ok ? rp[m][h][ch - st_c0] : make_uint4(0, 0, 0, 0);
+                        else if constexpr (RG) a[u][m][h] = ok ? rp[m][h][ch + rg_off] : make_uint4(0, 0, 0, 0);
                         else a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
@@ -919,15 +963,16 @@ static int tc_dq2() {
     return on;
 }
 
-#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most
+#define TC_ST_MAX (64 * 1024)                            // the staged tile's shared memory at most
+#define TC_RG_MAX (RG_BUF * 16 * 16 * RG_SS * 64)         // the ring's, blocks of 16 warps
 
-// ST: the staged kernel, shm its tile's bytes (tc_st_bytes)
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false>
+// ST: the staged kernel, shm its tile's bytes (tc_st_bytes); RG: the ring, shm its buffers' (tc_rg_bytes)
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false, bool RG = false>
 static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk, size_t shm = 0) {
-    auto k = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, ST>;
+    auto k = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, ST, RG>;
     static int raised = 0; // (per instantiation) the shared memory a staged block may take, raised once
-    if (ST && !raised) {
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_ST_MAX);
+    if ((ST || RG) && !raised) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, ST ? TC_ST_MAX : TC_RG_MAX);
         raised = 1;
     }
     tc_layout(set, MT, n, sk);
@@ -964,6 +1009,25 @@ static size_t tc_st_bytes(const tc_set &set, int sk) {
         if (b > most) most = b;
     }
     return most <= TC_ST_MAX ? most : 0;
+}
+
+// OSP_CUDA_RING=1 (off by default: not measured yet): few-token bf16 launches of one weight whose tiles are too
+// large to stage whole (the down projection of a Llama-1B shape: 16 rows of 8,192 columns, 256 KB) take the ring
+// (tc_kernel's RG) instead of the register kernel; the same numbers.
+static int tc_ring() {
+    static const int on = env_digit("OSP_CUDA_RING", 0) == 1;
+    return on;
+}
+
+// the ring's shared memory for a set, or 0 where it cannot take it: one bf16 weight, rows of whole steps, each
+// warp of each split as many steps, a multiple of RG_SS
+static size_t tc_rg_bytes(const tc_set &set, int sk, int ks) {
+    if (set.nw != 1 || set.pair) return 0;
+    const osp_cu_weight &w = set.w[0];
+    if (w.qbits || w.dtype != 2 || w.cols % 32 || ((uintptr_t)w.data & 15)) return 0;
+    const int64_t steps = w.cols / 32;
+    if (steps % ((int64_t)sk * ks * RG_SS)) return 0;
+    return (size_t)RG_BUF * ks * 16 * RG_SS * 64;
 }
 
 // Tiles by the number of tokens (the numbers do not depend on them): a
@@ -1016,8 +1080,11 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
+    const size_t rgb = KIND == 2 && n <= 8 && !stb && tc_ring() ? tc_rg_bytes(set, sk, KS) : 0;
     if (stb) {
         tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, true>(st, set, x, n, sk, stb);
+    } else if (rgb) {
+        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, false, true>(st, set, x, n, sk, rgb);
     } else if (n <= 8) {
         switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
         case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;

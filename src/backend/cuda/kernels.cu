@@ -487,6 +487,11 @@ struct tc_set {
     // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
     // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
     int pair;
+    // the staged kernel's tiles a block (tc_kernel's ST; one split, no tail): block b takes tiles b * tpb ...,
+    // each in one of two buffers st_stride bytes apart, the next one's copies issued before the block waits
+    // for the current one's
+    int tpb;
+    int64_t st_stride;
 };
 
 template <bool CG>
@@ -629,7 +634,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 #define RG_SS 4
 #define RG_BUF 3
 
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false, bool RG = false>
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false, bool RG = false,
+          bool MTS = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
     const float *__restrict__ x = (const float *)xv;
@@ -638,7 +644,12 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     constexpr int V = CH / 8;                               // sub-chunks per chunk
     __shared__ float red[KS][NT][4][WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
-    int64_t tile = blockIdx.x;
+    const int tpb = MTS ? set.tpb : 1; // (MTS: ST with tiles a block, tc_mts)
+    __shared__ uint64_t st_bars[2]; // ST: the two buffers' barriers (8-byte aligned, as their type)
+    for (int ti = 0; ti < tpb; ti++) {
+    const int64_t gtile = (int64_t)blockIdx.x * tpb + ti; // (the launch's; tile: of its weight, below)
+    if (ti && gtile >= set.end[set.nw - 1]) break;     // (uniform)
+    int64_t tile = gtile;
     [[maybe_unused]] int32_t slot = 0;
     if constexpr (GR) {
         slot = (int32_t)(tile / set.g_per);
@@ -671,42 +682,58 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     const int64_t row0 = pair ? tile * 8 : tile * 16 * MT;
     const bool dq = KIND == 4 && set.dq && w.sdtype == 2;
     static_assert(!ST || (MT == 1 && NT == 1 && !GR), "staged tiles: few-token, one row tile, not grouped");
-    __shared__ uint64_t st_bar; // (8-byte aligned, as its type)
+    static_assert(!MTS || ST, "tiles a block: staged");
     [[maybe_unused]] const unsigned char *st_sc = nullptr, *st_bi = nullptr; // ST: [16][ng] scales, biases
     [[maybe_unused]] const uint4 *st_rows = nullptr; // ST: [16][st_rb] codes: the split's chunks from st_c0 on
     [[maybe_unused]] int64_t st_c0 = 0, st_rb = row_bytes;
     if constexpr (ST) { // pieces: the 16 rows (pair: gate's 8, up's 8), each its codes, scales and biases
         OSP_DYN_SHARED(uint4, st_sm);
-        const int64_t per = pair ? 8 : 16, cnt = rows - row0 < per ? rows - row0 : per;
-        const int64_t sb = KIND == 2 ? 0 : ng * (w.sdtype == 0 ? 4 : 2); // a row's scales (tc_st_bytes: 16s)
-        unsigned char *codes = (unsigned char *)st_sm, *scs = codes + 16 * row_bytes, *bis = scs + 16 * sb;
-        st_rows = st_sm, st_sc = scs, st_bi = bis;
-        constexpr int K3 = KIND == 2 ? 1 : 3;
-        const int pieces = pair ? 2 : 1;
-        if (SK > 1) { // (bf16, tc_st_bytes) each row's chunks of this split, a row every st_rb bytes
-            const int64_t c0 = 4 * b_lo, c1 = 4 * (b_lo + b_n) < nch ? 4 * (b_lo + b_n) : nch;
-            st_c0 = c0, st_rb = 64 * ((nsteps + SK - 1) / SK);
-            if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(cnt * (c1 - c0) * 16));
-            __syncthreads();
-            if ((int64_t)threadIdx.x < cnt)
-                bulk_g2s(codes + threadIdx.x * st_rb, (const unsigned char *)w.data + (row0 + threadIdx.x) * row_bytes + c0 * 16,
-                         (uint32_t)((c1 - c0) * 16), &st_bar);
-        } else { // a copy a piece's codes, scales and biases
-            if (threadIdx.x == 0) mbar_arm(&st_bar, (uint32_t)(pieces * cnt * (row_bytes + 2 * sb)));
-            __syncthreads();
-            if ((int)threadIdx.x < pieces * K3) {
-                const int pc = (int)threadIdx.x / K3, k = (int)threadIdx.x % K3;
-                const osp_cu_weight &wp = pair ? set.w[pc] : w;
-                const int64_t lrow = pc * 8; // the piece's first row in shared memory
-                if (k == 0)
-                    bulk_g2s(codes + lrow * row_bytes, (const unsigned char *)wp.data + row0 * row_bytes,
-                             (uint32_t)(cnt * row_bytes), &st_bar);
-                else
-                    bulk_g2s((k == 1 ? scs : bis) + lrow * sb,
-                             (const unsigned char *)(k == 1 ? wp.scales : wp.biases) + row0 * sb, (uint32_t)(cnt * sb),
-                             &st_bar);
+        // a tile's copies into buffer bf (tile tl of this block: its weight, rows and sizes its own)
+        auto st_issue = [&](int64_t tl, int bf) {
+            int wj = 0;
+            while (wj < set.nw - 1 && tl >= set.end[wj]) wj++;
+            if (wj) tl -= set.end[wj - 1];
+            const osp_cu_weight &wq = set.w[wj];
+            const int64_t rb = KIND == 2 ? wq.cols * 2 : KIND == 4 ? wq.cols / 2 : wq.cols;
+            const int64_t gq = KIND == 2 ? 0 : wq.cols / (wq.group > 0 ? wq.group : 1);
+            const int64_t r0 = pair ? tl * 8 : tl * 16, per = pair ? 8 : 16;
+            const int64_t cnt = wq.rows - r0 < per ? wq.rows - r0 : per;
+            const int64_t sb = KIND == 2 ? 0 : gq * (wq.sdtype == 0 ? 4 : 2); // a row's scales (tc_st_bytes: 16s)
+            unsigned char *codes = (unsigned char *)st_sm + bf * set.st_stride, *scs = codes + 16 * rb,
+                          *bis = scs + 16 * sb;
+            uint64_t *bar = &st_bars[bf];
+            constexpr int K3 = KIND == 2 ? 1 : 3;
+            const int pieces = pair ? 2 : 1;
+            if (SK > 1) { // (bf16, tc_st_bytes; one tile a block) each row's chunks of this split, a row every st_rb
+                const int64_t c0 = 4 * b_lo, c1 = 4 * (b_lo + b_n) < nch ? 4 * (b_lo + b_n) : nch;
+                const int64_t srb = 64 * ((nsteps + SK - 1) / SK);
+                if (threadIdx.x == 0) mbar_arm(bar, (uint32_t)(cnt * (c1 - c0) * 16));
+                __syncthreads();
+                if ((int64_t)threadIdx.x < cnt)
+                    bulk_g2s(codes + threadIdx.x * srb, (const unsigned char *)wq.data + (r0 + threadIdx.x) * rb + c0 * 16,
+                             (uint32_t)((c1 - c0) * 16), bar);
+            } else { // a copy a piece's codes, scales and biases
+                if (threadIdx.x == 0) mbar_arm(bar, (uint32_t)(pieces * cnt * (rb + 2 * sb)));
+                __syncthreads();
+                if ((int)threadIdx.x < pieces * K3) {
+                    const int pc = (int)threadIdx.x / K3, k = (int)threadIdx.x % K3;
+                    const osp_cu_weight &wp = pair ? set.w[pc] : wq;
+                    const int64_t lrow = pc * 8; // the piece's first row in shared memory
+                    if (k == 0)
+                        bulk_g2s(codes + lrow * rb, (const unsigned char *)wp.data + r0 * rb, (uint32_t)(cnt * rb), bar);
+                    else
+                        bulk_g2s((k == 1 ? scs : bis) + lrow * sb,
+                                 (const unsigned char *)(k == 1 ? wp.scales : wp.biases) + r0 * sb,
+                                 (uint32_t)(cnt * sb), bar);
+                }
             }
-        }
+        };
+        const int64_t sb = KIND == 2 ? 0 : ng * (w.sdtype == 0 ? 4 : 2);
+        const unsigned char *codes = (const unsigned char *)st_sm + (ti & 1) * set.st_stride;
+        st_rows = (const uint4 *)codes, st_sc = codes + 16 * row_bytes, st_bi = st_sc + 16 * sb;
+        if (SK > 1) st_c0 = 4 * b_lo, st_rb = 64 * ((nsteps + SK - 1) / SK);
+        if (ti == 0) st_issue(gtile, 0);
+        if (MTS && ti + 1 < tpb && gtile + 1 < set.end[set.nw - 1]) st_issue(gtile + 1, (ti + 1) & 1); // the next's
     }
     static_assert(!RG || (KIND == 2 && MT == 1 && NT == 1 && !GR && !ST), "ring: few-token bf16 tiles");
     __shared__ uint64_t rg_bar[RG_BUF];
@@ -757,7 +784,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     }
     pdl_wait();
     pdl_trigger();
-    if constexpr (ST) mbar_wait(&st_bar, 0);
+    if constexpr (ST) mbar_wait(&st_bars[ti & 1], 0);
     for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
         float acc[MT][NT][4];
 #pragma unroll
@@ -891,6 +918,10 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             __syncthreads();
         }
     }
+    if (MTS) { // (one split, no tail: tc_go) every warp is done with this tile's buffer
+        __syncthreads();
+        continue;
+    }
     if (SK > 1) { // the last block of a row tile adds the splits' sums in split order
         __shared__ int last;
         __threadfence();
@@ -924,6 +955,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                              set.tadd, tsh, set.tnth);
         if (threadIdx.x == 0) *set.tcnt = 0;
     }
+    } // (the block's tiles)
 }
 
 // a switch's value (its first digit), or dflt when unset or not a digit; callers keep it in a static
@@ -964,7 +996,11 @@ static int tc_dq2() {
 }
 
 #define TC_ST_MAX (64 * 1024)                            // the staged tile's shared memory at most
+#define TC_SM_SHARED (227 * 1024)                        // a multiprocessor's shared memory for blocks (Hopper)
 #define TC_RG_MAX (RG_BUF * 16 * 16 * RG_SS * 64)         // the ring's, blocks of 16 warps
+
+static int tc_mts();
+static int sm_count(void);
 
 // ST: the staged kernel, shm its tile's bytes (tc_st_bytes); RG: the ring, shm its buffers' (tc_rg_bytes)
 template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false, bool RG = false>
@@ -977,7 +1013,40 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
     }
     tc_layout(set, MT, n, sk);
     set.dq = tc_dq2();
-    pdl_launch(k, dim3((unsigned)set.end[set.nw - 1], (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
+    const int64_t tiles = set.end[set.nw - 1];
+    set.tpb = 1, set.st_stride = 0;
+    if (ST && tc_mts() && sk == 1 && !set.tx) { // a block takes several tiles, the next one's copies in flight
+        const int64_t stride = ((int64_t)shm + 255) & ~(int64_t)255, stat = KS == 16 ? 9 * 1024 : 5 * 1024;
+        int bps = 16 / KS; // blocks a multiprocessor: as many with two buffers, or (OSP_CUDA_MTS=2) one
+        if (bps * (2 * stride + stat) > TC_SM_SHARED) bps = tc_mts() == 2 && 2 * stride + stat <= TC_SM_SHARED ? 1 : 0;
+        const int64_t slots = (int64_t)sm_count() * bps;
+        if (bps && tiles > slots) {
+            set.tpb = (int)((tiles + slots - 1) / slots);
+            set.st_stride = stride;
+            if constexpr (ST) {
+                auto km = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, true, false, true>;
+                static int raised_m = 0;
+                if (!raised_m) {
+                    cudaFuncSetAttribute(km, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * TC_ST_MAX + 256);
+                    raised_m = 1;
+                }
+                pdl_launch(km, dim3((unsigned)((tiles + set.tpb - 1) / set.tpb)), dim3(KS * WARP), (size_t)(2 * stride),
+                           st, set, x, n);
+                return;
+            }
+        }
+    }
+    pdl_launch(k, dim3((unsigned)tiles, (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
+}
+
+// OSP_CUDA_MTS=1 (off by default: not measured yet): a staged launch of more tiles than a wave of blocks holds (one
+// split, no tail) gives each block several consecutive tiles in two buffers, the next tile's bulk copies issued
+// before the block waits for the current one's, so a multiprocessor streams without a gap between tiles; where two
+// buffers would leave room for fewer blocks a multiprocessor it does not, unless OSP_CUDA_MTS=2. The same steps in
+// the same order: the same numbers.
+static int tc_mts() {
+    static const int v = env_digit("OSP_CUDA_MTS", 0);
+    return v == 1 || v == 2 ? v : 0;
 }
 
 // Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as

@@ -17,8 +17,10 @@
  *   the host (OSP_CHAIN=0): the tokens of plain greedy steps, call for call,
  *   up to the context's end (where a chain stops queuing); a chain ended
  *   with its last step undone leaves the rows where plain decoding
- *   continues them, bitwise; a forward call or other rows while a chain is
- *   in flight are refused. */
+ *   continues them, bitwise, and one ended with its last step kept gives that
+ *   step's tokens; past the context's end a chain fails with a range error
+ *   and ends; a forward call or other rows while a chain is in flight are
+ *   refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -252,10 +254,13 @@ static void chain_model(const char *name, int fast, int spare, int ahead) {
                      tok[k - 1][1], tok[k - 1][2]);
         n_chained += R;
     }
-    assert_int_equal(osp_forward_chain_end(sb, 1, lg, got), OSP_OK);
+    assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_OK); /* the last step's tokens */
     assert_memory_equal(got, tok[CHAIN_STEPS - 1], sizeof got);
+    assert_int_equal(osp_forward_chain_queued(sb), 0); /* (the longest row is at the context's end) */
+    assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_ERR_RANGE); /* no room: it ends */
     for (int32_t b = 0; b < R; b++) assert_int_equal(osp_session_row_pos(sb, b), osp_session_row_pos(sa, b));
     assert_int_equal(osp_forward_rows_chain(sb, rows, R, NULL, lg, got), OSP_ERR_INVALID); /* ended */
+    assert_int_equal(osp_forward_chain_end(sb, 1, lg, got), OSP_OK);                     /* (none: nothing) */
     /* stopped early: the step fed with the last tokens given back is undone, and plain steps go on from there */
     for (int32_t stop = 2; stop < CHAIN_STEPS - 1; stop += 8) { /* (before the window, and past it) */
         osp_session *sc = chain_session(m, fast, spare);
@@ -265,10 +270,12 @@ static void chain_model(const char *name, int fast, int spare, int ahead) {
             assert_int_equal(osp_forward_rows_chain(sc, rows, R, NULL, lg, got), OSP_OK);
             assert_memory_equal(got, tok[k - 1], sizeof got);
         }
-        assert_int_equal(osp_forward_chain_end(sc, 0, NULL, NULL), OSP_OK);
-        assert_int_equal(osp_session_row_pos(sc, 2), 7 + stop);
+        int keep = stop < 8; /* the first stop point finishes the step fed with the last tokens, the second undoes it */
+        assert_int_equal(osp_forward_chain_end(sc, keep, lg, keep ? got : NULL), OSP_OK);
+        if (keep) assert_memory_equal(got, tok[stop], sizeof got);
+        assert_int_equal(osp_session_row_pos(sc, 2), 7 + stop + keep);
         memcpy(cur, got, sizeof cur);
-        for (int32_t k = stop; k < CHAIN_STEPS; k++) {
+        for (int32_t k = stop + keep; k < CHAIN_STEPS; k++) {
             assert_int_equal(osp_forward_rows_ids(sc, rows, R, cur, 1, NULL, lg, got), OSP_OK);
             if (memcmp(got, tok[k], sizeof got)) fail_msg("%s: stopped after %d, plain step %d differs", what, stop, k);
             memcpy(cur, got, sizeof cur);

@@ -229,7 +229,7 @@ typedef struct osp_backend {
     int (*can_embed_prev)(const osp_weight *e);
     void (*embed_prev)(osp_be_session *s, const osp_weight *e, float scale, int64_t n, osp_dbuf *x);
     /* Wait for the oldest head run with defer_ids whose ids have not been waited for, and write its ids where
-     * its arguments said; OSP_OK, or the failure of that step. NULL: heads never defer. */
+     * its arguments said; OSP_OK, or the failure of that step (none waiting: OSP_OK). NULL: heads never defer. */
     osp_status (*ids_wait)(osp_be_session *s);
     void (*attention)(osp_be_session *s, const osp_attn_args *a);
     /* store a chunk's K/V in the cache (see osp_kv_write) */

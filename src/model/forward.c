@@ -122,10 +122,9 @@ static osp_status chain_step(osp_session *s, const int32_t *ids, float *logits) 
     return rc;
 }
 
-/* a failure: what is queued is waited for, and the chain ends */
+/* a failure: what is queued is waited for (two steps at most; a wait with none is a no-op), and the chain ends */
 static osp_status chain_fail(osp_session *s, osp_status rc) {
-    while (s->chain == CHAIN_FLIGHT && s->be->ids_wait && s->be->ids_wait(s->bs) == OSP_OK) {
-    }
+    for (int i = 0; i < 2 && s->chain == CHAIN_FLIGHT && s->be->ids_wait; i++) s->be->ids_wait(s->bs);
     s->chain = CHAIN_NONE;
     return rc;
 }

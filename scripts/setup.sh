@@ -2,7 +2,7 @@
 # Installs osprey's Debian dependencies (when missing) and builds it in build/.
 set -eu
 cd "$(dirname "$0")/.."
-PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev libssl-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev zlib1g-dev"
+PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libssl-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev zlib1g-dev"
 # scripts/test.sh adds what only the tests need (clang + libFuzzer for fuzz/)
 PKGS="$PKGS ${OSP_TEST_PKGS:-}"
 missing=""

@@ -44,12 +44,16 @@ static int usage(FILE *f) {
             "  --kv-group-size N        KV quantization group along head_dim: 32, 64 (default) or 128\n"
             "  -ctk, -ctv TYPE          llama-server spellings: q4_0 = --kv-bits 4, q8_0 = 8, f16/bf16 = 16, f32 = 32\n"
             "  --timeout S              a connection must send its request head within S seconds of connecting\n"
-            "                           (or of its previous response), and is closed after S idle seconds (default 10)\n"
+            "                           (or of its previous response; then an idle one is closed) (default 10)\n"
             "  --body-timeout S         a request body must arrive within S seconds of its head (default 60; 0 = none)\n"
-            "  --max-connections N      connections served at once, and as many waiting for their request head; when\n"
-            "                           that waiting set is full the oldest waiting connection is closed (default 1024)\n"
+            "  --write-timeout S        a client that reads nothing of its response for S seconds is disconnected\n"
+            "                           and its request cancelled (default 60)\n"
+            "  --max-connections N      connections held at once (reading a request or being answered); at the limit\n"
+            "                           the one that has waited longest for its request is closed (503) to make\n"
+            "                           room, and when all are being answered a new one gets a 503 (default 1024)\n"
             "  --max-connections-per-client N   connections from one address (default 0 = no cap)\n"
-            "  --drain-timeout S        after SIGINT/SIGTERM, give up delivering responses after S seconds and exit 1\n"
+            "  --drain-timeout S        after SIGINT/SIGTERM, finish the queued and running requests for at most S\n"
+            "                           seconds in all, then cut what is left (an error event or a 503) and exit 1\n"
             "                           (default 0 = deliver everything)\n"
             "  --prompt-cache-size GiB  the prefix cache's memory (KV of earlier prompts and replies, reused by a\n"
             "                           prompt that starts with one), inside the KV budget (default 2; 0 = off;\n"
@@ -173,6 +177,7 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }
         else if (IS("--timeout") || IS("-to")) { if (NUM(0.1, 86400)) return 2; c.timeout = d; }
         else if (IS("--body-timeout")) { if (NUM(0, 86400)) return 2; c.body_timeout = d; }
+        else if (IS("--write-timeout")) { if (NUM(0.1, 86400)) return 2; c.write_timeout = d; }
         else if (IS("--max-connections")) { if (NUM(8, 1 << 20)) return 2; c.max_connections = (int)d; }
         else if (IS("--max-connections-per-client")) { if (NUM(0, 1 << 20)) return 2; c.max_per_client = (int)d; }
         else if (IS("--prompt-cache-size") || IS("--prompt-cache")) { if (NUM(0, 1 << 20)) return 2; c.prompt_cache_gib = d; }

@@ -14,7 +14,6 @@
  * and are never queued behind a long recording. Bad audio (not audio,
  * truncated, empty) is a 400 naming the problem. */
 #include <math.h>
-#include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 #include "audio/audio.h"
@@ -46,18 +45,8 @@ void srv_audio_teardown(srv *s) {
     s->audio_mu_init = 0;
 }
 
-static enum MHD_Result send_err(srv *s, struct MHD_Connection *c, int status, const char *msg, const char *param) {
-    json_t *e = srv_error_json(status, msg, param);
-    srv_buf b = {0};
-    int bad = srv_buf_add_json(&b, e) || srv_buf_add(&b, "\n", 1);
-    json_decref(e);
-    if (bad) {
-        srv_buf_free(&b);
-        return MHD_NO;
-    }
-    struct MHD_Response *r = MHD_create_response_from_buffer(b.len, b.p, MHD_RESPMEM_MUST_FREE);
-    if (!r) srv_buf_free(&b);
-    return srv_queue_response(s, c, status, r, "application/json");
+static int send_err(srv *s, srv_req *c, int status, const char *msg, const char *param) {
+    return srv_send_json(s, c, status, srv_error_json(status, msg, param));
 }
 
 /* A form field as a NUL-terminated string in buf (cap), or NULL when absent. */
@@ -73,12 +62,12 @@ static const char *field(const srv_form *f, const char *name, char *buf, size_t 
     return buf;
 }
 
-enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *body, size_t len, int translate) {
+int srv_audio_respond(srv *s, srv_req *c, const char *body, size_t len, int translate) {
     if (!s->audio)
         return send_err(s, c, 404, "no audio model is served (start osprey serve with --audio-model)", "model");
-    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type"), *err = NULL;
+    const char *ct = srv_req_header(c, "Content-Type"), *err = NULL;
     srv_form *f = malloc(sizeof *f);
-    if (!f) return MHD_NO;
+    if (!f) return send_err(s, c, 500, "out of memory", NULL);
     if (srv_multipart_parse(ct, body ? body : "", len, f, &err)) {
         free(f);
         return send_err(s, c, 400, err, NULL);
@@ -98,7 +87,7 @@ enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *
         else if (!(p->len == 7 && !memcmp(p->data, "segment", 7))) bad_gran = 1;
     }
     const srv_part *file = srv_form_get(f, "file");
-    enum MHD_Result rc;
+    int rc;
     osp_transcribe_opts o;
     osp_transcribe_defaults(&o);
     if (too_long) {
@@ -162,11 +151,9 @@ enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *
         rc = send_err(s, c, 500, osp_last_error(), NULL);
         goto done;
     }
-    /* the formatter's buffer is the counting allocator's: copied for libmicrohttpd */
-    struct MHD_Response *r = MHD_create_response_from_buffer(olen, out, MHD_RESPMEM_MUST_COPY);
-    osp_free(out);
     int is_json = !strcmp(format, "json") || !strcmp(format, "verbose_json");
-    rc = srv_queue_response(s, c, 200, r, is_json ? "application/json" : "text/plain; charset=utf-8");
+    rc = srv_req_reply(c, 200, is_json ? "application/json" : "text/plain; charset=utf-8", out, olen, NULL);
+    osp_free(out);
 done:
     free(f);
     return rc;

@@ -1,5 +1,5 @@
 /* server/head: the checks an HTTP/1.1 request head must pass before the
- * request is handed to libmicrohttpd (see front.c). Pure parsing, no I/O:
+ * request is admitted (see front.c). Pure parsing, no I/O:
  * the fuzzers drive it directly. */
 #include <ctype.h>
 #include <stdio.h>

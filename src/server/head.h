@@ -1,6 +1,5 @@
-/* server/head: checks an HTTP/1.x request head before libmicrohttpd sees it,
- * so that every malformed request is answered in the API's JSON error shape
- * (libmicrohttpd answers some of them itself, with HTML pages).
+/* server/head: checks an HTTP/1.x request head as it arrives (front.c), so
+ * that every malformed request is answered in the API's JSON error shape.
  *
  * Accepted: "METHOD SP target SP HTTP/1.0|1.1" then header fields; at most
  * one Content-Length value (repeats must be equal; digits only, at most 18);

@@ -18,7 +18,6 @@
  *     probe with a reset, which the next poll sees; a half-closed one gets
  *     its answer. */
 #define _GNU_SOURCE
-#include <microhttpd.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +36,7 @@ typedef struct srv_resp {
     int status;            /* of the answer (MODE_BODY) */
     osp_reply *reply;
     srv_buf content, reasoning;
-    srv_buf out;           /* bytes for the client not yet handed to MHD */
+    srv_buf out;           /* bytes for the client not yet written */
     size_t out_off;
     json_t *lp_pending;    /* chat: logprobs entries not yet sent (stream) or all (body) */
     json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
@@ -334,12 +333,10 @@ static void pump(srv_resp *r) {
     free(end);
 }
 
-/* Silence on a started response longer than libmicrohttpd's idle timeout
- * closes its connection, and a long prefill, or a wait in the queue behind
- * other requests, can be that long: an SSE stream with nothing to say for a
- * quarter of it sends a comment. (A body response is not started until the
- * answer is whole: its connection's thread waits in the handler, where no
- * idle timeout is counted.) */
+/* A long prefill, or a wait in the queue behind other requests, can leave a
+ * started stream silent for long: clients and proxies with read timeouts
+ * would take it for dead, so an SSE stream with nothing to say for a quarter
+ * of --timeout sends a comment. */
 static int keepalive_ms(const srv_resp *r) {
     int t = r->s->limits.idle_timeout * 250; /* a quarter: room for a loaded machine's scheduling delays */
     return t < 250 ? 250 : t;
@@ -416,56 +413,59 @@ static void resp_free(srv_resp *r) {
     free(r);
 }
 
-/* ---- MHD ---- */
+/* ---- writing ---- */
 
-static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
-    srv_resp *r = cls;
-    (void)pos;
-    for (;;) {
-        if (r->out.len > r->out_off) {
-            size_t n = r->out.len - r->out_off;
-            if (n > max) n = max;
-            memcpy(buf, r->out.p + r->out_off, n);
-            r->out_off += n;
-            if (r->out_off == r->out.len) r->out.len = r->out_off = 0;
-            return (ssize_t)n;
+/* The stream's bytes so far to the client. -1: the client is gone or stalled. */
+static int flush_out(srv_resp *r, srv_req *c) {
+    if (r->out.len <= r->out_off) return 0;
+    int rc = srv_req_stream_write(c, r->out.p + r->out_off, r->out.len - r->out_off);
+    r->out.len = r->out_off = 0;
+    return rc;
+}
+
+/* A response written as it is generated: SSE, or a body that began early
+ * (MODE_BODY_CHUNKED). Ends with the job, or when the client goes. */
+static int stream(srv *s, srv_req *c, srv_resp *r, const char *ctype) {
+    const char *extra = r->mode == MODE_SSE ? "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n" : NULL;
+    int rc = srv_req_stream_begin(c, 200, ctype, extra);
+    while (!rc) {
+        if ((rc = flush_out(r, c))) break;
+        if (r->gone) { /* cancelled: the response is cut */
+            rc = -1;
+            break;
         }
-        if (r->gone) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (r->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (r->ended) {
+            rc = srv_req_stream_end(c);
+            break;
+        }
         if (r->probe) { /* see the top of this file */
             r->probe = 0;
-            if (r->mode == MODE_SSE) srv_buf_add(&r->out, ": ping\n\n", 8);
-            else srv_buf_add(&r->out, "\n", 1);
+            if (srv_buf_add(&r->out, r->mode == MODE_SSE ? ": ping\n\n" : "\n", r->mode == MODE_SSE ? 8 : 1)) r->failed = 1;
             continue;
         }
         int w = wait_news(r, r->mode == MODE_SSE ? keepalive_ms(r) : -1);
-        if (w < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w < 0) {
+            rc = -1;
+            break;
+        }
         if (w > 0) {
-            srv_buf_add(&r->out, ": keep-alive\n\n", 14);
+            if (srv_buf_add(&r->out, ": keep-alive\n\n", 14)) r->failed = 1;
             continue;
         }
         pump(r);
     }
+    if (rc) c->close_after = 1;
+    if (c->stalled) {
+        atomic_fetch_add(&s->c_stalled, 1);
+        OSP_LOG(1, "osprey serve: %s cancelled: the client read nothing for --write-timeout %g s", r->j->id,
+                c->write_timeout);
+    }
+    resp_free(r); /* a job still running is cancelled */
+    return rc;
 }
 
-static void reader_free(void *cls) { resp_free(cls); }
-
-static enum MHD_Result queue_stream(srv *s, struct MHD_Connection *c, srv_resp *r, const char *ctype) {
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, reader, r, reader_free);
-    if (!resp) {
-        resp_free(r);
-        return MHD_NO;
-    }
-    if (r->mode == MODE_SSE) {
-        MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    }
-    return srv_queue_response(s, c, 200, resp, ctype);
-}
-
-enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    srv_resp *r = resp_new(s, j, ci ? ci->connect_fd : -1);
+int srv_respond(srv *s, srv_req *c, srv_job *j) {
+    srv_resp *r = resp_new(s, j, c->fd);
     if (!r) {
         srv_job_release(j);
         return srv_send_error(s, c, 500, "out of memory");
@@ -474,30 +474,29 @@ enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j) {
         resp_free(r); /* never queued: nothing to cancel */
         return srv_send_error(s, c, 503, "the server is shutting down");
     }
-    if (r->mode == MODE_SSE) return queue_stream(s, c, r, "text/event-stream");
-    /* wait for the whole answer on this thread */
+    if (r->mode == MODE_SSE) return stream(s, c, r, "text/event-stream");
+    /* wait for the whole answer */
     while (!r->ended) {
         int w = wait_news(r, keepalive_ms(r));
-        if (w < 0) {
-            resp_free(r);
-            return MHD_NO; /* the client is gone: close */
-        }
+        if (w < 0) break;
         if (w == 0) pump(r);
-        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on in the reader */
+        if (!r->ended && r->eof) { /* answer now (200, chunked), probe, and go on as a stream */
             r->mode = MODE_BODY_CHUNKED;
-            return queue_stream(s, c, r, "application/json");
+            return stream(s, c, r, "application/json");
         }
     }
-    if (r->gone) {
+    if (!r->ended || r->gone) { /* the client is gone: nothing to answer */
+        c->failed = 1;
+        c->close_after = 1;
         resp_free(r);
-        return MHD_NO;
+        return -1;
     }
-    int status = r->status;
-    srv_buf out = r->out;
-    memset(&r->out, 0, sizeof r->out);
+    int rc = srv_req_reply(c, r->status, "application/json", r->out.p ? r->out.p : "", r->out.len, NULL);
+    if (c->stalled) {
+        atomic_fetch_add(&s->c_stalled, 1);
+        OSP_LOG(1, "osprey serve: %s: the client read nothing for --write-timeout %g s: its answer was dropped",
+                r->j->id, c->write_timeout);
+    }
     resp_free(r);
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(out.len, out.p ? out.p : (void *)"", out.p ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!resp) srv_buf_free(&out);
-    return srv_queue_response(s, c, status, resp, "application/json");
+    return rc;
 }

@@ -1,7 +1,6 @@
 /* server/server: osp_serve, the server's lifecycle: limits, the HTTP side,
  * model loading behind /health, signals and draining. */
 #define _GNU_SOURCE
-#include <microhttpd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +27,7 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->kv_group = 64;
     c->timeout = 10;
     c->body_timeout = 60;
+    c->write_timeout = 60;
     c->max_connections = 1024;
     c->prompt_cache_gib = 2;
     c->prompt_cache_disk_gib = 10;
@@ -36,13 +36,14 @@ void osp_serve_config_defaults(osp_serve_config *c) {
 
 /* The limits, with the connection cap fitted to the descriptors we may open:
  * the soft limit is raised to the hard one, and each connection may need
- * two (waiting in front.c, then in libmicrohttpd) plus some to spare. */
+ * two (held, and as many again closing gracefully) plus some to spare. */
 static void set_limits(srv *s) {
     const osp_serve_config *c = &s->cfg;
     srv_limits *L = &s->limits;
     L->head_timeout = c->timeout > 0 ? c->timeout : 10;
     L->idle_timeout = (int)(L->head_timeout + 0.999);
     L->body_timeout = c->body_timeout > 0 ? c->body_timeout : 0;
+    L->write_timeout = c->write_timeout > 0 ? c->write_timeout : 60;
     L->per_client = c->max_per_client > 0 ? c->max_per_client : 0;
     int want = c->max_connections > 0 ? c->max_connections : 1024;
     struct rlimit rl;
@@ -85,21 +86,31 @@ static void *signal_thread(void *arg) {
     return NULL;
 }
 
-/* Wait for the responses in flight to reach their clients, at most
- * --drain-timeout seconds (0: as long as it takes; a second signal exits at
- * once). Returns how many were cut. */
+/* After the signal: the queued and running work finishes and its responses
+ * reach their clients, for at most --drain-timeout seconds in all (0: as
+ * long as it takes; a second signal exits at once). Past the deadline what
+ * is left is cancelled: a stream ends with an error event, a waiting client
+ * gets a 503. Returns how many requests were cut. */
 static int drain(srv *s) {
     double t0 = osp_now_s(), limit = s->cfg.drain_timeout, last_log = t0;
-    while (atomic_load(&s->active) > 0) {
+    for (;;) {
+        int queued = 0, running = 0, active = atomic_load(&s->active);
+        if (s->worker_started) srv_queue_counts(s, &queued, &running);
+        if (!queued && !running && !active) return 0;
         double now = osp_now_s();
-        if (limit > 0 && now - t0 >= limit) return atomic_load(&s->active);
+        if (limit > 0 && now - t0 >= limit) {
+            int cut = active > queued + running ? active : queued + running;
+            if (s->worker_started) srv_queue_cancel_all(s);
+            for (int i = 0; i < 100 && atomic_load(&s->active) > 0; i++) usleep(10000); /* their last words */
+            return cut;
+        }
         if (now - last_log >= 10) {
-            OSP_LOG(1, "osprey serve: still delivering %d responses", atomic_load(&s->active));
+            OSP_LOG(1, "osprey serve: still finishing %d queued, %d generating, %d responses in flight", queued,
+                    running, active);
             last_log = now;
         }
         usleep(10000);
     }
-    return 0;
 }
 
 int osp_serve(const osp_serve_config *cfg) {
@@ -111,7 +122,6 @@ int osp_serve(const osp_serve_config *cfg) {
     srv_model_name(cfg->model ? cfg->model : cfg->audio_model, s->model_name, sizeof s->model_name);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
-    pthread_mutex_init(&s->conn_mu, NULL);
     set_limits(s);
     signal(SIGPIPE, SIG_IGN);
     sigemptyset(&g_sigset);
@@ -123,14 +133,12 @@ int osp_serve(const osp_serve_config *cfg) {
     pthread_detach(sig_thr);
 
     int rc = 1;
-    struct MHD_Daemon *d = NULL;
     srv_front *front = NULL;
     if (osp_set_threads(cfg->threads) != OSP_OK) { /* the pool's threads inherit the blocked signals */
         fprintf(stderr, "osprey serve: %s\n", osp_last_error());
         goto out;
     }
-    d = srv_http_start(s);
-    if (!d || srv_front_start(s, d, &front)) goto out;
+    if (srv_front_start(s, &front)) goto out;
     if (srv_setup(s)) {
         fprintf(stderr, "osprey serve: %s\n", osp_last_error());
         goto out;
@@ -152,20 +160,20 @@ int osp_serve(const osp_serve_config *cfg) {
     rc = 0;
 out:
     atomic_store(&s->draining, 1);
-    srv_worker_stop(s); /* runs what is queued, then returns */
     int cut = drain(s);
     if (cut) {
-        OSP_LOG(0, "osprey serve: --drain-timeout: %d responses were cut before they were delivered", cut);
+        OSP_LOG(0, "osprey serve: --drain-timeout: %d requests were cut before they were delivered", cut);
         if (rc == 0) rc = 1;
     }
-    srv_front_stop(front);
-    if (d) MHD_stop_daemon(d);
+    srv_worker_stop(s); /* nothing is left to run */
+    int left = srv_front_stop(front, 2.0);
+    if (left) { /* a transcription cannot be interrupted: its thread still uses the model, so nothing is freed */
+        OSP_LOG(1, "osprey serve: %d requests still running at exit", left);
+        return rc;
+    }
     srv_teardown(s);
-    free(s->conn_addr);
-    free(s->conn_of);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
-    pthread_mutex_destroy(&s->conn_mu);
     free(s);
     if (rc == 0) OSP_LOG(1, "osprey serve: bye");
     return rc;

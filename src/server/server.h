@@ -1,20 +1,23 @@
 /* server/: osprey serve, an OpenAI-compatible HTTP server.
  *
- *   front.c    the listening socket; connections wait here (a poll set, no
- *              thread) until their request head is complete, are checked
- *              (head.c) and handed to libmicrohttpd, or refused in JSON
- *   http.c     libmicrohttpd, one thread per connection: routing, API key,
- *              CORS, body limit and deadline, the small routes
+ *   front.c    every connection's socket (one thread, a poll set): reads each
+ *              request's head (head.c) and body (body.c), decides at the head
+ *              (http.c's srv_http_admit: route, API key, body limit), holds
+ *              the limits and deadlines, refuses in JSON; a whole request
+ *              goes to a handler thread
+ *   http.c     on the handler thread: routing, CORS, the small routes;
+ *              conn.c writes the response (whole, or chunked as it comes)
  *     └─ request.c  JSON body ─► validated job (template, tokens, sampler)
  *        └─ queue ─► worker.c  continuous batching: up to --parallel rows;
  *                       prefill chunks interleaved with batched decode steps;
  *                       each row's progress as events on its job
- *     └─ respond.c  the connection thread turns the events into SSE chunks
+ *     └─ respond.c  the handler thread turns the events into SSE chunks
  *                   or the final JSON (reply.c: reasoning / tool calls)
  *   setup.c    model, session, KV budget; server.c the lifecycle
  *
- * A client that disconnects cancels its job (queued or running); SIGINT /
- * SIGTERM stop accepting work, finish it and deliver it, then exit.
+ * A client that disconnects, or reads nothing for --write-timeout, cancels
+ * its job (queued or running); SIGINT / SIGTERM stop accepting work, finish
+ * it and deliver it (within --drain-timeout), then exit.
  */
 #ifndef OSP_SERVER_H
 #define OSP_SERVER_H
@@ -45,7 +48,8 @@ typedef struct osp_serve_config {
     double timeout;             /* s a connection may take to send a request head, and sit idle
                                    between requests (default 10) */
     double body_timeout;        /* s from a request's head to the end of its body (default 60; 0 = none) */
-    int max_connections;        /* connections served at once (default 1024, capped by the fd limit) */
+    double write_timeout;       /* s a response may wait for its client to read before it is abandoned (default 60) */
+    int max_connections;        /* connections held at once (default 1024, capped by the fd limit) */
     int max_per_client;         /* connections from one address (default 0 = no cap) */
     double drain_timeout;       /* s to finish after SIGTERM/SIGINT (default 0 = until all is delivered) */
     int strict_model;           /* a request naming another model gets a 404 (default: it is served) */

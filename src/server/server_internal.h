@@ -3,12 +3,12 @@
 #define OSP_SERVER_INTERNAL_H
 
 #include <jansson.h>
-#include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include "osprey.h"
+#include "server/conn.h"
 #include "server/reply.h"
 #include "server/server.h"
 #include "text/chat_template.h"
@@ -47,6 +47,8 @@ const char *srv_error_type(int status);
  * The connection thread takes them off the job and turns them into SSE
  * chunks or a JSON body (respond.c), waking on the job's eventfd. */
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+
+enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 }; /* why a job was cancelled: its client left; --drain-timeout */
 
 typedef enum srv_ev_kind { SRV_EV_TEXT, SRV_EV_LOGPROB, SRV_EV_END } srv_ev_kind;
 
@@ -95,7 +97,7 @@ typedef struct srv_job {
     int ended;                /* the END event is queued: nothing more comes */
     int refs;
     int wake_fd;              /* eventfd: written on every event */
-    atomic_int cancel;        /* set by the connection side; the worker stops */
+    atomic_int cancel;        /* SRV_CANCEL_*, set by the connection side or the drain: the worker stops */
     struct srv_job *next;     /* queue link (under the queue's lock) */
     int batch_max;            /* worker only */
 } srv_job;
@@ -117,9 +119,10 @@ typedef struct srv_front srv_front; /* front.c */
 /* Connection limits and deadlines (osp_serve_config, with defaults applied). */
 typedef struct srv_limits {
     double head_timeout;      /* s from connecting (or the previous response) to a complete request head */
-    int idle_timeout;         /* s a kept-alive connection may sit idle (libmicrohttpd's timeout) */
+    int idle_timeout;         /* --timeout rounded up: the keep-alive comments of a silent stream come 4 times in it */
     double body_timeout;      /* s from the head to the end of the body; 0 = none */
-    int max_connections;      /* connections served at once, and as many waiting for their head */
+    double write_timeout;     /* s a response may wait for its client to read (--write-timeout) */
+    int max_connections;      /* connections held at once (reading a request, or being answered) */
     int per_client;           /* connections from one address; 0 = no cap */
 } srv_limits;
 
@@ -165,13 +168,8 @@ typedef struct srv {
     char pc_dir[4096];        /* the prefix cache's folder ("" = memory only) */
     /* counters for /stats and /metrics (the worker adds; readers load) */
     atomic_llong c_requests, c_ok, c_failed, c_cancelled, c_prompt_tokens, c_cached_tokens, c_gen_tokens;
-    atomic_llong c_draft, c_draft_accepted;        /* generation requests whose response is not yet sent */
-
-    /* connections libmicrohttpd holds, by client address (http.c) */
-    pthread_mutex_t conn_mu;
-    struct sockaddr_storage *conn_addr;
-    struct MHD_Connection **conn_of;
-    int n_conn;
+    atomic_llong c_draft, c_draft_accepted;
+    atomic_llong c_stalled;   /* responses abandoned at --write-timeout */
 
     /* the audio model (audio.c): read-only after setup; one transcription at a time */
     struct osp_whisper *audio;
@@ -188,26 +186,31 @@ void srv_model_name(const char *path, char *out, size_t cap); /* the id clients 
 /* audio.c: --audio-model (0 ok, else osp_last_error) and its routes */
 int srv_audio_setup(srv *s);
 void srv_audio_teardown(srv *s);
-enum MHD_Result srv_audio_respond(srv *s, struct MHD_Connection *c, const char *body, size_t len, int translate);
+int srv_audio_respond(srv *s, srv_req *q, const char *body, size_t len, int translate);
 
-/* http.c */
-struct MHD_Daemon *srv_http_start(srv *s);
-int srv_conns_from(srv *s, const struct sockaddr *a);
+/* http.c: at a request's head (front.c's thread): 0 to read its body (up
+ * to *limit bytes), else the status to refuse it with, and why in msg. */
+int srv_http_admit(srv *s, srv_req *q, size_t *limit, char *msg, size_t cap);
+/* On the request's handler thread, its body read: route it and answer. */
+void srv_http_handle(srv *s, srv_req *q);
 
-/* front.c: the listening socket; prints "listening on" once bound. 0 ok. */
-int srv_front_start(srv *s, struct MHD_Daemon *d, srv_front **out);
-void srv_front_stop(srv_front *f);
+/* front.c: the listening socket and every connection (see its top); prints
+ * "listening on" once bound. 0 ok. */
+int srv_front_start(srv *s, srv_front **out);
+/* Stop accepting, close what waits, cut the responses still being written
+ * and wait up to grace_s for their threads; returns how many are still
+ * running (then nothing was freed). */
+int srv_front_stop(srv_front *f, double grace_s);
 
 #define SRV_KV_BUDGET_MSG "the prompt plus max_tokens needs more KV cache than --kv-budget allows"
 
-/* server.c: a response with the server's headers (CORS), destroyed here. */
-enum MHD_Result srv_queue_response(srv *s, struct MHD_Connection *c, int status, struct MHD_Response *r,
-                                   const char *ctype);
-enum MHD_Result srv_send_error(srv *s, struct MHD_Connection *c, int status, const char *msg);
+/* http.c: a JSON body (o is stolen) or a JSON error; 0 ok, -1 when the client is gone. */
+int srv_send_json(srv *s, srv_req *q, int status, json_t *o);
+int srv_send_error(srv *s, srv_req *q, int status, const char *msg);
 
 /* respond.c: queue the job and answer the request with its result (a
  * stream, or the body once it is done); takes the caller's reference. */
-enum MHD_Result srv_respond(srv *s, struct MHD_Connection *c, srv_job *j);
+int srv_respond(srv *s, srv_req *q, srv_job *j);
 
 /* request.c: build a job from a request body. On failure returns NULL with
  * *status (4xx) and *err (a new JSON error object). */
@@ -224,6 +227,7 @@ int srv_metrics_text(srv *s, srv_buf *b);
 int srv_queue_push(srv *s, srv_job *j); /* 0 ok; -1 when draining */
 int srv_worker_start(srv *s);
 void srv_worker_stop(srv *s);       /* after the queue is empty */
+void srv_queue_cancel_all(srv *s);  /* --drain-timeout: every job, queued or running, ends with a 503 */
 int srv_slots_init(srv *s);         /* the rows of the batch (s->parallel); 0 ok */
 void srv_prefix_freed(void *srv_);  /* the prefix cache gave memory back: admission may go on */
 int srv_queue_idle(srv *s);         /* nothing queued or running */

@@ -7,7 +7,7 @@
 #include "server/server_internal.h"
 
 typedef struct srv_counts {
-    long long requests, ok, failed, cancelled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
+    long long requests, ok, failed, cancelled, stalled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
     int queued, running, parallel;
     long long kv_budget, kv_reserved;
     int have_pc;
@@ -19,6 +19,7 @@ static void gather(srv *s, srv_counts *c) {
     c->cancelled = atomic_load(&s->c_cancelled), c->prompt_tokens = atomic_load(&s->c_prompt_tokens);
     c->cached_tokens = atomic_load(&s->c_cached_tokens), c->gen_tokens = atomic_load(&s->c_gen_tokens);
     c->draft = atomic_load(&s->c_draft), c->draft_accepted = atomic_load(&s->c_draft_accepted);
+    c->stalled = atomic_load(&s->c_stalled);
     pthread_mutex_lock(&s->qmu);
     c->queued = s->n_queued, c->running = s->busy, c->kv_reserved = s->kv_reserved;
     pthread_mutex_unlock(&s->qmu);
@@ -61,6 +62,7 @@ json_t *srv_stats_json(srv *s) {
                                                               c.draft_accepted, "acceptance",
                                                               c.draft ? (double)c.draft_accepted / c.draft : 0.0)
                                                   : json_null());
+    json_object_set_new(o, "write_timeouts", json_integer(c.stalled));
     json_object_set_new(o, "model_identity", s->identity[0] ? json_string(s->identity) : json_null());
     return o;
 }
@@ -77,6 +79,9 @@ int srv_metrics_text(srv *s, srv_buf *b) {
                          "# TYPE osprey_requests_total counter\n"
                          "osprey_requests_total{outcome=\"ok\"} %lld\nosprey_requests_total{outcome=\"failed\"} %lld\n"
                          "osprey_requests_total{outcome=\"cancelled\"} %lld\n", c.ok, c.failed, c.cancelled);
+    e |= metric(b, "write_timeouts_total", "counter",
+                "Responses abandoned because the client read nothing for --write-timeout (their requests cancelled).",
+                c.stalled);
     e |= metric(b, "prompt_tokens_total", "counter", "Prompt tokens of finished requests.", c.prompt_tokens);
     e |= metric(b, "prompt_tokens_cached_total", "counter", "Prompt tokens served from the prefix cache.", c.cached_tokens);
     e |= metric(b, "generated_tokens_total", "counter", "Tokens generated.", c.gen_tokens);

@@ -221,7 +221,10 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
     atomic_fetch_add(&s->c_gen_tokens, st.n_generated);
     atomic_fetch_add(&s->c_draft, st.n_draft);
     atomic_fetch_add(&s->c_draft_accepted, st.n_draft_accepted);
-    if (cancelled) {
+    if (cancelled && atomic_load(&j->cancel) == SRV_CANCEL_SHUTDOWN) {
+        OSP_LOG(1, "osprey serve: %s cut by --drain-timeout after %d tokens", j->id, st.n_generated);
+        srv_job_end(j, 503, "the server is shutting down (--drain-timeout)", &st);
+    } else if (cancelled) {
         OSP_LOG(2, "osprey serve: %s cancelled (client gone) after %d tokens", j->id, st.n_generated);
         srv_job_end(j, 499, "cancelled", &st);
     } else if (rc != OSP_OK) {
@@ -273,12 +276,13 @@ static int admit(srv *s, srv_job **out, int64_t *need_out, int max) {
         if (!s->head) s->tail = NULL;
         s->n_queued--;
         if (gone || never) { /* never: refused before queueing (server.c); kept as a guard */
-            if (gone) { /* counted and logged as a cancelled running request is */
+            if (gone == SRV_CANCEL_CLIENT) { /* counted and logged as a cancelled running request is */
                 atomic_fetch_add(&s->c_requests, 1);
                 atomic_fetch_add(&s->c_cancelled, 1);
                 OSP_LOG(2, "osprey serve: %s cancelled (client gone) while queued", j->id);
             }
-            srv_job_end(j, gone ? 499 : 400, gone ? "cancelled" : SRV_KV_BUDGET_MSG, NULL);
+            if (gone == SRV_CANCEL_SHUTDOWN) srv_job_end(j, 503, "the server is shutting down (--drain-timeout)", NULL);
+            else srv_job_end(j, gone ? 499 : 400, gone ? "cancelled" : SRV_KV_BUDGET_MSG, NULL);
             srv_job_release(j);
             continue;
         }
@@ -559,6 +563,15 @@ int srv_worker_start(srv *s) {
     if (pthread_create(&s->worker, NULL, worker_main, s)) return -1;
     s->worker_started = 1;
     return 0;
+}
+
+void srv_queue_cancel_all(srv *s) {
+    pthread_mutex_lock(&s->qmu);
+    for (srv_job *j = s->head; j; j = j->next) atomic_store(&j->cancel, SRV_CANCEL_SHUTDOWN);
+    for (int i = 0; s->slots && i < s->parallel; i++)
+        if (s->slots[i].j) atomic_store(&s->slots[i].j->cancel, SRV_CANCEL_SHUTDOWN);
+    pthread_cond_broadcast(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
 }
 
 void srv_worker_stop(srv *s) {

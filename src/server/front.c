@@ -45,6 +45,7 @@
 #define LINGER_S 5.0              /* a graceful close reads and drops the client's bytes this long at most, */
 #define LINGER_IDLE_S 2.0         /* or until it is silent this long, */
 #define LINGER_BYTES (64u << 20)  /* or this many bytes */
+#define SNDBUF (256 * 1024)       /* a connection's send buffer (the kernel doubles it) */
 
 enum { C_HEAD, C_BODY, C_BUSY, C_CLOSING, C_DEAD };
 
@@ -337,6 +338,10 @@ static void on_accept(srv_front *f) {
             }
             return;
         }
+        /* a fixed send buffer: a reader that stops holds at most this much of the kernel's memory, and is
+         * found stalled (--write-timeout) once it is full, not after the buffer has grown to megabytes */
+        int sndbuf = SNDBUF;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
         fconn *c = calloc(1, sizeof *c);
         if (c && f->n == f->cap) {
             fconn **p = realloc(f->c, sizeof *p * (size_t)(f->cap * 2));

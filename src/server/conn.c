@@ -1,6 +1,7 @@
 /* server/conn: the request as parsed from its head, and the response's
  * framing on the socket (see conn.h). */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -13,23 +14,20 @@
 #include "server/conn.h"
 #include "server/server_internal.h"
 
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decoding in place (a malformed escape stays as it is). */
 static void unescape(char *s) {
     char *w = s;
     for (char *r = s; *r; r++) {
-        if (*r == '%' && hexval(r[1]) >= 0 && hexval(r[2]) >= 0 && (hexval(r[1]) || hexval(r[2]))) {
-            *w++ = (char)(hexval(r[1]) << 4 | hexval(r[2]));
-            r += 2;
-        } else {
-            *w++ = *r;
+        if (*r == '%' && isxdigit((unsigned char)r[1]) && isxdigit((unsigned char)r[2])) {
+            char hex[3] = {r[1], r[2], 0};
+            long v = strtol(hex, NULL, 16);
+            if (v) { /* %00 stays as it is: a path holds no NUL */
+                *w++ = (char)v;
+                r += 2;
+                continue;
+            }
         }
+        *w++ = *r;
     }
     *w = 0;
 }

@@ -257,15 +257,19 @@ static void on_readable(srv_front *f, fconn *c) {
     }
     size_t round = 0;
     while (round < READ_ROUND && (c->state == C_HEAD || c->state == C_BODY)) {
-        size_t want = c->state == C_HEAD ? HEAD_MAX + 1 - (c->in_len < HEAD_MAX ? c->in_len : HEAD_MAX) : 65536;
+        /* a head reads up to one byte past its limit (to tell it is over); a body in rounds of 64 KiB. The
+         * buffer starts small and doubles: a thousand waiting connections hold a few KiB each */
+        size_t room = c->state == C_HEAD ? HEAD_MAX + 1 - (c->in_len < HEAD_MAX ? c->in_len : HEAD_MAX) : 65536;
         if (c->state == C_HEAD && c->in_len > HEAD_MAX) return refuse(f, c, 431, "the request head is larger than the server's limit");
-        if (c->in_len + want > c->in_cap) {
-            size_t cap = c->in_len + want;
+        if (c->in_cap - c->in_len < 1024 && c->in_cap < c->in_len + room) {
+            size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+            if (cap > c->in_len + room) cap = c->in_len + room;
             char *p = realloc(c->in, cap);
             if (!p) return refuse(f, c, 500, "out of memory while reading the request");
             c->in = p;
             c->in_cap = cap;
         }
+        size_t want = c->in_cap - c->in_len < room ? c->in_cap - c->in_len : room;
         ssize_t r = recv(c->fd, c->in + c->in_len, want, MSG_DONTWAIT);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;

@@ -8,6 +8,7 @@
  *   GET  /v1/models/{id}, /models/{id}   the served model, if {id} is its name (404 otherwise)
  *   POST /v1/chat/completions, /chat/completions
  *   POST /v1/completions, /completions
+ *   POST /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API: anthropic.c; errors in its shape)
  *   POST /tokenize, /detokenize, /apply-template
  *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
  *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
@@ -23,7 +24,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-#include "server/server_internal.h"
+#include "server/anthropic.h"
 
 /* ---- responses ---- */
 
@@ -58,7 +59,10 @@ int srv_send_json(srv *s, srv_req *c, int status, json_t *o) {
     return rc;
 }
 
+static int is_messages_route(const char *path);
+
 int srv_send_error(srv *s, srv_req *c, int status, const char *msg) {
+    if (is_messages_route(c->path)) return srv_send_json(s, c, status, srv_msg_error_json(status, msg));
     return srv_send_json(s, c, status, srv_error_json(status, msg, NULL));
 }
 
@@ -167,7 +171,7 @@ static int check_key(srv *s, srv_req *c) {
 }
 
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
-       R_TRANSCRIBE, R_TRANSLATE };
+       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -181,6 +185,7 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/stats", R_STATS, 0},            {"/metrics", R_METRICS, 0},
         {"/v1/audio/transcriptions", R_TRANSCRIBE, 1}, {"/audio/transcriptions", R_TRANSCRIBE, 1},
         {"/v1/audio/translations", R_TRANSLATE, 1}, {"/audio/translations", R_TRANSLATE, 1},
+        {"/v1/messages", R_MESSAGES, 1},  {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--;
@@ -199,6 +204,13 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         }
     }
     return R_NONE;
+}
+
+static int is_messages_route(const char *path) {
+    int post;
+    const char *arg;
+    int r = path ? route_of(path, &post, &arg) : R_NONE;
+    return r == R_MESSAGES || r == R_COUNT_TOKENS;
 }
 
 static int model_route(srv *s, srv_req *c, const char *id) {
@@ -248,7 +260,7 @@ int srv_http_admit(srv *s, srv_req *c, size_t *limit, char *msg, size_t cap) {
     if (atomic_load(&s->ready)) {
         if (audio && !s->audio) return snprintf(msg, cap, NO_AUDIO_MODEL), 404;
         if ((route == R_CHAT || route == R_COMPLETIONS || route == R_TOKENIZE || route == R_DETOKENIZE ||
-             route == R_TEMPLATE) && !s->model)
+             route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS) && !s->model)
             return snprintf(msg, cap, NO_CHAT_MODEL), 404;
     }
     return 0;
@@ -266,6 +278,19 @@ static int options(srv *s, srv_req *c) {
     }
     /* 204: no body, no Content-Length needed; written as a 0-length body */
     return srv_req_reply(c, 204, "text/plain", "", 0, extra);
+}
+
+int srv_submit(srv *s, srv_req *c, srv_job *j) {
+    j->kv_need = srv_kv_need(s, j->n_prompt, j->gp.max_tokens);
+    if (s->kv_budget > 0 && j->kv_need > s->kv_budget) { /* could never be admitted: refuse it now */
+        srv_job_release(j);
+        return 400;
+    }
+    __atomic_add_fetch(&s->n_requests, 1, __ATOMIC_RELAXED);
+    atomic_fetch_add(&s->active, 1);
+    srv_respond(s, c, j);
+    atomic_fetch_sub(&s->active, 1);
+    return 0;
 }
 
 /* The route's answer; returns when it is written (or the client is gone). */
@@ -360,17 +385,13 @@ static void route_request(srv *s, srv_req *c) {
             send_json(s, c, status, err);
             return;
         }
-        j->kv_need = srv_kv_need(s, j->n_prompt, j->gp.max_tokens);
-        if (s->kv_budget > 0 && j->kv_need > s->kv_budget) { /* could never be admitted: refuse it now */
-            srv_job_release(j);
-            send_json(s, c, 400, srv_error_json(400, SRV_KV_BUDGET_MSG, "max_tokens"));
-            return;
-        }
-        __atomic_add_fetch(&s->n_requests, 1, __ATOMIC_RELAXED);
-        atomic_fetch_add(&s->active, 1);
-        srv_respond(s, c, j);
-        atomic_fetch_sub(&s->active, 1);
+        if (srv_submit(s, c, j)) send_json(s, c, 400, srv_error_json(400, SRV_KV_BUDGET_MSG, "max_tokens"));
         return;
+    case R_MESSAGES:
+    case R_COUNT_TOKENS:
+        if (model_mismatch(s, body, m, sizeof m)) srv_send_error(s, c, 404, m);
+        else srv_messages(s, c, body, route == R_COUNT_TOKENS);
+        break;
     case R_TOKENIZE: do_tokenize(s, c, body); break;
     case R_DETOKENIZE: do_detokenize(s, c, body); break;
     case R_TEMPLATE: {

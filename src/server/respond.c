@@ -16,13 +16,17 @@
  *     at once, 200 with chunked encoding, and the probe is a newline before
  *     the JSON body, which JSON allows). A fully closed client answers the
  *     probe with a reset, which the next poll sees; a half-closed one gets
- *     its answer. */
+ *     its answer.
+ *
+ * A job of the Messages API (j->api) goes through the same steps; only the
+ * shapes differ (anthropic.c formats them), and its keep-alive is a `ping`
+ * event rather than a comment. */
 #define _GNU_SOURCE
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "server/server_internal.h"
+#include "server/anthropic.h"
 
 enum { MODE_SSE, MODE_BODY, MODE_BODY_CHUNKED };
 
@@ -40,7 +44,9 @@ typedef struct srv_resp {
     size_t out_off;
     json_t *lp_pending;    /* chat: logprobs entries not yet sent (stream) or all (body) */
     json_t *lp_tokens, *lp_values, *lp_top, *lp_offset; /* completions' legacy shape */
-    json_t *ids;           /* return_tokens: the generated token ids (body responses) */
+    json_t *ids;           /* return_tokens, or a Messages job with stop strings: the generated token ids */
+    srv_buf raw;           /* a Messages job with stop strings: the text as the worker handed it out */
+    srv_msg_sse msg;       /* a streamed Messages job: its open content block */
     size_t text_off;
     int failed;            /* out of memory while building output */
 } srv_resp;
@@ -114,7 +120,9 @@ static void completion_chunk(srv_resp *r, const char *text, size_t len, const ch
 static int on_piece(void *user, osp_reply_kind kind, const char *text, size_t len) {
     srv_resp *r = user;
     if (!len) return 0;
-    if (r->mode == MODE_SSE) {
+    if (r->mode == MODE_SSE && r->j->api == SRV_API_MESSAGES) {
+        if (srv_msg_sse_piece(&r->msg, &r->out, kind, text, len)) r->failed = 1;
+    } else if (r->mode == MODE_SSE) {
         json_t *d = json_object();
         json_object_set_new(d, kind == OSP_REPLY_REASONING ? "reasoning_content" : "content",
                             srv_json_string_lossy(text, len));
@@ -209,8 +217,12 @@ static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
 
 /* A failed job: an SSE error event, or the error body with its status. */
 static void end_failed(srv_resp *r, int status, const char *msg) {
-    json_t *e = srv_error_json(status, msg, status == 400 ? "max_tokens" : NULL);
-    if (r->mode == MODE_SSE) {
+    int messages = r->j->api == SRV_API_MESSAGES;
+    json_t *e = messages ? srv_msg_error_json(status, msg) : srv_error_json(status, msg, status == 400 ? "max_tokens" : NULL);
+    if (r->mode == MODE_SSE && messages) {
+        if (srv_msg_sse_error(&r->out, status, msg)) r->failed = 1;
+        json_decref(e);
+    } else if (r->mode == MODE_SSE) {
         send_event(r, e);
     } else {
         srv_buf_add_json(&r->out, e);
@@ -226,11 +238,8 @@ static void limit_calls(srv_resp *r, json_t *calls) {
         while (json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
 }
 
-static void end_ok(srv_resp *r, const srv_event *e) {
+static void end_ok_openai(srv_resp *r, const srv_event *e, json_t *tool_calls) {
     srv_job *j = r->j;
-    json_t *tool_calls = NULL;
-    if (r->reply && osp_reply_finish(r->reply, on_piece, r, &tool_calls) != OSP_OK) r->failed = 1;
-    if (tool_calls) limit_calls(r, tool_calls);
     const char *finish = e->stats.finish == OSP_FINISH_LENGTH ? "length" : "stop";
     if (json_array_size(tool_calls)) finish = "tool_calls";
     if (r->mode == MODE_SSE) {
@@ -291,6 +300,51 @@ static void end_ok(srv_resp *r, const srv_event *e) {
         json_decref(o);
         r->status = 200;
     }
+}
+
+/* The stop string that ended a Messages job's reply, or NULL: the tokens
+ * decoded whole hold what the worker cut at the stop string. */
+static const char *matched_stop(srv_resp *r, const srv_event *e) {
+    srv_job *j = r->j;
+    if (!j->n_stop || e->stats.finish != OSP_FINISH_STOP) return NULL;
+    size_t n = json_array_size(r->ids);
+    int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+    char *t = NULL;
+    size_t tl = 0;
+    if (!ids) return NULL;
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(r->ids, i));
+    const char *m = NULL;
+    if (osp_tokenizer_decode(r->s->tok, ids, n, j->gp.skip_special ? OSP_DECODE_SKIP_SPECIAL : 0, &t, &tl) == OSP_OK)
+        m = srv_msg_matched_stop((const char *const *)j->stops, j->n_stop, t, tl, r->raw.len);
+    osp_free(t);
+    free(ids);
+    return m;
+}
+
+static void end_ok_messages(srv_resp *r, const srv_event *e, const json_t *tool_calls) {
+    const char *stop = json_array_size(tool_calls) ? NULL : matched_stop(r, e);
+    srv_msg_result m = {.id = r->j->id, .model = r->s->model_name, .reasoning = r->reasoning.p,
+                        .reasoning_len = r->reasoning.len, .content = r->content.p, .content_len = r->content.len,
+                        .tool_calls = tool_calls, .stop_sequence = stop,
+                        .stop_reason = srv_msg_stop_reason(e->stats.finish, json_array_size(tool_calls) > 0, stop),
+                        .input_tokens = e->stats.n_prompt, .cached_tokens = e->stats.n_cached,
+                        .output_tokens = e->stats.n_generated};
+    if (r->mode == MODE_SSE) {
+        if (srv_msg_sse_end(&r->msg, &r->out, &m)) r->failed = 1;
+        return;
+    }
+    json_t *o = srv_msg_body(&m);
+    if (!o || srv_buf_add_json(&r->out, o) || srv_buf_add(&r->out, "\n", 1)) r->failed = 1;
+    json_decref(o);
+    r->status = 200;
+}
+
+static void end_ok(srv_resp *r, const srv_event *e) {
+    json_t *tool_calls = NULL;
+    if (r->reply && osp_reply_finish(r->reply, on_piece, r, &tool_calls) != OSP_OK) r->failed = 1;
+    if (tool_calls) limit_calls(r, tool_calls);
+    if (r->j->api == SRV_API_MESSAGES) end_ok_messages(r, e, tool_calls);
+    else end_ok_openai(r, e, tool_calls);
     json_decref(tool_calls);
     if (r->failed) { /* replace what was built by an error */
         if (r->mode != MODE_SSE) r->out.len = r->out_off = 0;
@@ -319,7 +373,10 @@ static void pump(srv_resp *r) {
     while (e) {
         srv_event *next = e->next;
         if (!r->ended && !r->failed) {
-            if (e->kind == SRV_EV_TEXT && e->token >= 0 && r->j->return_tokens && json_array_append_new(r->ids, json_integer(e->token)))
+            int keep_ids = r->j->return_tokens || (r->j->api == SRV_API_MESSAGES && r->j->n_stop);
+            if (e->kind == SRV_EV_TEXT && e->token >= 0 && keep_ids && json_array_append_new(r->ids, json_integer(e->token)))
+                r->failed = 1;
+            if (e->kind == SRV_EV_TEXT && r->j->api == SRV_API_MESSAGES && r->j->n_stop && srv_buf_add(&r->raw, e->text, e->len))
                 r->failed = 1;
             if (e->kind == SRV_EV_TEXT) on_text(r, e->text, e->len);
             else if (e->kind == SRV_EV_LOGPROB) on_logprob(r, e);
@@ -387,8 +444,11 @@ static srv_resp *resp_new(srv *s, srv_job *j, int fd) {
             free(r);
             return NULL;
         }
+        if (r->mode == MODE_SSE && j->api == SRV_API_MESSAGES && /* message_start comes before any block */
+            srv_msg_sse_start(&r->msg, &r->out, j->id, s->model_name, j->n_prompt))
+            r->failed = 1;
         if (j->forced) on_text(r, j->forced, strlen(j->forced)); /* the reply's forced opening */
-        if (r->mode == MODE_SSE) {
+        if (r->mode == MODE_SSE && j->api != SRV_API_MESSAGES) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));
@@ -408,6 +468,7 @@ static void resp_free(srv_resp *r) {
     json_decref(r->ids);
     srv_buf_free(&r->content);
     srv_buf_free(&r->reasoning);
+    srv_buf_free(&r->raw);
     srv_buf_free(&r->out);
     osp_reply_free(r->reply);
     free(r);
@@ -449,7 +510,8 @@ static int stream(srv *s, srv_req *c, srv_resp *r, const char *ctype) {
             break;
         }
         if (w > 0) {
-            if (srv_buf_add(&r->out, ": keep-alive\n\n", 14)) r->failed = 1;
+            if (r->j->api == SRV_API_MESSAGES ? srv_msg_sse_ping(&r->out) : srv_buf_add(&r->out, ": keep-alive\n\n", 14))
+                r->failed = 1;
             continue;
         }
         pump(r);

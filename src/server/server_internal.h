@@ -47,6 +47,8 @@ const char *srv_error_type(int status);
  * The connection thread takes them off the job and turns them into SSE
  * chunks or a JSON body (respond.c), waking on the job's eventfd. */
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
+/* The API a chat job answers in: OpenAI's chat shape, or Anthropic's Messages (anthropic.c). */
+typedef enum srv_api { SRV_API_OPENAI, SRV_API_MESSAGES } srv_api;
 
 enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 }; /* why a job was cancelled: its client left; --drain-timeout */
 
@@ -70,6 +72,7 @@ typedef struct srv_event {
 typedef struct srv_job {
     /* set by the connection thread before the job is queued, then read-only */
     srv_kind kind;
+    srv_api api;
     int stream, include_usage;
     int cache_prompt;         /* use and feed the prefix cache (llama-server's field; default 1) */
     int return_tokens;        /* completions: the reply's token ids in choices[0].tokens (llama-server's field) */
@@ -207,6 +210,11 @@ int srv_front_stop(srv_front *f, double grace_s);
 /* http.c: a JSON body (o is stolen) or a JSON error; 0 ok, -1 when the client is gone. */
 int srv_send_json(srv *s, srv_req *q, int status, json_t *o);
 int srv_send_error(srv *s, srv_req *q, int status, const char *msg);
+
+/* http.c: a parsed job (the caller's reference) past the KV budget's check
+ * to respond.c. 0 when answered; else a 400 (it could never fit
+ * --kv-budget: SRV_KV_BUDGET_MSG) for the caller to send in its shape. */
+int srv_submit(srv *s, srv_req *q, srv_job *j);
 
 /* respond.c: queue the job and answer the request with its result (a
  * stream, or the body once it is done); takes the caller's reference. */

@@ -56,8 +56,8 @@ void osp_whisper_sinusoids(int64_t len, int64_t ch, float *out);
 int osp_whisper_detect(const char *dir);
 
 /* Load a model folder (or a Hugging Face cache repo folder) on a device
- * (an osp_device; AUTO = the CPU for now: the CUDA path has not yet run on
- * a GPU; OSP_DEVICE=cuda or CUDA asks for it). */
+ * (an osp_device; AUTO = the GPU when there is one, as for language models;
+ * OSP_DEVICE=cpu|cuda overrides it). */
 osp_status osp_whisper_load_on(const char *dir, int device, osp_whisper **out);
 /* The same on AUTO. */
 osp_status osp_whisper_load(const char *dir, osp_whisper **out);

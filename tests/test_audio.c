@@ -44,7 +44,7 @@ static void check_filters(int n_mels) {
     snprintf(p, sizeof p, "data/goldens/whisper/mel_%d.npy", n_mels);
     float *ref = read_npy(p, n_mels, OSP_MEL_NFREQ);
     assert_non_null(ref);
-    float *ours = malloc(sizeof(float) * n_mels * OSP_MEL_NFREQ);
+    double *ours = malloc(sizeof(double) * n_mels * OSP_MEL_NFREQ);
     assert_int_equal(osp_mel_filters(n_mels, ours), OSP_OK);
     double worst = 0, mx = 0;
     for (int i = 0; i < n_mels * OSP_MEL_NFREQ; i++) {
@@ -62,7 +62,7 @@ static void test_filters(void **state) {
     (void)state;
     check_filters(80);
     check_filters(128);
-    float f[OSP_MEL_NFREQ];
+    double f[OSP_MEL_NFREQ];
     assert_int_equal(osp_mel_filters(0, f), OSP_ERR_INVALID);
 }
 
@@ -158,7 +158,7 @@ static void test_mel(void **state) {
     float *x = malloc(sizeof(float) * n);
     for (int64_t i = 0; i < n; i++) x[i] = (float)(0.1 * sin(2 * M_PI * 1000 * i / 16000.0));
     assert_int_equal(osp_mel_compute(m, x, n, out), OSP_OK);
-    float filt[80 * OSP_MEL_NFREQ];
+    double filt[80 * OSP_MEL_NFREQ];
     osp_mel_filters(80, filt);
     int best_bin = 0; /* the filter with the most weight at 1 kHz (FFT bin 25) */
     for (int b = 1; b < 80; b++)

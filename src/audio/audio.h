@@ -11,11 +11,13 @@
  * osp_mel_*: the log-mel spectrogram exactly as transformers'
  * WhisperFeatureExtractor computes it: the samples are zero-padded or cut to
  * 30 s (480000), reflect-padded by n_fft/2 at both ends, framed every 160
- * samples with a periodic Hann window of 400, |rfft|^2 (FFTW, f32), Slaney
- * mel filters (computed here, f64, as transformers' mel_filter_bank with
- * norm and scale "slaney"), log10 of max(1e-10, .), the last frame dropped
- * (3000 remain), clamped at (max - 8), then (x + 4) / 4. Output [n_mels,
- * 3000] row-major f32.
+ * samples with a periodic Hann window of 400, |rfft|^2 (FFTW in f64, the
+ * spectrum rounded to complex64 as numpy stores it), Slaney mel filters
+ * (computed here in f64, as transformers' mel_filter_bank with norm and
+ * scale "slaney"), log10 of max(1e-10, .) in f64 rounded to f32, the last
+ * frame dropped (3000 remain), clamped at (max - 8), then (x + 4) / 4: the
+ * extractor's numpy path (_np_extract_fbank_features), which the goldens
+ * hold. Output [n_mels, 3000] row-major f32.
  */
 #ifndef OSP_AUDIO_H
 #define OSP_AUDIO_H
@@ -40,8 +42,8 @@ osp_status osp_audio_decode(const void *buf, size_t len, const char *name, float
 osp_status osp_audio_resample(const float *in, int64_t n, int rate, float **out, int64_t *n_out);
 
 /* Slaney mel filters, [n_mels, 201] row-major, for 16 kHz, n_fft 400,
- * 0..8000 Hz (what WhisperFeatureExtractor builds). */
-osp_status osp_mel_filters(int n_mels, float *out);
+ * 0..8000 Hz (what WhisperFeatureExtractor builds, in f64 as it keeps them). */
+osp_status osp_mel_filters(int n_mels, double *out);
 
 typedef struct osp_mel osp_mel; /* filters + FFT plan; use from one thread at a time */
 osp_status osp_mel_new(int n_mels, osp_mel **out);

@@ -10,8 +10,11 @@
 // sum_i B cos(((m - n) - (d - 1)) theta_i): largest at distance d - 1, by a
 // margin scaled to dominate the softmax. v = the token's embedding, o = 8x,
 // the MLP is zero, the head is tied: the logits pick the attended token.
+import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
+import { startServer, raw, ROOT, MODEL } from './harness.mjs';
 
 const H = 256, I = 8;
 
@@ -115,4 +118,33 @@ export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000 }) {
       torch_dtype: 'float32',
     }),
   );
+}
+
+// A folder for a copy model over the bundled model's tokenizer with the
+// Hermes-style (Qwen) tools template; { dir, shape } (shape: buildCopyModel's
+// vocab, bos, eos). The caller removes dir.
+export function copyModelDir() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'osp-copy-model-'));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(MODEL, f), path.join(dir, f));
+  fs.copyFileSync(path.join(ROOT, 'tests', 'e2e', 'tools_template.jinja'), path.join(dir, 'chat_template.jinja'));
+  const cfg = JSON.parse(fs.readFileSync(path.join(MODEL, 'config.json'), 'utf8'));
+  return { dir, shape: { vocab: cfg.vocab_size, bos: cfg.bos_token_id, eos: cfg.eos_token_id } };
+}
+
+// Serve the copy model in dir so that it answers `answer` to the chat
+// conversation `messages` (with `tools`); with `forced`, the reply is taken
+// to start with that text (a forced tool call's opening, appended to the
+// prompt) and `answer` to follow it. Returns the running server.
+export async function serveCopyAnswering(dir, shape, messages, tools, answer, forced = '') {
+  buildCopyModel(dir, { d: 2, ...shape }); // placeholder weights: only the tokenizer and template are used
+  let srv = await startServer([], { model: dir });
+  const tok = async (content) => (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content }) })).json.tokens;
+  const tpl = await raw(srv.base, '/apply-template', { body: JSON.stringify({ messages, tools }) });
+  const prompt = await tok(tpl.json.prompt), ans = await tok(answer), withForced = await tok(tpl.json.prompt + forced);
+  assert.equal((await srv.stop()).code, 0);
+  let at = -1;
+  for (let i = prompt.length - ans.length; i >= 0 && at < 0; i--) if (ans.every((t, k) => prompt[i + k] === t)) at = i;
+  assert.ok(at >= 0, 'the answer is not tokenized the same inside the prompt');
+  buildCopyModel(dir, { d: withForced.length - at, ...shape });
+  return startServer([], { model: dir });
 }

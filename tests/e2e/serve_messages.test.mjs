@@ -7,12 +7,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
-import { startServer, raw, ROOT, MODEL } from './harness.mjs';
-import { buildCopyModel } from './copy_model.mjs';
+import { startServer, raw } from './harness.mjs';
+import { copyModelDir, serveCopyAnswering } from './copy_model.mjs';
 
 let srv, client, openai;
 
@@ -167,64 +165,87 @@ test('bad bodies: a 400 in Anthropic\'s error shape', async () => {
   assert.equal(c.json.error.type, 'invalid_request_error');
 });
 
-test('a forced tool call (tool_choice: tool) and its result fed back', async () => {
-  // a copy model that writes the call's arguments after the forced opening (serve_tools.test.mjs)
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'osp-msg-copy-'));
+// A copy model (copy_model.mjs) through a Hermes-style template: it writes what the test placed in its prompt.
+const schema = { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] };
+const chatTools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: schema } }];
+const tools = [{ name: 'get_weather', description: 'Weather in a city', input_schema: schema }];
+
+async function withCopyModel(chatMessages, answer, forced, body) {
+  const { dir, shape } = copyModelDir();
   try {
-    for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(MODEL, f), path.join(dir, f));
-    fs.copyFileSync(path.join(ROOT, 'tests', 'e2e', 'tools_template.jinja'), path.join(dir, 'chat_template.jinja'));
-    const cfg = JSON.parse(fs.readFileSync(path.join(MODEL, 'config.json'), 'utf8'));
-    const shape = { vocab: cfg.vocab_size, bos: cfg.bos_token_id, eos: cfg.eos_token_id };
-    const schema = { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] };
-    const chatTools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: schema } }];
-    const tools = [{ name: 'get_weather', description: 'Weather in a city', input_schema: schema }];
-    const args = '{"city": "Oslo"}}\n</tool_call>';
-    const chatMessages = [{ role: 'user', content: args }];
-    const forced = '<tool_call>\n{"name": "get_weather", "arguments": ';
-    buildCopyModel(dir, { d: 2, ...shape });
-    let s = await startServer([], { model: dir });
-    const tpl = await raw(s.base, '/apply-template', { body: JSON.stringify({ messages: chatMessages, tools: chatTools }) });
-    const tok = async (content) => (await raw(s.base, '/tokenize', { body: JSON.stringify({ content }) })).json.tokens;
-    const prompt = await tok(tpl.json.prompt), ans = await tok(args), withForced = await tok(tpl.json.prompt + forced);
-    assert.equal((await s.stop()).code, 0);
-    let at = -1;
-    for (let i = prompt.length - ans.length; i >= 0 && at < 0; i--) if (ans.every((t, k) => prompt[i + k] === t)) at = i;
-    assert.ok(at >= 0);
-    buildCopyModel(dir, { d: withForced.length - at, ...shape });
-    s = await startServer([], { model: dir });
+    const s = await serveCopyAnswering(dir, shape, chatMessages, chatTools, answer, forced);
     try {
-      const c = new Anthropic({ baseURL: s.base, apiKey: 'unused', maxRetries: 0 });
-      const req = { model: 'copy', max_tokens: 64, temperature: 0, tools, messages: chatMessages,
-                    tool_choice: { type: 'tool', name: 'get_weather' } };
-      const m = await c.messages.create(req);
-      assert.equal(m.stop_reason, 'tool_use');
-      const use = m.content.find((b) => b.type === 'tool_use');
-      assert.ok(use, JSON.stringify(m));
-      assert.match(use.id, /^toolu_/);
-      assert.equal(use.name, 'get_weather');
-      assert.deepEqual(use.input, { city: 'Oslo' });
-      const streamed = await c.messages.stream(req).finalMessage(); // input_json_delta, put together by the SDK
-      assert.equal(streamed.stop_reason, 'tool_use');
-      assert.deepEqual(streamed.content.find((b) => b.type === 'tool_use').input, { city: 'Oslo' });
-      // the result goes back: the next turn's prompt holds the call and the result
-      const turn2 = [...chatMessages, { role: 'assistant', content: m.content },
-        { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: [{ type: 'text', text: 'Sunny, 18 C' }] }] }];
-      const n1 = await c.messages.countTokens({ model: 'copy', tools, messages: chatMessages });
-      const n2 = await c.messages.countTokens({ model: 'copy', tools, messages: turn2 });
-      const sunny = (await tok('Sunny, 18 C')).length;
-      assert.ok(n2.input_tokens > n1.input_tokens + sunny, `${n1.input_tokens} -> ${n2.input_tokens}`);
-      const r2 = await c.messages.create({ model: 'copy', max_tokens: 8, temperature: 0, tools, messages: turn2 });
-      assert.equal(r2.type, 'message');
-      assert.equal(r2.usage.input_tokens + r2.usage.cache_read_input_tokens, n2.input_tokens);
-      const e = await c.messages.create({ model: 'copy', max_tokens: 8, tools, messages: [...turn2.slice(0, 2),
-        { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: 'no such city', is_error: true }] }] });
-      assert.equal(e.type, 'message');
+      await body(s, new Anthropic({ baseURL: s.base, apiKey: 'unused', maxRetries: 0 }));
     } finally {
       assert.equal((await s.stop()).code, 0);
     }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
+}
+
+test('a forced tool call (tool_choice: tool) and its result fed back', async () => {
+  // the model writes the call's arguments after the forced opening
+  const args = '{"city": "Oslo"}}\n</tool_call>';
+  const chatMessages = [{ role: 'user', content: args }];
+  let use;
+  await withCopyModel(chatMessages, args, '<tool_call>\n{"name": "get_weather", "arguments": ', async (s, c) => {
+    const req = { model: 'copy', max_tokens: 64, temperature: 0, tools, messages: chatMessages,
+                  tool_choice: { type: 'tool', name: 'get_weather' } };
+    const m = await c.messages.create(req);
+    assert.equal(m.stop_reason, 'tool_use');
+    use = m.content.find((b) => b.type === 'tool_use');
+    assert.ok(use, JSON.stringify(m));
+    assert.match(use.id, /^toolu_/);
+    assert.equal(use.name, 'get_weather');
+    assert.deepEqual(use.input, { city: 'Oslo' });
+    const streamed = await c.messages.stream(req).finalMessage(); // input_json_delta, put together by the SDK
+    assert.equal(streamed.stop_reason, 'tool_use');
+    assert.deepEqual(streamed.content.find((b) => b.type === 'tool_use').input, { city: 'Oslo' });
+    const auto = await c.messages.create({ ...req, tool_choice: { type: 'auto' }, max_tokens: 16 });
+    assert.equal(auto.content.find((b) => b.type === 'tool_use'), undefined);
+  });
+  // the result goes back: the next turn's prompt is the chat route's for the same conversation, so the copy
+  // model placed there repeats the tool's answer (a stop sequence cuts the template's closing tag)
+  const answer = 'Sunny, 18 C';
+  const turn2 = [{ role: 'user', content: args },
+    { role: 'assistant', content: [{ type: 'tool_use', id: use.id, name: 'get_weather', input: { city: 'Oslo' } }] },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: [{ type: 'text', text: answer }] }] }];
+  const chatTurn2 = [{ role: 'user', content: args },
+    { role: 'assistant', content: null, tool_calls: [{ id: use.id, type: 'function', function: { name: 'get_weather', arguments: '{"city": "Oslo"}' } }] },
+    { role: 'tool', tool_call_id: use.id, content: answer }];
+  await withCopyModel(chatTurn2, answer, '', async (s, c) => {
+    const r = await c.messages.create({ model: 'copy', max_tokens: 64, temperature: 0, tools, messages: turn2,
+                                        stop_sequences: ['\n</tool_response>'] });
+    assert.equal(textOf(r), answer);
+    assert.equal(r.stop_reason, 'stop_sequence');
+    assert.equal(r.stop_sequence, '\n</tool_response>');
+    const n = await c.messages.countTokens({ model: 'copy', tools, messages: turn2 });
+    assert.equal(r.usage.input_tokens + r.usage.cache_read_input_tokens, n.input_tokens);
+    const e = await c.messages.create({ model: 'copy', max_tokens: 8, tools, messages: [...turn2.slice(0, 2),
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: 'no such city', is_error: true }] }] });
+    assert.equal(e.type, 'message');
+  });
+});
+
+test('thinking: the model\'s reasoning as a thinking block with its signature, streamed and not', async () => {
+  const text = '<think>\nThe user wants a greeting.\n</think>\n\nHello there!';
+  const chatMessages = [{ role: 'user', content: text }];
+  await withCopyModel(chatMessages, text, '', async (s, c) => {
+    const req = { model: 'copy', max_tokens: 64, temperature: 0, tools, messages: chatMessages };
+    const m = await c.messages.create(req);
+    assert.deepEqual(m.content.map((b) => b.type), ['thinking', 'text']);
+    assert.equal(m.content[0].thinking, 'The user wants a greeting.');
+    assert.equal(typeof m.content[0].signature, 'string');
+    assert.equal(m.content[1].text, 'Hello there!');
+    const events = [];
+    for await (const ev of c.messages.stream(req)) events.push(ev);
+    const deltas = events.filter((e) => e.type === 'content_block_delta');
+    assert.equal(deltas.filter((e) => e.index === 0 && e.delta.type === 'thinking_delta').map((e) => e.delta.thinking).join(''),
+      'The user wants a greeting.');
+    assert.ok(deltas.some((e) => e.index === 0 && e.delta.type === 'signature_delta'));
+    assert.equal(deltas.filter((e) => e.index === 1).map((e) => e.delta.text).join(''), 'Hello there!');
+  });
 });
 
 test('a stream waiting in the queue gets ping events', async (t) => {

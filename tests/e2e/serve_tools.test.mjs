@@ -6,18 +6,12 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import OpenAI from 'openai';
-import { startServer, raw, ROOT, MODEL } from './harness.mjs';
-import { buildCopyModel } from './copy_model.mjs';
+import { raw } from './harness.mjs';
+import { copyModelDir, serveCopyAnswering } from './copy_model.mjs';
 
-const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'osp-copy-model-'));
+const { dir, shape } = copyModelDir();
 after(() => fs.rmSync(dir, { recursive: true, force: true }));
-for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(MODEL, f), path.join(dir, f));
-fs.copyFileSync(path.join(ROOT, 'tests', 'e2e', 'tools_template.jinja'), path.join(dir, 'chat_template.jinja'));
-const fortuneCfg = JSON.parse(fs.readFileSync(path.join(MODEL, 'config.json'), 'utf8'));
-const shape = { vocab: fortuneCfg.vocab_size, bos: fortuneCfg.bos_token_id, eos: fortuneCfg.eos_token_id };
 
 const tools = [
   {
@@ -34,18 +28,7 @@ const tools = [
 // with `forced`, the reply is taken to start with that text (a forced tool
 // call's opening, appended to the prompt) and `answer` to follow it.
 async function serveAnswering(messages, answer, forced = '') {
-  buildCopyModel(dir, { d: 2, ...shape }); // placeholder weights: the period comes next
-  let srv = await startServer([], { model: dir });
-  const tpl = await raw(srv.base, '/apply-template', { body: JSON.stringify({ messages, tools }) });
-  const prompt = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: tpl.json.prompt }) })).json.tokens;
-  const ans = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: answer }) })).json.tokens;
-  const withForced = (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: tpl.json.prompt + forced }) })).json.tokens;
-  assert.equal((await srv.stop()).code, 0);
-  let at = -1;
-  for (let i = prompt.length - ans.length; i >= 0 && at < 0; i--) if (ans.every((t, k) => prompt[i + k] === t)) at = i;
-  assert.ok(at >= 0, 'the answer is not tokenized the same inside the prompt');
-  buildCopyModel(dir, { d: withForced.length - at, ...shape });
-  srv = await startServer([], { model: dir });
+  const srv = await serveCopyAnswering(dir, shape, messages, tools, answer, forced);
   return { srv, client: new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0 }) };
 }
 

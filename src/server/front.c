@@ -132,9 +132,10 @@ static void start_close(srv_front *f, fconn *c) {
 }
 
 /* A JSON error response with Connection: close, written without waiting
- * (small: the socket's buffer takes it). */
-static void send_error(int fd, int status, const char *msg) {
-    json_t *e = srv_error_json(status, msg, NULL);
+ * (small: the socket's buffer takes it); path: the request's, once its head
+ * is parsed (the error's shape depends on the route), else NULL. */
+static void send_error(int fd, int status, const char *msg, const char *path) {
+    json_t *e = srv_http_error_json(path, status, msg);
     char *body = json_dumps(e, JSON_COMPACT);
     json_decref(e);
     srv_buf b = {0};
@@ -147,11 +148,13 @@ static void send_error(int fd, int status, const char *msg) {
 }
 
 /* Answer with a JSON error and close gracefully. */
-static void refuse(srv_front *f, fconn *c, int status, const char *msg) {
-    send_error(c->fd, status, msg);
+static void refuse_for(srv_front *f, fconn *c, int status, const char *msg, const char *path) {
+    send_error(c->fd, status, msg, path);
     OSP_LOG(2, "osprey serve: refused a request: %d %s", status, msg);
     start_close(f, c);
 }
+
+static void refuse(srv_front *f, fconn *c, int status, const char *msg) { refuse_for(f, c, status, msg, NULL); }
 
 /* ---- reading a request ---- */
 
@@ -204,8 +207,8 @@ static void feed_body(srv_front *f, fconn *c) {
     size_t used = srv_body_feed(&c->body, c->in, c->in_len, c->req.body + c->req.body_len, &got);
     c->req.body_len += got;
     use_input(c, used);
-    if (c->body.status == 413) return refuse(f, c, c->req.too_large, c->body.msg);
-    if (c->body.status) return refuse(f, c, c->body.status, c->body.msg);
+    if (c->body.status == 413) return refuse_for(f, c, c->req.too_large, c->body.msg, c->req.path);
+    if (c->body.status) return refuse_for(f, c, c->body.status, c->body.msg, c->req.path);
     if (c->body.done) dispatch(f, c);
 }
 
@@ -231,7 +234,7 @@ static void try_head(srv_front *f, fconn *c) {
         snprintf(msg, sizeof msg, "the request body is larger than the limit of %zu bytes (%s)", limit,
                  st == 400 ? "--max-audio-body" : "--max-body");
     }
-    if (st) return refuse(f, c, st, msg);
+    if (st) return refuse_for(f, c, st, msg, c->req.path);
     srv_body_init(&c->body, h.chunked, h.content_length > 0 ? (unsigned long long)h.content_length : 0, limit);
     c->state = C_BODY;
     c->deadline = s->limits.body_timeout > 0 ? c->req.t_head + s->limits.body_timeout : c->req.t_head + 1e9;
@@ -525,7 +528,7 @@ int srv_front_stop(srv_front *f, double grace_s) {
     for (int i = 0; i < f->n; i++) {
         fconn *c = f->c[i];
         if (c->state == C_BODY || (c->state == C_HEAD && c->in_len)) /* a request on its way: told why */
-            send_error(c->fd, 503, "the server is shutting down");
+            send_error(c->fd, 503, "the server is shutting down", c->state == C_BODY ? c->req.path : NULL);
         if (c->fd >= 0) close(c->fd);
         free_conn(c);
     }

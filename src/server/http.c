@@ -61,9 +61,12 @@ int srv_send_json(srv *s, srv_req *c, int status, json_t *o) {
 
 static int is_messages_route(const char *path);
 
+json_t *srv_http_error_json(const char *path, int status, const char *msg) {
+    return is_messages_route(path) ? srv_msg_error_json(status, msg) : srv_error_json(status, msg, NULL);
+}
+
 int srv_send_error(srv *s, srv_req *c, int status, const char *msg) {
-    if (is_messages_route(c->path)) return srv_send_json(s, c, status, srv_msg_error_json(status, msg));
-    return srv_send_json(s, c, status, srv_error_json(status, msg, NULL));
+    return srv_send_json(s, c, status, srv_http_error_json(c->path, status, msg));
 }
 
 #define send_json srv_send_json

@@ -210,6 +210,9 @@ int srv_front_stop(srv_front *f, double grace_s);
 /* http.c: a JSON body (o is stolen) or a JSON error; 0 ok, -1 when the client is gone. */
 int srv_send_json(srv *s, srv_req *q, int status, json_t *o);
 int srv_send_error(srv *s, srv_req *q, int status, const char *msg);
+/* The error body for a request to path (NULL: not known yet): Anthropic's
+ * shape on the Messages routes, else OpenAI's. */
+json_t *srv_http_error_json(const char *path, int status, const char *msg);
 
 /* http.c: a parsed job (the caller's reference) past the KV budget's check
  * to respond.c. 0 when answered; else a 400 (it could never fit

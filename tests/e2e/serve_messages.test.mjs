@@ -248,6 +248,34 @@ test('thinking: the model\'s reasoning as a thinking block with its signature, s
   });
 });
 
+test('refusals at the head in Anthropic\'s shape: the key (x-api-key or Bearer), the method, the size', async () => {
+  const s = await startServer(['--api-key', 'sekrit', '--max-body', '2000']);
+  try {
+    const body = JSON.stringify(ask({ max_tokens: 2 }));
+    const none = await raw(s.base, '/v1/messages', { body });
+    assert.equal(none.status, 401);
+    assert.deepEqual([none.json.type, none.json.error.type], ['error', 'authentication_error']);
+    assert.equal((await raw(s.base, '/v1/messages?beta=true', { body, headers: { 'x-api-key': 'sekrit' } })).status, 200);
+    assert.equal((await raw(s.base, '/v1/messages', { body, headers: { authorization: 'Bearer sekrit' } })).status, 200);
+    const c = new Anthropic({ baseURL: s.base, apiKey: 'sekrit', maxRetries: 0 });
+    assert.equal((await c.messages.create(ask({ max_tokens: 2 }))).type, 'message');
+    await assert.rejects(new Anthropic({ baseURL: s.base, apiKey: 'wrong', maxRetries: 0 }).messages.create(ask()),
+      (e) => e.status === 401 && e.error?.error?.type === 'authentication_error');
+    const get = await raw(s.base, '/v1/messages', { method: 'GET', headers: { 'x-api-key': 'sekrit' } });
+    assert.equal(get.status, 405);
+    assert.equal(get.json.error.type, 'invalid_request_error');
+    const big = await raw(s.base, '/v1/messages', { body: JSON.stringify(ask({ system: 'x'.repeat(3000) })), headers: { 'x-api-key': 'sekrit' } });
+    assert.equal(big.status, 413);
+    assert.equal(big.json.error.type, 'request_too_large');
+    // the chat route keeps OpenAI's shape
+    const chat = await raw(s.base, '/v1/chat/completions', { body });
+    assert.equal(chat.status, 401);
+    assert.equal(typeof chat.json.error.code, 'number');
+  } finally {
+    assert.equal((await s.stop()).code, 0);
+  }
+});
+
 test('a stream waiting in the queue gets ping events', async (t) => {
   // one row, keep-alives every quarter of a 1 s --timeout: a stream queued behind a long reply waits silent
   const s = await startServer(['--parallel', '1', '--timeout', '1']);

@@ -32,6 +32,9 @@ static int usage(FILE *f) {
             "                           without --model the server transcribes only (no chat model is loaded)\n"
             "  --audio-tokenizer PATH   its tokenizer.json or .tiktoken rank file, when the folder has none\n"
             "  --max-audio-body BYTES   upload limit of the audio routes (default 26214400)\n"
+            "  --responses-store-size BYTES  stored /v1/responses kept for GET and previous_response_id\n"
+            "                           (default 67108864; 0 = none stored); written beside the prefix cache's files\n"
+            "  --responses-store-ttl S  seconds a stored response is kept (default 2592000, 30 days)\n"
             "  --log-level LEVEL        ERROR, WARNING, INFO or DEBUG (default WARNING)\n"
             "  -np, --parallel N        requests decoded together (continuous batching; default 4;\n"
             "                           alias --decode-concurrency)\n"
@@ -172,6 +175,8 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--audio-model")) c.audio_model = v;
         else if (IS("--audio-tokenizer")) c.audio_tokenizer = v;
         else if (IS("--max-audio-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_audio_body = (size_t)d; }
+        else if (IS("--responses-store-size")) { if (NUM(0, 1ull << 40)) return 2; c.responses_store = (size_t)d; }
+        else if (IS("--responses-store-ttl")) { if (NUM(1, 1e10)) return 2; c.responses_ttl = d; }
         else if (IS("-np") || IS("--parallel") || IS("--decode-concurrency")) { if (NUM(1, 256)) return 2; c.parallel = (int)d; }
         else if (IS("--prefill-step-size") || IS("-ub") || IS("--ubatch-size")) { if (NUM(1, 1 << 16)) return 2; c.prefill_step = (int)d; }
         else if (IS("--kv-budget")) { if (bytes_arg(v, &c.kv_budget)) return 2; }

@@ -7,26 +7,12 @@
 
 #define BILLING_HEADER "x-anthropic-billing-header:"
 
-typedef struct merr {
-    char *msg;
-    size_t cap;
-} merr;
+typedef srv_msgbuf merr;
+#define MFAIL SRV_FAIL
 
-#define MFAIL(e, ...)                                                                                        \
-    do {                                                                                                     \
-        snprintf((e)->msg, (e)->cap, __VA_ARGS__);                                                           \
-        return -1;                                                                                           \
-    } while (0)
+#define get srv_json_get
 
-static json_t *get(const json_t *o, const char *k) {
-    json_t *v = json_object_get(o, k);
-    return json_is_null(v) ? NULL : v;
-}
-
-static const char *block_type(const json_t *b) {
-    json_t *t = json_is_object(b) ? json_object_get(b, "type") : NULL;
-    return json_is_string(t) ? json_string_value(t) : NULL;
-}
+#define block_type srv_json_type
 
 /* Text blocks joined by a blank line (or a string as is) into out. */
 static int join_text(const json_t *c, srv_buf *out, const char *where, int drop_billing, merr *e) {
@@ -395,12 +381,7 @@ json_t *srv_msg_body(const srv_msg_result *m) {
 
 /* ---- streaming ---- */
 
-/* event: NAME\ndata: JSON\n\n (o is stolen). */
-static int sse(srv_buf *b, const char *name, json_t *o) {
-    int bad = !o || srv_buf_addf(b, "event: %s\ndata: ", name) || srv_buf_add_json(b, o) || srv_buf_add(b, "\n\n", 2);
-    json_decref(o);
-    return bad ? -1 : 0;
-}
+#define sse srv_sse_event
 
 int srv_msg_sse_start(srv_msg_sse *st, srv_buf *b, const char *id, const char *model, int32_t input_tokens) {
     st->open = -1;
@@ -493,8 +474,7 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
     }
     int status = 400;
     json_t *err = NULL;
-    srv_job *j = srv_parse_chat(s, chat, &status, &err);
-    json_decref(chat);
+    srv_job *j = srv_parse_translated(s, chat, max_tokens, &status, &err);
     if (!j) {
         const char *m = json_string_value(json_object_get(json_object_get(err, "error"), "message"));
         send_msg_error(s, c, status, m ? m : "invalid request");
@@ -507,8 +487,6 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
         srv_send_json(s, c, 200, o);
         return;
     }
-    int32_t room = s->ctx - j->n_prompt; /* request.c left at least one token */
-    j->gp.max_tokens = max_tokens < room ? max_tokens : room;
     j->api = SRV_API_MESSAGES;
     char id[64];
     srv_make_id(id, sizeof id, "msg");

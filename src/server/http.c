@@ -9,6 +9,7 @@
  *   POST /v1/chat/completions, /chat/completions
  *   POST /v1/completions, /completions
  *   POST /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API: anthropic.c; errors in its shape)
+ *   POST /v1/responses; GET|DELETE /v1/responses/{id} (OpenAI's Responses API: responses.c)
  *   POST /tokenize, /detokenize, /apply-template
  *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
  *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
@@ -25,6 +26,7 @@
 #include <strings.h>
 #include <time.h>
 #include "server/anthropic.h"
+#include "server/responses.h"
 
 /* ---- responses ---- */
 
@@ -174,7 +176,7 @@ static int check_key(srv *s, srv_req *c) {
 }
 
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
-       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS };
+       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, R_RESPONSE };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -189,6 +191,7 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/v1/audio/transcriptions", R_TRANSCRIBE, 1}, {"/audio/transcriptions", R_TRANSCRIBE, 1},
         {"/v1/audio/translations", R_TRANSLATE, 1}, {"/audio/translations", R_TRANSLATE, 1},
         {"/v1/messages", R_MESSAGES, 1},  {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
+        {"/v1/responses", R_RESPONSES, 1}, {"/responses", R_RESPONSES, 1},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--;
@@ -197,6 +200,15 @@ static int route_of(const char *url, int *is_post, const char **arg) {
             *is_post = T[i].post;
             return T[i].route;
         }
+    for (int k = 0; k < 2; k++) { /* /v1/responses/{id} (GET or DELETE) */
+        const char *pre = k ? "/responses/" : "/v1/responses/";
+        size_t pl = strlen(pre);
+        if (n > pl && !strncmp(url, pre, pl)) {
+            *is_post = 0;
+            *arg = url + pl;
+            return R_RESPONSE;
+        }
+    }
     for (int k = 0; k < 2; k++) { /* /v1/models/{id}: ids may contain '/' (org/name) */
         const char *pre = k ? "/models/" : "/v1/models/";
         size_t pl = strlen(pre);
@@ -257,13 +269,15 @@ int srv_http_admit(srv *s, srv_req *c, size_t *limit, char *msg, size_t cap) {
     if (!strcmp(c->method, "OPTIONS")) return 0;
     if (route != R_HEALTH && !check_key(s, c)) return snprintf(msg, cap, "invalid or missing API key"), 401;
     if (route == R_NONE) return snprintf(msg, cap, "no route %.100s", c->path), 404;
-    int is_get = !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD");
+    int is_get = !strcmp(c->method, "GET") || !strcmp(c->method, "HEAD") ||
+                 (route == R_RESPONSE && !strcmp(c->method, "DELETE"));
     if (is_post ? strcmp(c->method, "POST") : !is_get)
         return snprintf(msg, cap, "%.100s expects %s", c->path, is_post ? "POST" : "GET"), 405;
     if (atomic_load(&s->ready)) {
         if (audio && !s->audio) return snprintf(msg, cap, NO_AUDIO_MODEL), 404;
         if ((route == R_CHAT || route == R_COMPLETIONS || route == R_TOKENIZE || route == R_DETOKENIZE ||
-             route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS) && !s->model)
+             route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS || route == R_RESPONSES ||
+             route == R_RESPONSE) && !s->model)
             return snprintf(msg, cap, NO_CHAT_MODEL), 404;
     }
     return 0;
@@ -347,6 +361,10 @@ static void route_request(srv *s, srv_req *c) {
         srv_buf_free(&b);
         return;
     }
+    if (route == R_RESPONSE) {
+        srv_responses_get(s, c, arg, !strcmp(c->method, "DELETE"));
+        return;
+    }
     if (atomic_load(&s->draining)) {
         srv_send_error(s, c, 503, "the server is shutting down");
         return;
@@ -382,6 +400,7 @@ static void route_request(srv *s, srv_req *c) {
             send_json(s, c, 404, e);
             return;
         }
+        if (route == R_CHAT) atomic_fetch_add(&s->c_route_chat, 1);
         j = route == R_CHAT ? srv_parse_chat(s, body, &status, &err) : srv_parse_completion(s, body, &status, &err);
         json_decref(body);
         if (!j) {
@@ -393,7 +412,15 @@ static void route_request(srv *s, srv_req *c) {
     case R_MESSAGES:
     case R_COUNT_TOKENS:
         if (model_mismatch(s, body, m, sizeof m)) srv_send_error(s, c, 404, m);
-        else srv_messages(s, c, body, route == R_COUNT_TOKENS);
+        else {
+            if (route == R_MESSAGES) atomic_fetch_add(&s->c_route_messages, 1);
+            srv_messages(s, c, body, route == R_COUNT_TOKENS);
+        }
+        break;
+    case R_RESPONSES:
+        atomic_fetch_add(&s->c_route_responses, 1);
+        if (model_mismatch(s, body, m, sizeof m)) srv_send_error(s, c, 404, m);
+        else srv_responses(s, c, body);
         break;
     case R_TOKENIZE: do_tokenize(s, c, body); break;
     case R_DETOKENIZE: do_detokenize(s, c, body); break;

@@ -537,6 +537,14 @@ srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
     return j;
 }
 
+srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err) {
+    srv_job *j = srv_parse_chat(s, chat, status, err);
+    json_decref(chat);
+    int32_t room = j ? s->ctx - j->n_prompt : 0; /* fit_context left at least one token */
+    if (j && max_tokens > 0) j->gp.max_tokens = max_tokens < room ? max_tokens : room;
+    return j;
+}
+
 srv_job *srv_parse_completion(srv *s, const json_t *b, int *status, json_t **err) {
     perr e = {0};
     int32_t max_tokens;

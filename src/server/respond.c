@@ -20,13 +20,15 @@
  *
  * A job of the Messages API (j->api) goes through the same steps; only the
  * shapes differ (anthropic.c formats them), and its keep-alive is a `ping`
- * event rather than a comment. */
+ * event rather than a comment. A Responses job (responses.c) keeps its
+ * text in both modes: its final events and the stored response carry it. */
 #define _GNU_SOURCE
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "server/anthropic.h"
+#include "server/responses.h"
 
 enum { MODE_SSE, MODE_BODY, MODE_BODY_CHUNKED };
 
@@ -120,7 +122,11 @@ static void completion_chunk(srv_resp *r, const char *text, size_t len, const ch
 static int on_piece(void *user, osp_reply_kind kind, const char *text, size_t len) {
     srv_resp *r = user;
     if (!len) return 0;
-    if (r->mode == MODE_SSE && r->j->api == SRV_API_MESSAGES) {
+    if (r->j->api == SRV_API_RESPONSES) {
+        if (srv_buf_add(kind == OSP_REPLY_REASONING ? &r->reasoning : &r->content, text, len) ||
+            (r->mode == MODE_SSE && srv_rsp_sse_piece(&r->j->rsp->sse, &r->out, kind, text, len)))
+            r->failed = 1;
+    } else if (r->mode == MODE_SSE && r->j->api == SRV_API_MESSAGES) {
         if (srv_msg_sse_piece(&r->msg, &r->out, kind, text, len)) r->failed = 1;
     } else if (r->mode == MODE_SSE) {
         json_t *d = json_object();
@@ -218,6 +224,12 @@ static json_t *timings_json(const osp_gen_stats *st, int batch_max) {
 /* A failed job: an SSE error event, or the error body with its status. */
 static void end_failed(srv_resp *r, int status, const char *msg) {
     int messages = r->j->api == SRV_API_MESSAGES;
+    if (r->mode == MODE_SSE && r->j->api == SRV_API_RESPONSES) { /* response.failed */
+        srv_rsp_result f = {.status = status, .error = msg, .input_tokens = r->j->n_prompt};
+        if (srv_rsp_finish(r->s, r->j, &r->out, 1, &f)) r->failed = 1;
+        r->status = status;
+        return;
+    }
     json_t *e = messages ? srv_msg_error_json(status, msg) : srv_error_json(status, msg, status == 400 ? "max_tokens" : NULL);
     if (r->mode == MODE_SSE && messages) {
         if (srv_msg_sse_error(&r->out, status, msg)) r->failed = 1;
@@ -339,11 +351,24 @@ static void end_ok_messages(srv_resp *r, const srv_event *e, const json_t *tool_
     r->status = 200;
 }
 
+static void end_ok_responses(srv_resp *r, const srv_event *e, const json_t *tool_calls) {
+    json_t *lp = r->j->logprobs ? take_chat_logprobs(r) : NULL;
+    srv_rsp_result m = {.reasoning = r->reasoning.p, .reasoning_len = r->reasoning.len, .content = r->content.p,
+                        .content_len = r->content.len, .tool_calls = tool_calls,
+                        .logprobs = json_object_get(lp, "content"), .finish = e->stats.finish,
+                        .input_tokens = e->stats.n_prompt, .cached_tokens = e->stats.n_cached,
+                        .output_tokens = e->stats.n_generated, .status = 200};
+    if (srv_rsp_finish(r->s, r->j, &r->out, r->mode == MODE_SSE, &m)) r->failed = 1;
+    json_decref(lp);
+    r->status = 200;
+}
+
 static void end_ok(srv_resp *r, const srv_event *e) {
     json_t *tool_calls = NULL;
     if (r->reply && osp_reply_finish(r->reply, on_piece, r, &tool_calls) != OSP_OK) r->failed = 1;
     if (tool_calls) limit_calls(r, tool_calls);
-    if (r->j->api == SRV_API_MESSAGES) end_ok_messages(r, e, tool_calls);
+    if (r->j->api == SRV_API_RESPONSES) end_ok_responses(r, e, tool_calls);
+    else if (r->j->api == SRV_API_MESSAGES) end_ok_messages(r, e, tool_calls);
     else end_ok_openai(r, e, tool_calls);
     json_decref(tool_calls);
     if (r->failed) { /* replace what was built by an error */
@@ -447,8 +472,10 @@ static srv_resp *resp_new(srv *s, srv_job *j, int fd) {
         if (r->mode == MODE_SSE && j->api == SRV_API_MESSAGES && /* message_start comes before any block */
             srv_msg_sse_start(&r->msg, &r->out, j->id, s->model_name, j->n_prompt))
             r->failed = 1;
+        if (r->mode == MODE_SSE && j->api == SRV_API_RESPONSES && srv_rsp_sse_start(&j->rsp->sse, &r->out))
+            r->failed = 1;
         if (j->forced) on_text(r, j->forced, strlen(j->forced)); /* the reply's forced opening */
-        if (r->mode == MODE_SSE && j->api != SRV_API_MESSAGES) {
+        if (r->mode == MODE_SSE && j->api == SRV_API_OPENAI) {
             json_t *d = json_object();
             json_object_set_new(d, "role", json_string("assistant"));
             json_object_set_new(d, "content", json_string(""));

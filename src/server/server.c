@@ -8,7 +8,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
-#include "server/server_internal.h"
+#include "server/responses.h"
 
 void osp_serve_config_defaults(osp_serve_config *c) {
     memset(c, 0, sizeof *c);
@@ -20,6 +20,8 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     c->allowed_origins = "*";
     c->max_body = 8u << 20;
     c->max_audio_body = 25u << 20;
+    c->responses_store = 64u << 20;
+    c->responses_ttl = 30 * 86400.0;
     c->log_level = 1;
     c->parallel = 4;
     c->prefill_step = 512;
@@ -143,6 +145,11 @@ int osp_serve(const osp_serve_config *cfg) {
         fprintf(stderr, "osprey serve: %s\n", osp_last_error());
         goto out;
     }
+    if (s->model && s->cfg.responses_store) { /* beside the prefix cache's files, when it has a folder */
+        char dir[4200] = "";
+        if (s->pc && s->pc_dir[0]) snprintf(dir, sizeof dir, "%s/responses", s->pc_dir);
+        s->rsp_store = srv_rsp_store_open(s->cfg.responses_store, s->cfg.responses_ttl, dir);
+    }
     if (s->model && srv_worker_start(s)) { /* (an audio-only server has no batch thread) */
         fprintf(stderr, "osprey serve: cannot start the worker thread\n");
         goto out;
@@ -172,6 +179,7 @@ out:
         return rc;
     }
     srv_teardown(s);
+    srv_rsp_store_close(s->rsp_store);
     pthread_mutex_destroy(&s->qmu);
     pthread_cond_destroy(&s->qcv);
     free(s);

@@ -37,6 +37,22 @@ void srv_make_id(char *out, size_t cap, const char *prefix);
 /* {"error":{"message","type","code","param"}} (param omitted when NULL). */
 json_t *srv_error_json(int status, const char *message, const char *param);
 const char *srv_error_type(int status);
+/* o's "type" when it is an object with a string one, else NULL. */
+const char *srv_json_type(const json_t *o);
+/* Where a translating parser (anthropic.c, responses.c) writes why it failed. */
+typedef struct srv_msgbuf {
+    char *msg;
+    size_t cap;
+} srv_msgbuf;
+#define SRV_FAIL(e, ...)                                                                                     \
+    do {                                                                                                     \
+        snprintf((e)->msg, (e)->cap, __VA_ARGS__);                                                           \
+        return -1;                                                                                           \
+    } while (0)
+/* o[k], NULL when absent or null. */
+json_t *srv_json_get(const json_t *o, const char *k);
+/* An SSE event "event: NAME\ndata: JSON\n\n" appended (o is stolen); 0 ok. */
+int srv_sse_event(srv_buf *b, const char *name, json_t *o);
 
 /* ---- the job: one request's generation, shared by its connection thread
  * and the worker ----
@@ -47,8 +63,9 @@ const char *srv_error_type(int status);
  * The connection thread takes them off the job and turns them into SSE
  * chunks or a JSON body (respond.c), waking on the job's eventfd. */
 typedef enum srv_kind { SRV_CHAT, SRV_COMPLETION } srv_kind;
-/* The API a chat job answers in: OpenAI's chat shape, or Anthropic's Messages (anthropic.c). */
-typedef enum srv_api { SRV_API_OPENAI, SRV_API_MESSAGES } srv_api;
+/* The API a chat job answers in: OpenAI's chat shape, Anthropic's Messages
+ * (anthropic.c) or OpenAI's Responses (responses.c). */
+typedef enum srv_api { SRV_API_OPENAI, SRV_API_MESSAGES, SRV_API_RESPONSES } srv_api;
 
 enum { SRV_CANCEL_CLIENT = 1, SRV_CANCEL_SHUTDOWN = 2 }; /* why a job was cancelled: its client left; --drain-timeout */
 
@@ -90,6 +107,7 @@ typedef struct srv_job {
     int parse_reasoning, parse_tools, start_in_reasoning;
     int parallel_tools;       /* parallel_tool_calls: 0 keeps only the first call */
     char *forced;             /* text the reply starts with (a forced tool call's opening), or NULL */
+    struct srv_rsp_job *rsp;  /* a Responses job: its request's side (responses.h), owned by the route */
     char id[64];
     long long created;
     int64_t kv_need;          /* KV bytes it may come to hold (prompt + max_tokens) */
@@ -173,6 +191,9 @@ typedef struct srv {
     atomic_llong c_requests, c_ok, c_failed, c_cancelled, c_prompt_tokens, c_cached_tokens, c_gen_tokens;
     atomic_llong c_draft, c_draft_accepted;
     atomic_llong c_stalled;   /* responses abandoned at --write-timeout */
+    atomic_llong c_route_chat, c_route_messages, c_route_responses; /* generation requests by route */
+    atomic_llong c_tools_dropped; /* hosted tools a Responses request offered that osprey cannot run */
+    struct srv_rsp_store *rsp_store; /* stored Responses (responses.h), or NULL */
 
     /* the audio model (audio.c): read-only after setup; one transcription at a time */
     struct osp_whisper *audio;
@@ -226,6 +247,9 @@ int srv_respond(srv *s, srv_req *q, srv_job *j);
 /* request.c: build a job from a request body. On failure returns NULL with
  * *status (4xx) and *err (a new JSON error object). */
 srv_job *srv_parse_chat(srv *s, const json_t *body, int *status, json_t **err);
+/* A chat body another API's route translated (taken): max_tokens > 0 is cut
+ * to what the context leaves after the prompt, where the chat route refuses it. */
+srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err);
 srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **err);
 /* The chat template rendering of {messages, tools, ...} (for /apply-template). */
 json_t *srv_apply_template(srv *s, const json_t *body, int *status);

@@ -50,6 +50,10 @@ json_t *srv_stats_json(srv *s) {
                                (json_int_t)p->disk_rejects, "disk_deletes", (json_int_t)p->disk_deletes, "dir",
                                s->pc_dir);
         /* what may be reused: any prefix (the rows are chunk-invariant here), or prompts at multiples of align */
+    json_object_set_new(o, "routes", json_pack("{s:I, s:I, s:I, s:I}", "chat", atomic_load(&s->c_route_chat), "messages",
+                                               atomic_load(&s->c_route_messages), "responses",
+                                               atomic_load(&s->c_route_responses), "responses_tools_dropped",
+                                               atomic_load(&s->c_tools_dropped)));
         json_object_set_new(pc, "reuse", json_string(s->pc_grid ? "prompts on the prefill grid" : "any prefix"));
         json_object_set_new(pc, "align", json_integer(s->pc_grid ? s->prefill_step : 1));
         json_object_set_new(pc, "lookup_seconds", json_real(p->lookup_s));
@@ -91,6 +95,15 @@ int srv_metrics_text(srv *s, srv_buf *b) {
     e |= metric(b, "rows_in_use", "gauge", "Rows of the batch generating.", c.running);
     e |= metric(b, "rows", "gauge", "Rows of the batch (--parallel).", c.parallel);
     e |= metric(b, "kv_budget_bytes", "gauge", "The KV budget.", c.kv_budget);
+    e |= srv_buf_addf(b, "# HELP osprey_route_requests_total Generation requests received, by API route.\n"
+                         "# TYPE osprey_route_requests_total counter\nosprey_route_requests_total{route=\"chat\"} %lld\n"
+                         "osprey_route_requests_total{route=\"messages\"} %lld\n"
+                         "osprey_route_requests_total{route=\"responses\"} %lld\n",
+                      atomic_load(&s->c_route_chat), atomic_load(&s->c_route_messages),
+                      atomic_load(&s->c_route_responses));
+    e |= metric(b, "responses_tools_dropped_total", "counter",
+                "Hosted tools (web_search, namespace, ...) a Responses request offered, left out: osprey cannot run them.",
+                atomic_load(&s->c_tools_dropped));
     e |= metric(b, "kv_reserved_bytes", "gauge", "KV bytes reserved by running requests.", c.kv_reserved);
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;

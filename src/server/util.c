@@ -191,3 +191,19 @@ json_t *srv_error_json(int status, const char *message, const char *param) {
     json_object_set_new(o, "error", e);
     return o;
 }
+
+json_t *srv_json_get(const json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    return json_is_null(v) ? NULL : v;
+}
+
+int srv_sse_event(srv_buf *b, const char *name, json_t *o) {
+    int bad = !o || srv_buf_addf(b, "event: %s\ndata: ", name) || srv_buf_add_json(b, o) || srv_buf_add(b, "\n\n", 2);
+    json_decref(o);
+    return bad ? -1 : 0;
+}
+
+const char *srv_json_type(const json_t *o) {
+    json_t *t = json_is_object(o) ? json_object_get(o, "type") : NULL;
+    return json_is_string(t) ? json_string_value(t) : NULL;
+}

@@ -85,31 +85,52 @@ struct osp_whisper {
     int32_t n_align;
 };
 
+/* Per-row capture of the alignment heads' cross-attention scores (word timestamps). */
+typedef struct row_capture {
+    const int32_t *heads; /* [n] (layer, head) pairs */
+    int32_t n, max_tok;
+    float *out;           /* host [n][max_tok][A] */
+} row_capture;
+
+/* A state holds n_slots windows (cross K/V of each) and n_rows decoder rows,
+ * rows_per_slot of them over each window (row r reads slot r / rows_per_slot).
+ * One window and its beams is the plain state; a batch (speech/batch.c) is one
+ * state of many slots whose steps mix rows of several requests.
+ *
+ * A view (osp_whisper_state_view) is a request's part of such a state: its rows
+ * are [row0, row0 + n_rows) of the base, positions and captures are the base's,
+ * and its encodes and decoder steps are handed to the owner of the base
+ * (`submit`), which runs them among other views' in one call. */
 struct osp_whisper_state {
     const osp_whisper *m;
     const osp_backend *be;
-    osp_be_session *bs;
-    int32_t n_rows;     /* decoder sequences (beams) sharing the window */
-    int32_t *pos;       /* [n_rows]: tokens in each row's self-attention cache */
-    int32_t *tok_row, *tok_pos; /* [max tokens of a step]: each token's row and position */
-    int encoded;
-    /* cross-attention capture (word timestamps): heads [n_qk] as (layer, head) pairs; q·k (scaled, before
-     * the softmax) of each decoded token against every audio position, [n_qk][qk_max_tok][A] (host) */
-    const int32_t *qk_heads;
-    int32_t n_qk, qk_max_tok;
-    float *qk_out;
-    float *xin;         /* host [n_text_ctx, d]: a step's input rows */
-    float *enc_host;    /* host [A, d]: the encoder output, read back */
-    osp_dbuf *enc_out;  /* [A, d] */
-    osp_dbuf **ck, **cv; /* per decoder layer: cross K [heads][A][hd] and V [heads][hd][A] of the window */
+    osp_be_session *bs; /* NULL in a view */
+    int32_t n_rows;     /* decoder sequences (beams) */
+    int32_t n_slots, rows_per_slot, enc_windows; /* windows held; rows over each; windows an encode takes at most */
+    int32_t *pos;       /* [n_rows]: tokens in each row's self-attention cache (a view: its base's, from row0) */
+    row_capture *cap;   /* [n_rows] (a view: its base's, from row0) */
+    uint8_t *encoded;   /* [n_slots] */
+    int64_t rows_cap;   /* tokens (rows of activations) a call holds at most */
+    int32_t *tok_row, *tok_pos, *tok_id; /* [rows_cap]: each token's row, position and id */
+    float *xin;         /* host [rows_cap, d]: a step's input rows */
+    float *enc_host;    /* host [A, d]: the encoder output, read back (one-slot states) */
+    osp_dbuf *enc_out;  /* [enc_windows · A, d] */
+    osp_dbuf **ck, **cv; /* per decoder layer [n_slots]: cross K [heads][A][hd] and V [heads][hd][A] of a window */
     osp_dbuf **sk, **sv; /* per decoder layer [n_rows][n_text_ctx][d]: self K/V */
-    /* scratch, sized for max(3000 frames, A, n_text_ctx) rows */
-    osp_dbuf *mel;      /* [n_mels, 3000] */
-    osp_dbuf *col;      /* [3000, max(n_mels, d)·3]: im2col of a convolution */
-    osp_dbuf *x, *h, *q, *k, *v, *a; /* [rows, d] */
-    osp_dbuf *f;        /* [rows, max(ffn, d)] */
+    /* scratch */
+    osp_dbuf *mel;      /* [enc_windows][n_mels, 3000] */
+    osp_dbuf *col;      /* [3000, max(n_mels, d)·3]: im2col of a convolution (one window at a time) */
+    osp_dbuf *x, *h, *q, *k, *v, *a; /* [rows_cap, d] */
+    osp_dbuf *f;        /* [rows_cap, max(ffn, 2d, A)]: MLP rows, conv1's output, captured scores */
     osp_dbuf *logits;   /* [logits_cap / vocab, vocab] */
     int64_t logits_cap;
+    /* a view */
+    osp_whisper_state *base;
+    int32_t slot, row0;
+    osp_whisper_submit_fn submit;
+    void *submit_ctx;
+    int32_t *copies;    /* [3 · n_rows]: (dst, src, n) of the base, queued for the next step */
+    int32_t n_copies;
 };
 
 /* ---------------- loading ---------------- */
@@ -536,21 +557,35 @@ const osp_whisper_config *osp_whisper_get_config(const osp_whisper *m) { return 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out) {
-    return osp_whisper_state_new_rows(m, 1, out);
+    return osp_whisper_state_new_slots(m, 1, 1, 1, out);
 }
 
 osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_whisper_state **out) {
+    return osp_whisper_state_new_slots(m, 1, n_rows, 1, out);
+}
+
+osp_status osp_whisper_state_new_slots(const osp_whisper *m, int32_t n_slots, int32_t rows_per_slot,
+                                       int32_t enc_windows, osp_whisper_state **out) {
     *out = NULL;
-    if (n_rows < 1 || n_rows > 64) return osp_err(OSP_ERR_INVALID, "whisper: %d decoder rows (1..64)", n_rows);
+    if (n_slots < 1 || n_slots > 64 || rows_per_slot < 1 || rows_per_slot > 64 || enc_windows < 1 ||
+        enc_windows > n_slots)
+        return osp_err(OSP_ERR_INVALID, "whisper: %d windows of %d decoder rows, encoded %d at a time (1..64 each)",
+                       n_slots, rows_per_slot, enc_windows);
     const osp_whisper_config *c = &m->cfg;
     const osp_backend *be = m->be;
-    const int64_t d = c->d_model, A = c->n_audio_ctx, L = c->dec_layers;
-    const int64_t rows = max64(N_FRAMES, c->n_text_ctx);
+    const int64_t d = c->d_model, A = c->n_audio_ctx, L = c->dec_layers, n_rows = (int64_t)n_slots * rows_per_slot;
+    /* a call's tokens: a window's 3000 frames, enc_windows windows' positions, or a decoder step of every
+     * slot (a teacher-forced chunk of n_text_ctx or a token of each of its rows) */
+    const int64_t rows = max64(max64(N_FRAMES, enc_windows * A), n_slots * max64(c->n_text_ctx, rows_per_slot));
     osp_whisper_state *s = osp_calloc(OSP_POOL_MISC, sizeof *s);
     if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
     s->m = m;
     s->be = be;
-    s->n_rows = n_rows;
+    s->n_rows = (int32_t)n_rows;
+    s->n_slots = n_slots;
+    s->rows_per_slot = rows_per_slot;
+    s->enc_windows = enc_windows;
+    s->rows_cap = rows;
     /* chunks of 64 tokens of any linear's input (the CPU's production path packs them for its AMX tiles) */
     const int64_t cols = max64(max64(max64(d, c->enc_ffn), max64(c->dec_ffn, 3 * d)), 3 * (int64_t)c->n_mels);
     osp_status rc = be->session_new(64, cols, &s->bs);
@@ -559,40 +594,85 @@ osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_
         return rc;
     }
     s->pos = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * n_rows);
+    s->cap = osp_calloc(OSP_POOL_MISC, sizeof(row_capture) * n_rows);
+    s->encoded = osp_calloc(OSP_POOL_MISC, (size_t)n_slots);
     s->tok_row = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
     s->tok_pos = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * rows);
-    s->xin = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * c->n_text_ctx * d);
-    s->enc_host = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * A * d);
+    s->tok_id = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * 2 * rows); /* ids, then the rows whose logits are wanted */
+    s->xin = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * rows * d);
+    s->enc_host = n_slots == 1 ? osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * A * d) : NULL;
     s->ck = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
     s->cv = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
     s->sk = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
     s->sv = osp_calloc(OSP_POOL_KV, sizeof(osp_dbuf *) * L);
-    int ok = s->ck && s->cv && s->sk && s->sv && s->pos && s->tok_row && s->tok_pos && s->xin && s->enc_host;
+    int ok = s->ck && s->cv && s->sk && s->sv && s->pos && s->cap && s->encoded && s->tok_row && s->tok_pos &&
+             s->tok_id && s->xin && (n_slots > 1 || s->enc_host);
     const osp_kv_mem *km = be->kv_mem;
     for (int64_t l = 0; ok && l < L; l++) {
-        s->ck[l] = km->alloc(sizeof(float) * A * d);
-        s->cv[l] = km->alloc(sizeof(float) * A * d);
+        s->ck[l] = km->alloc(sizeof(float) * n_slots * A * d);
+        s->cv[l] = km->alloc(sizeof(float) * n_slots * A * d);
         s->sk[l] = km->alloc(sizeof(float) * n_rows * c->n_text_ctx * d);
         s->sv[l] = km->alloc(sizeof(float) * n_rows * c->n_text_ctx * d);
         ok = s->ck[l] && s->cv[l] && s->sk[l] && s->sv[l];
     }
     osp_dbuf **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->a};
     for (int i = 0; ok && i < 6; i++) ok = (*bufs[i] = be->alloc((size_t)(rows * d))) != NULL;
-    if (ok) ok = (s->enc_out = be->alloc((size_t)(A * d))) != NULL;
-    if (ok) ok = (s->mel = be->alloc((size_t)c->n_mels * N_FRAMES)) != NULL;
+    if (ok) ok = (s->enc_out = be->alloc((size_t)(enc_windows * A * d))) != NULL;
+    if (ok) ok = (s->mel = be->alloc((size_t)enc_windows * c->n_mels * N_FRAMES)) != NULL;
     if (ok) ok = (s->col = be->alloc((size_t)(N_FRAMES * 3 * max64(c->n_mels, d)))) != NULL;
-    /* f: the MLPs' hidden rows, and capture_qk's scores (a row of A per token) */
-    if (ok) ok = (s->f = be->alloc((size_t)(rows * max64(max64(max64(c->enc_ffn, c->dec_ffn), d), A)))) != NULL;
+    /* f: the MLPs' hidden rows, conv1's output (3000 frames a window) and capture_qk's scores (A per token) */
+    if (ok)
+        ok = (s->f = be->alloc((size_t)(rows * max64(max64(max64(c->enc_ffn, c->dec_ffn), 2 * d), A)))) != NULL;
     if (!ok) {
         osp_whisper_state_free(s);
         return osp_err(OSP_ERR_NOMEM, "out of memory for a Whisper state");
     }
+    for (int64_t r = 0; r < n_rows; r++) s->cap[r].out = NULL;
     *out = s;
+    return OSP_OK;
+}
+
+osp_status osp_whisper_state_view(osp_whisper_state *base, int32_t slot, int32_t n_rows, osp_whisper_submit_fn submit,
+                                  void *ctx, osp_whisper_state **out) {
+    *out = NULL;
+    if (base->base || slot < 0 || slot >= base->n_slots || n_rows < 1 || n_rows > base->rows_per_slot || !submit)
+        return osp_err(OSP_ERR_INVALID, "whisper: no view of %d rows over window %d", n_rows, slot);
+    osp_whisper_state *v = osp_calloc(OSP_POOL_MISC, sizeof *v);
+    if (!v) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    v->m = base->m;
+    v->be = base->be;
+    v->base = base;
+    v->slot = slot;
+    v->row0 = slot * base->rows_per_slot;
+    v->n_rows = n_rows;
+    v->n_slots = 1;
+    v->rows_per_slot = n_rows;
+    v->pos = base->pos + v->row0;
+    v->cap = base->cap + v->row0;
+    v->encoded = base->encoded + slot;
+    v->submit = submit;
+    v->submit_ctx = ctx;
+    v->copies = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * 3 * n_rows);
+    if (!v->copies) {
+        osp_free(v);
+        return osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t r = 0; r < n_rows; r++) {
+        v->pos[r] = 0;
+        v->cap[r] = (row_capture){0};
+    }
+    *out = v;
     return OSP_OK;
 }
 
 void osp_whisper_state_free(osp_whisper_state *s) {
     if (!s) return;
+    if (s->base) {
+        for (int32_t r = 0; r < s->n_rows; r++) s->cap[r] = (row_capture){0};
+        osp_free(s->copies);
+        osp_free(s);
+        return;
+    }
     const osp_backend *be = s->be;
     const osp_kv_mem *km = be->kv_mem;
     osp_dbuf **planes[] = {s->ck, s->cv, s->sk, s->sv};
@@ -602,8 +682,11 @@ void osp_whisper_state_free(osp_whisper_state *s) {
         osp_free(planes[i]);
     }
     osp_free(s->pos);
+    osp_free(s->cap);
+    osp_free(s->encoded);
     osp_free(s->tok_row);
     osp_free(s->tok_pos);
+    osp_free(s->tok_id);
     osp_free(s->xin);
     osp_free(s->enc_host);
     osp_dbuf *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->mel, s->col, s->f, s->logits};
@@ -614,10 +697,12 @@ void osp_whisper_state_free(osp_whisper_state *s) {
 }
 
 void osp_whisper_state_set_serial(osp_whisper_state *s, int serial) {
-    if (s->be->set_serial) s->be->set_serial(s->bs, serial);
+    if (s->bs && s->be->set_serial) s->be->set_serial(s->bs, serial);
 }
 
-void osp_whisper_state_set_fast(osp_whisper_state *s, int fast) { s->be->set_fast(s->bs, fast); }
+void osp_whisper_state_set_fast(osp_whisper_state *s, int fast) {
+    if (s->bs) s->be->set_fast(s->bs, fast);
+}
 
 const char *osp_whisper_device_name(const osp_whisper *m) { return m->be->name; }
 
@@ -627,88 +712,135 @@ osp_status osp_whisper_bw_trial(const osp_whisper *m, int release, double *gbps)
 
 /* ---------------- blocks ---------------- */
 
-/* The pre-LN MLP of a block, its residual added to x [n, d]: encoder and decoder alike. */
-static void mlp_block(const osp_whisper_state *s, const layer *L, int64_t n, int64_t d, int64_t ffn) {
-    const osp_backend *be = s->be;
-    osp_be_session *bs = s->bs;
-    be->layernorm(bs, s->h, s->x, L->ln_mlp.w, L->ln_mlp.b, n, d, LN_EPS);
-    be->linear(bs, &L->fc1, s->h, n, L->b1, s->f);
-    be->gelu(bs, s->f, n * ffn);
-    be->linear(bs, &L->fc2, s->f, n, L->b2, s->h);
-    be->add(bs, s->x, s->h, n * d);
+/* y = x · Wᵀ + b for `wins` windows of n rows each, one call per window: a window's matmuls are the calls it
+ * gets alone (its numbers do not depend on the batch), and a window's GEMM is long enough to fill the device. */
+static void linear_w(const osp_whisper_state *s, const osp_weight *w, const osp_dbuf *x, int64_t wins, int64_t n,
+                     const osp_dbuf *b, osp_dbuf *y) {
+    for (int64_t i = 0; i < wins; i++)
+        s->be->linear(s->bs, w, osp_dbuf_at(x, i * n * w->cols), n, b, osp_dbuf_at(y, i * n * w->rows));
 }
 
-static void full_attention(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t n, int heads) {
+/* The pre-LN MLP of a block, its residual added to x [wins · n, d]: encoder and decoder alike. */
+static void mlp_block(const osp_whisper_state *s, const layer *L, int64_t wins, int64_t n, int64_t d, int64_t ffn) {
+    const osp_backend *be = s->be;
+    osp_be_session *bs = s->bs;
+    be->layernorm(bs, s->h, s->x, L->ln_mlp.w, L->ln_mlp.b, wins * n, d, LN_EPS);
+    linear_w(s, &L->fc1, s->h, wins, n, L->b1, s->f);
+    be->gelu(bs, s->f, wins * n * ffn);
+    linear_w(s, &L->fc2, s->f, wins, n, L->b2, s->h);
+    be->add(bs, s->x, s->h, wins * n * d);
+}
+
+/* Attention of n queries (rows `first` on of q) over one window's packed K/V, into the same rows of a. */
+static void full_attention(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t first,
+                           int64_t n, int heads) {
     const int64_t d = s->m->cfg.d_model;
-    osp_full_attn_args a = {.q = s->q, .kh = kh, .vt = vt, .out = s->a, .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d,
-                            .heads = heads, .hd = (int32_t)(d / heads)};
+    osp_full_attn_args a = {.q = osp_dbuf_at(s->q, first * d), .kh = kh, .vt = vt, .out = osp_dbuf_at(s->a, first * d),
+                            .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d, .heads = heads, .hd = (int32_t)(d / heads)};
     s->be->full_attention(s->bs, &a);
 }
 
 /* ---------------- encoder ---------------- */
 
+static osp_status submit(osp_whisper_state *v, osp_whisper_job *job) {
+    job->copies = v->copies;
+    job->n_copies = v->n_copies;
+    osp_status rc = v->submit(v->submit_ctx, job);
+    v->n_copies = 0;
+    return rc;
+}
+
 osp_status osp_whisper_encode(osp_whisper_state *s, const float *mel) {
+    if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
+    if (s->base) {
+        osp_whisper_job job = {.mel = mel, .slot = s->slot};
+        return submit(s, &job);
+    }
+    int32_t slot = 0;
+    return osp_whisper_encode_batch(s, &mel, &slot, 1);
+}
+
+osp_status osp_whisper_encode_batch(osp_whisper_state *s, const float *const *mels, const int32_t *slots,
+                                    int32_t nw) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
     const osp_backend *be = s->be;
     osp_be_session *bs = s->bs;
     const int64_t d = c->d_model, A = c->n_audio_ctx, C = c->n_mels, hd = d / c->enc_heads;
-    if (!mel) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
-    s->encoded = 0;
-    memset(s->pos, 0, sizeof(int32_t) * s->n_rows);
-    be->begin_chunk(bs, 1, N_FRAMES);
-    be->write(s->mel, mel, C * N_FRAMES);
-    /* conv1 (k 3, padding 1): col[t, ci·3 + j] (MLX: [t, j·C + ci]) = mel[ci, t + j - 1] */
-    osp_im2col_args i1 = {.col = s->col, .x = s->mel, .C = C, .t_in = N_FRAMES, .t_out = N_FRAMES,
-                          .ld_c = N_FRAMES, .ld_f = 1, .k = 3, .stride = 1, .pad = 1, .k_major = m->mlx};
-    be->im2col(bs, &i1);
-    be->linear(bs, &m->conv1, s->col, N_FRAMES, m->conv1_b, s->f); /* [3000, d] */
-    be->gelu(bs, s->f, N_FRAMES * d);
-    /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] (MLX: [t, j·d + ci]) = h1[2t + j - 1, ci] */
-    osp_im2col_args i2 = {.col = s->col, .x = s->f, .C = d, .t_in = N_FRAMES, .t_out = A,
-                          .ld_c = 1, .ld_f = d, .k = 3, .stride = 2, .pad = 1, .k_major = m->mlx};
-    be->im2col(bs, &i2);
-    be->linear(bs, &m->conv2, s->col, A, m->conv2_b, s->x);
-    be->gelu(bs, s->x, A * d);
-    be->add(bs, s->x, m->enc_pos, A * d);
+    if (s->base || nw < 1 || nw > s->enc_windows)
+        return osp_err(OSP_ERR_INVALID, "whisper encode: %d windows (this state encodes 1..%d)", nw, s->enc_windows);
+    for (int32_t w = 0; w < nw; w++) {
+        if (!mels[w]) return osp_err(OSP_ERR_INVALID, "whisper encode: no mel spectrogram");
+        if (slots[w] < 0 || slots[w] >= s->n_slots) return osp_err(OSP_ERR_RANGE, "whisper encode: no window %d", slots[w]);
+        for (int32_t j = 0; j < w; j++)
+            if (slots[j] == slots[w]) return osp_err(OSP_ERR_INVALID, "whisper encode: window %d twice", slots[w]);
+    }
+    for (int32_t w = 0; w < nw; w++) {
+        s->encoded[slots[w]] = 0;
+        memset(s->pos + (int64_t)slots[w] * s->rows_per_slot, 0, sizeof(int32_t) * s->rows_per_slot);
+    }
+    if (be->set_exact_tokens) be->set_exact_tokens(bs, 0);
+    be->begin_chunk(bs, 1, N_FRAMES); /* each window's matmuls are the one-row chunk they are alone */
+    for (int32_t w = 0; w < nw; w++) be->write(osp_dbuf_at(s->mel, w * C * N_FRAMES), mels[w], C * N_FRAMES);
+    for (int32_t w = 0; w < nw; w++) {
+        /* conv1 (k 3, padding 1): col[t, ci·3 + j] (MLX: [t, j·C + ci]) = mel[ci, t + j - 1] */
+        osp_im2col_args i1 = {.col = s->col, .x = osp_dbuf_at(s->mel, w * C * N_FRAMES), .C = C, .t_in = N_FRAMES,
+                              .t_out = N_FRAMES, .ld_c = N_FRAMES, .ld_f = 1, .k = 3, .stride = 1, .pad = 1,
+                              .k_major = m->mlx};
+        osp_dbuf *h1 = osp_dbuf_at(s->f, w * N_FRAMES * d);
+        be->im2col(bs, &i1);
+        be->linear(bs, &m->conv1, s->col, N_FRAMES, m->conv1_b, h1); /* [3000, d] */
+        be->gelu(bs, h1, N_FRAMES * d);
+        /* conv2 (k 3, stride 2, padding 1): col[t, ci·3 + j] (MLX: [t, j·d + ci]) = h1[2t + j - 1, ci] */
+        osp_im2col_args i2 = {.col = s->col, .x = h1, .C = d, .t_in = N_FRAMES, .t_out = A,
+                              .ld_c = 1, .ld_f = d, .k = 3, .stride = 2, .pad = 1, .k_major = m->mlx};
+        be->im2col(bs, &i2);
+        be->linear(bs, &m->conv2, s->col, A, m->conv2_b, osp_dbuf_at(s->x, w * A * d));
+    }
+    be->gelu(bs, s->x, nw * A * d);
+    for (int32_t w = 0; w < nw; w++) be->add(bs, osp_dbuf_at(s->x, w * A * d), m->enc_pos, A * d);
     const float qs = 1.0f / sqrtf((float)hd);
     osp_dbuf *kh = s->col, *vt = osp_dbuf_at(s->col, A * d);
     for (int l = 0; l < c->enc_layers; l++) {
         const layer *L = &m->enc[l];
-        be->layernorm(bs, s->h, s->x, L->ln_self.w, L->ln_self.b, A, d, LN_EPS);
-        be->linear(bs, &L->self.q, s->h, A, L->self.bq, s->q);
-        be->linear(bs, &L->self.k, s->h, A, NULL, s->k);
-        be->linear(bs, &L->self.v, s->h, A, L->self.bv, s->v);
-        be->scale(bs, s->q, qs, A * d);
-        be->pack_kv(bs, kh, vt, s->k, s->v, A, d, c->enc_heads, (int32_t)hd);
-        full_attention(s, kh, vt, A, c->enc_heads);
-        be->linear(bs, &L->self.o, s->a, A, L->self.bo, s->h);
-        be->add(bs, s->x, s->h, A * d);
-        mlp_block(s, L, A, d, c->enc_ffn);
+        be->layernorm(bs, s->h, s->x, L->ln_self.w, L->ln_self.b, nw * A, d, LN_EPS);
+        linear_w(s, &L->self.q, s->h, nw, A, L->self.bq, s->q);
+        linear_w(s, &L->self.k, s->h, nw, A, NULL, s->k);
+        linear_w(s, &L->self.v, s->h, nw, A, L->self.bv, s->v);
+        be->scale(bs, s->q, qs, nw * A * d);
+        for (int32_t w = 0; w < nw; w++) {
+            be->pack_kv(bs, kh, vt, osp_dbuf_at(s->k, w * A * d), osp_dbuf_at(s->v, w * A * d), A, d, c->enc_heads,
+                        (int32_t)hd);
+            full_attention(s, kh, vt, w * A, A, c->enc_heads);
+        }
+        linear_w(s, &L->self.o, s->a, nw, A, L->self.bo, s->h);
+        be->add(bs, s->x, s->h, nw * A * d);
+        mlp_block(s, L, nw, A, d, c->enc_ffn);
     }
-    be->layernorm(bs, s->enc_out, s->x, m->enc_ln.w, m->enc_ln.b, A, d, LN_EPS);
-    for (int l = 0; l < c->dec_layers; l++) { /* packed for full_attention */
-        be->linear(bs, &m->dec[l].cross.k, s->enc_out, A, NULL, s->k);
-        be->linear(bs, &m->dec[l].cross.v, s->enc_out, A, m->dec[l].cross.bv, s->v);
-        be->pack_kv(bs, s->ck[l], s->cv[l], s->k, s->v, A, d, c->dec_heads, (int32_t)(d / c->dec_heads));
+    be->layernorm(bs, s->enc_out, s->x, m->enc_ln.w, m->enc_ln.b, nw * A, d, LN_EPS);
+    for (int32_t w = 0; w < nw; w++) {
+        const osp_dbuf *eo = osp_dbuf_at(s->enc_out, w * A * d);
+        for (int l = 0; l < c->dec_layers; l++) { /* packed for full_attention */
+            be->linear(bs, &m->dec[l].cross.k, eo, A, NULL, s->k);
+            be->linear(bs, &m->dec[l].cross.v, eo, A, m->dec[l].cross.bv, s->v);
+            be->pack_kv(bs, osp_dbuf_at(s->ck[l], slots[w] * A * d), osp_dbuf_at(s->cv[l], slots[w] * A * d), s->k,
+                        s->v, A, d, c->dec_heads, (int32_t)(d / c->dec_heads));
+        }
     }
     OSP_TRY(be->status(bs));
-    be->read(s->enc_host, s->enc_out, A * d);
-    s->encoded = 1;
+    if (s->enc_host) be->read(s->enc_host, s->enc_out, A * d);
+    for (int32_t w = 0; w < nw; w++) s->encoded[slots[w]] = 1;
     return OSP_OK;
 }
 
 osp_status osp_whisper_capture_qk(osp_whisper_state *s, const int32_t *heads, int32_t n_heads, float *out,
                                   int32_t max_tok) {
     const osp_whisper_config *c = &s->m->cfg;
-    for (int32_t k = 0; k < n_heads; k++)
+    for (int32_t k = 0; out && k < n_heads; k++)
         if (heads[2 * k] < 0 || heads[2 * k] >= c->dec_layers || heads[2 * k + 1] < 0 ||
             heads[2 * k + 1] >= c->dec_heads)
             return osp_err(OSP_ERR_RANGE, "whisper: no decoder head (%d, %d)", heads[2 * k], heads[2 * k + 1]);
-    s->qk_heads = heads;
-    s->n_qk = out ? n_heads : 0;
-    s->qk_out = n_heads ? out : NULL;
-    s->qk_max_tok = max_tok;
+    s->cap[0] = out && n_heads ? (row_capture){heads, n_heads, max_tok, out} : (row_capture){0};
     return OSP_OK;
 }
 
@@ -717,7 +849,9 @@ const int32_t *osp_whisper_alignment_heads(const osp_whisper *m, int32_t *n) {
     return m->align;
 }
 
-const float *osp_whisper_encoder_out(const osp_whisper_state *s) { return s->encoded ? s->enc_host : NULL; }
+const float *osp_whisper_encoder_out(const osp_whisper_state *s) {
+    return s->enc_host && s->encoded[0] ? s->enc_host : NULL;
+}
 
 /* ---------------- decoder ---------------- */
 
@@ -737,55 +871,86 @@ osp_status osp_whisper_truncate_row(osp_whisper_state *s, int32_t row, int32_t n
     return OSP_OK;
 }
 
+osp_status osp_whisper_copy_rows(osp_whisper_state *s, const int32_t *copies, int32_t n) {
+    const osp_whisper_config *c = &s->m->cfg;
+    const int64_t row = (int64_t)c->n_text_ctx * c->d_model;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t dst = copies[3 * i], src = copies[3 * i + 1], k = copies[3 * i + 2];
+        if (dst < 0 || dst >= s->n_rows || src < 0 || src >= s->n_rows || k < 0 || k > c->n_text_ctx)
+            return osp_err(OSP_ERR_RANGE, "whisper: no decoder row %d or %d", dst, src);
+        if (dst == src || !k) continue;
+        for (int l = 0; l < c->dec_layers; l++) {
+            s->be->copy(s->bs, osp_dbuf_at(s->sk[l], dst * row), osp_dbuf_at(s->sk[l], src * row), k * c->d_model);
+            s->be->copy(s->bs, osp_dbuf_at(s->sv[l], dst * row), osp_dbuf_at(s->sv[l], src * row), k * c->d_model);
+        }
+    }
+    return s->be->status(s->bs);
+}
+
 osp_status osp_whisper_copy_row(osp_whisper_state *s, int32_t dst, int32_t src) {
     if (dst < 0 || dst >= s->n_rows || src < 0 || src >= s->n_rows)
         return osp_err(OSP_ERR_RANGE, "whisper: no decoder row %d or %d", dst, src);
     if (dst == src) return OSP_OK;
-    const osp_whisper_config *c = &s->m->cfg;
-    const int64_t row = (int64_t)c->n_text_ctx * c->d_model, n = (int64_t)s->pos[src] * c->d_model;
-    if (n) {
-        for (int l = 0; l < c->dec_layers; l++) {
-            s->be->copy(s->bs, osp_dbuf_at(s->sk[l], dst * row), osp_dbuf_at(s->sk[l], src * row), n);
-            s->be->copy(s->bs, osp_dbuf_at(s->sv[l], dst * row), osp_dbuf_at(s->sv[l], src * row), n);
-        }
-        OSP_TRY(s->be->status(s->bs));
+    if (s->base) { /* with the next step, where the batch's owner runs it */
+        s->copies[3 * s->n_copies] = s->row0 + dst;
+        s->copies[3 * s->n_copies + 1] = s->row0 + src;
+        s->copies[3 * s->n_copies + 2] = s->pos[src];
+        s->n_copies++;
+    } else {
+        int32_t cp[3] = {dst, src, s->pos[src]};
+        OSP_TRY(osp_whisper_copy_rows(s, cp, 1));
     }
     s->pos[dst] = s->pos[src];
     return OSP_OK;
 }
 
-/* The alignment heads' cross-attention scores of layer l's n tokens, to the
- * host (rows past qk_max_tok are not kept). s->f is free here. */
+/* The alignment heads' cross-attention scores of layer l for the step's tokens whose rows capture, to the host
+ * (positions past a capture's max_tok are not kept). s->f is free here. */
 static osp_status capture_qk(const osp_whisper_state *s, int l, int32_t n) {
     const osp_whisper_config *c = &s->m->cfg;
     const int64_t d = c->d_model, hd = d / c->dec_heads, A = c->n_audio_ctx;
-    for (int32_t k = 0; k < s->n_qk; k++) {
-        if (s->qk_heads[2 * k] != l) continue;
-        s->be->full_scores(s->bs, s->f, s->q, s->ck[l], n, A, d, s->qk_heads[2 * k + 1], (int32_t)hd);
-        OSP_TRY(s->be->status(s->bs));
-        for (int32_t i = 0; i < n; i++)
-            if (s->tok_pos[i] < s->qk_max_tok)
-                s->be->read(s->qk_out + ((int64_t)k * s->qk_max_tok + s->tok_pos[i]) * A, osp_dbuf_at(s->f, i * A), A);
+    for (int32_t i0 = 0, i1; i0 < n; i0 = i1) {
+        const row_capture *cp = &s->cap[s->tok_row[i0]];
+        for (i1 = i0 + 1; i1 < n && s->tok_row[i1] == s->tok_row[i0];) i1++;
+        const osp_dbuf *ck = osp_dbuf_at(s->ck[l], (int64_t)(s->tok_row[i0] / s->rows_per_slot) * A * d);
+        for (int32_t k = 0; cp->out && k < cp->n; k++) {
+            if (cp->heads[2 * k] != l) continue;
+            s->be->full_scores(s->bs, s->f, osp_dbuf_at(s->q, i0 * d), ck, i1 - i0, A, d, cp->heads[2 * k + 1],
+                               (int32_t)hd);
+            OSP_TRY(s->be->status(s->bs));
+            for (int32_t i = i0; i < i1; i++)
+                if (s->tok_pos[i] < cp->max_tok)
+                    s->be->read(cp->out + ((int64_t)k * cp->max_tok + s->tok_pos[i]) * A,
+                                osp_dbuf_at(s->f, (i - i0) * A), A);
+        }
     }
     return OSP_OK;
 }
 
-/* The decoder over n tokens whose rows and positions are in s->tok_row /
- * s->tok_pos; the final hidden states (before layer_norm) stay in s->x. */
-static osp_status decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t n) {
+static int capturing(const osp_whisper_state *s, int32_t n) {
+    for (int32_t i = 0; i < n; i++)
+        if (s->cap[s->tok_row[i]].out) return 1;
+    return 0;
+}
+
+/* The decoder over n tokens whose rows, positions and ids are in s->tok_row / s->tok_pos / s->tok_id; the final
+ * hidden states (before layer_norm) stay in s->x. Cross-attention runs once per stretch of tokens over one
+ * window, as the caller grouped them: a request's tokens get the call they get alone. */
+static osp_status decoder_body(osp_whisper_state *s, int32_t n) {
     const osp_whisper *m = s->m;
     const osp_whisper_config *c = &m->cfg;
     const osp_backend *be = s->be;
     osp_be_session *bs = s->bs;
-    const int64_t d = c->d_model, hd = d / c->dec_heads, ctx = c->n_text_ctx;
+    const int64_t d = c->d_model, hd = d / c->dec_heads, ctx = c->n_text_ctx, A = c->n_audio_ctx;
     const float es = c->scale_embedding ? sqrtf((float)d) : 1.0f;
     for (int32_t i = 0; i < n; i++) {
         float *xi = s->xin + (int64_t)i * d;
-        osp_weight_row_f32(&m->embed, ids[i], xi);
+        osp_weight_row_f32(&m->embed, s->tok_id[i], xi);
         for (int64_t j = 0; j < d; j++) xi[j] = xi[j] * es + m->dec_pos[(int64_t)s->tok_pos[i] * d + j];
     }
     be->write(s->x, s->xin, n * d);
     const float qs = 1.0f / sqrtf((float)hd);
+    const int cap = capturing(s, n);
     for (int l = 0; l < c->dec_layers; l++) {
         const layer *L = &m->dec[l];
         be->layernorm(bs, s->h, s->x, L->ln_self.w, L->ln_self.b, n, d, LN_EPS);
@@ -803,32 +968,40 @@ static osp_status decoder_body(osp_whisper_state *s, const int32_t *ids, int32_t
         be->layernorm(bs, s->h, s->x, L->ln_cross.w, L->ln_cross.b, n, d, LN_EPS);
         be->linear(bs, &L->cross.q, s->h, n, L->cross.bq, s->q);
         be->scale(bs, s->q, qs, n * d);
-        if (s->qk_out) OSP_TRY(capture_qk(s, l, n));
-        full_attention(s, s->ck[l], s->cv[l], n, c->dec_heads);
+        if (cap) OSP_TRY(capture_qk(s, l, n));
+        for (int32_t i0 = 0, i1; i0 < n; i0 = i1) {
+            const int32_t w = s->tok_row[i0] / s->rows_per_slot;
+            for (i1 = i0 + 1; i1 < n && s->tok_row[i1] / s->rows_per_slot == w;) i1++;
+            full_attention(s, osp_dbuf_at(s->ck[l], w * A * d), osp_dbuf_at(s->cv[l], w * A * d), i0, i1 - i0,
+                           c->dec_heads);
+        }
         be->linear(bs, &L->cross.o, s->a, n, L->cross.bo, s->h);
         be->add(bs, s->x, s->h, n * d);
-        mlp_block(s, L, n, d, c->dec_ffn);
+        mlp_block(s, L, 1, n, d, c->dec_ffn);
     }
     return OSP_OK;
 }
 
-/* layer_norm and the vocabulary projection of n rows of x from row `first`,
- * to host logits [n, vocab]. */
-static osp_status head(osp_whisper_state *s, int64_t first, int64_t n, float *logits) {
+/* layer_norm and the vocabulary projection of the m rows of x listed in sel (in order), into s->logits
+ * [m, vocab] (on the backend). */
+static osp_status head(osp_whisper_state *s, const int32_t *sel, int32_t m_rows) {
     const osp_whisper *m = s->m;
     const int64_t d = m->cfg.d_model, V = m->cfg.vocab;
     const osp_backend *be = s->be;
-    if (n * V > s->logits_cap) {
+    if (m_rows * V > s->logits_cap) {
         if (s->logits) be->free(s->logits);
         s->logits_cap = 0;
-        if (!(s->logits = be->alloc((size_t)(n * V)))) return osp_err(OSP_ERR_NOMEM, "out of memory for logits");
-        s->logits_cap = n * V;
+        if (!(s->logits = be->alloc((size_t)(m_rows * V)))) return osp_err(OSP_ERR_NOMEM, "out of memory for logits");
+        s->logits_cap = m_rows * V;
     }
-    be->layernorm(s->bs, s->h, osp_dbuf_at(s->x, first * d), m->dec_ln.w, m->dec_ln.b, n, d, LN_EPS);
-    be->linear(s->bs, &m->head, s->h, n, NULL, s->logits);
-    OSP_TRY(be->status(s->bs));
-    be->read(logits, s->logits, n * V);
-    return OSP_OK;
+    /* the selected rows gathered into k (free after the body), stretches at a time */
+    for (int32_t j0 = 0, j1; j0 < m_rows; j0 = j1) {
+        for (j1 = j0 + 1; j1 < m_rows && sel[j1] == sel[j1 - 1] + 1;) j1++;
+        be->copy(s->bs, osp_dbuf_at(s->k, j0 * d), osp_dbuf_at(s->x, (int64_t)sel[j0] * d), (j1 - j0) * d);
+    }
+    be->layernorm(s->bs, s->h, s->k, m->dec_ln.w, m->dec_ln.b, m_rows, d, LN_EPS);
+    be->linear(s->bs, &m->head, s->h, m_rows, NULL, s->logits);
+    return be->status(s->bs);
 }
 
 static osp_status check_ids(const osp_whisper_config *c, const int32_t *ids, int32_t n) {
@@ -838,54 +1011,89 @@ static osp_status check_ids(const osp_whisper_config *c, const int32_t *ids, int
     return OSP_OK;
 }
 
+osp_status osp_whisper_step(osp_whisper_state *s, const osp_whisper_run *runs, int32_t n_runs) {
+    const osp_whisper_config *c = &s->m->cfg;
+    const int64_t V = c->vocab;
+    if (s->base) return osp_err(OSP_ERR_INVALID, "whisper step: a view's steps go through its batch");
+    int64_t n = 0;
+    for (int32_t r = 0; r < n_runs; r++) {
+        const osp_whisper_run *u = &runs[r];
+        if (u->row < 0 || u->row >= s->n_rows) return osp_err(OSP_ERR_RANGE, "whisper decode: no row %d", u->row);
+        if (u->n < 1 || !u->ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
+        if (!s->encoded[u->row / s->rows_per_slot])
+            return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
+        if ((int64_t)s->pos[u->row] + u->n > c->n_text_ctx)
+            return osp_err(OSP_ERR_RANGE, "whisper decode: %lld tokens exceed the decoder's %d positions",
+                           (long long)s->pos[u->row] + u->n, c->n_text_ctx);
+        for (int32_t j = 0; j < r; j++)
+            if (runs[j].row == u->row) return osp_err(OSP_ERR_INVALID, "whisper decode: row %d twice in a step", u->row);
+        OSP_TRY(check_ids(c, u->ids, u->n));
+        n += u->n;
+    }
+    if (n < 1 || n > s->rows_cap) return osp_err(OSP_ERR_INVALID, "whisper decode: %lld tokens in a step", (long long)n);
+    int32_t *sel = s->tok_id + n, m_rows = 0; /* the rows whose logits are wanted: tok_id's room past the ids */
+    int64_t i = 0;
+    for (int32_t r = 0; r < n_runs; r++)
+        for (int32_t t = 0; t < runs[r].n; t++, i++) {
+            s->tok_row[i] = runs[r].row;
+            s->tok_pos[i] = s->pos[runs[r].row] + t;
+            s->tok_id[i] = runs[r].ids[t];
+        }
+    /* every token computed as it is alone, whatever the step holds (batch invariance) */
+    if (s->be->set_exact_tokens) s->be->set_exact_tokens(s->bs, 1);
+    s->be->begin_chunk(s->bs, (int32_t)n, 1);
+    OSP_TRY(decoder_body(s, (int32_t)n));
+    i = 0;
+    int32_t *first = s->tok_pos; /* tok_pos is free now: each run's first selected row */
+    for (int32_t r = 0; r < n_runs; r++) {
+        first[r] = m_rows;
+        if (runs[r].logits)
+            for (int32_t t = 0; t < runs[r].n; t++) sel[m_rows++] = (int32_t)(i + t);
+        else if (runs[r].last)
+            sel[m_rows++] = (int32_t)(i + runs[r].n - 1);
+        i += runs[r].n;
+    }
+    if (m_rows) {
+        OSP_TRY(head(s, sel, m_rows));
+        for (int32_t r = 0; r < n_runs; r++) {
+            const osp_whisper_run *u = &runs[r];
+            if (u->logits) {
+                s->be->read(u->logits, osp_dbuf_at(s->logits, (int64_t)first[r] * V), (int64_t)u->n * V);
+                if (u->last) memcpy(u->last, u->logits + (int64_t)(u->n - 1) * V, sizeof(float) * V);
+            } else if (u->last) {
+                s->be->read(u->last, osp_dbuf_at(s->logits, (int64_t)first[r] * V), V);
+            }
+        }
+    } else {
+        OSP_TRY(s->be->status(s->bs));
+    }
+    for (int32_t r = 0; r < n_runs; r++) s->pos[runs[r].row] += runs[r].n;
+    return OSP_OK;
+}
+
+/* A view's runs (its own rows) handed to its batch as the base's rows. */
+static osp_status view_step(osp_whisper_state *v, osp_whisper_run *runs, int32_t n_runs) {
+    for (int32_t r = 0; r < n_runs; r++) {
+        if (runs[r].row < 0 || runs[r].row >= v->n_rows)
+            return osp_err(OSP_ERR_RANGE, "whisper decode: no row %d", runs[r].row);
+        runs[r].row += v->row0;
+    }
+    osp_whisper_job job = {.slot = v->slot, .runs = runs, .n_runs = n_runs};
+    return submit(v, &job);
+}
+
 osp_status osp_whisper_decode(osp_whisper_state *s, const int32_t *ids, int32_t n, float *logits, float *last) {
-    const osp_whisper *m = s->m;
-    const osp_whisper_config *c = &m->cfg;
-    const int64_t p = s->pos[0];
-    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
     if (n < 1 || !ids) return osp_err(OSP_ERR_INVALID, "whisper decode: no tokens");
-    if (p + n > c->n_text_ctx)
-        return osp_err(OSP_ERR_RANGE, "whisper decode: %lld tokens exceed the decoder's %d positions", (long long)(p + n),
-                       c->n_text_ctx);
-    OSP_TRY(check_ids(c, ids, n));
-    for (int32_t i = 0; i < n; i++) {
-        s->tok_row[i] = 0;
-        s->tok_pos[i] = (int32_t)p + i;
-    }
-    s->be->begin_chunk(s->bs, 1, n);
-    osp_status rc = decoder_body(s, ids, n);
-    if (rc == OSP_OK && logits) {
-        rc = head(s, 0, n, logits);
-        if (rc == OSP_OK && last) memcpy(last, logits + (int64_t)(n - 1) * c->vocab, sizeof(float) * c->vocab);
-    } else if (rc == OSP_OK && last) {
-        rc = head(s, n - 1, 1, last);
-    } else if (rc == OSP_OK) {
-        rc = s->be->status(s->bs);
-    }
-    if (rc == OSP_OK) s->pos[0] += n;
-    return rc;
+    osp_whisper_run run = {0, n, ids, logits, last};
+    return s->base ? view_step(s, &run, 1) : osp_whisper_step(s, &run, 1);
 }
 
 osp_status osp_whisper_decode_rows(osp_whisper_state *s, const int32_t *rows, int32_t nr, const int32_t *ids,
                                    float *logits) {
-    const osp_whisper *m = s->m;
-    const osp_whisper_config *c = &m->cfg;
-    if (!s->encoded) return osp_err(OSP_ERR_INVALID, "whisper decode: no audio window encoded yet");
-    if (nr < 1 || nr > s->n_rows || !ids || !rows || !logits)
+    const int64_t V = s->m->cfg.vocab;
+    if (nr < 1 || nr > s->n_rows || nr > 64 || !ids || !rows || !logits)
         return osp_err(OSP_ERR_INVALID, "whisper decode: %d rows of %d", nr, s->n_rows);
-    OSP_TRY(check_ids(c, ids, nr));
-    for (int32_t i = 0; i < nr; i++) {
-        if (rows[i] < 0 || rows[i] >= s->n_rows) return osp_err(OSP_ERR_RANGE, "whisper decode: no row %d", rows[i]);
-        for (int32_t j = 0; j < i; j++)
-            if (rows[j] == rows[i]) return osp_err(OSP_ERR_INVALID, "whisper decode: row %d twice in a step", rows[i]);
-        if (s->pos[rows[i]] + 1 > c->n_text_ctx)
-            return osp_err(OSP_ERR_RANGE, "whisper decode: row %d is full (%d positions)", rows[i], c->n_text_ctx);
-        s->tok_row[i] = rows[i];
-        s->tok_pos[i] = s->pos[rows[i]];
-    }
-    s->be->begin_chunk(s->bs, nr, 1);
-    OSP_TRY(decoder_body(s, ids, nr));
-    OSP_TRY(head(s, 0, nr, logits));
-    for (int32_t i = 0; i < nr; i++) s->pos[rows[i]]++;
-    return OSP_OK;
+    osp_whisper_run runs[64];
+    for (int32_t i = 0; i < nr; i++) runs[i] = (osp_whisper_run){rows[i], 1, ids + i, logits + i * V, NULL};
+    return s->base ? view_step(s, runs, nr) : osp_whisper_step(s, runs, nr);
 }

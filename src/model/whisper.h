@@ -75,6 +75,55 @@ osp_status osp_whisper_state_new(const osp_whisper *m, osp_whisper_state **out);
 osp_status osp_whisper_state_new_rows(const osp_whisper *m, int32_t n_rows, osp_whisper_state **out);
 void osp_whisper_state_free(osp_whisper_state *s);
 
+/* A state of n_slots windows (cross K/V of each), rows_per_slot decoder rows
+ * over each (row r reads window r / rows_per_slot), whose encoder takes up
+ * to enc_windows windows a call: the shared state of a transcription batch
+ * (speech/batch.c). osp_whisper_state_new_rows is (1, n_rows, 1). */
+osp_status osp_whisper_state_new_slots(const osp_whisper *m, int32_t n_slots, int32_t rows_per_slot,
+                                       int32_t enc_windows, osp_whisper_state **out);
+
+/* A run of a decoder step: n tokens appended to one row at its position
+ * (teacher-forced when n > 1); logits [n, vocab] and/or last [vocab] (the
+ * last token's), either NULL when not wanted. */
+typedef struct osp_whisper_run {
+    int32_t row, n;
+    const int32_t *ids;
+    float *logits, *last;
+} osp_whisper_run;
+
+/* What a view asks of its batch: a window to encode into its slot (mel set),
+ * or a decoder step (runs, rows of the base), after the row copies
+ * (dst, src, n tokens) queued since its last job. */
+typedef struct osp_whisper_job {
+    const float *mel;  /* [n_mels, 3000], or NULL: a step */
+    int32_t slot;
+    const int32_t *copies;
+    int32_t n_copies;
+    osp_whisper_run *runs;
+    int32_t n_runs;
+} osp_whisper_job;
+/* Runs a view's job among others' (blocking); returns its status. */
+typedef osp_status (*osp_whisper_submit_fn)(void *ctx, osp_whisper_job *job);
+
+/* A view: a request's part of a slotted state (window `slot`, its first
+ * n_rows rows), used like a state of its own by every call below; its
+ * encodes and steps go to `submit`, which runs them on the base with
+ * osp_whisper_encode_batch / osp_whisper_copy_rows / osp_whisper_step,
+ * among other views'. Freed with osp_whisper_state_free (the base stays). */
+osp_status osp_whisper_state_view(osp_whisper_state *base, int32_t slot, int32_t n_rows, osp_whisper_submit_fn submit,
+                                  void *ctx, osp_whisper_state **out);
+
+/* Encode nw windows (mels[i] into slot slots[i]) in one call; resets those
+ * slots' rows. Each window's matmuls are the calls it gets alone. */
+osp_status osp_whisper_encode_batch(osp_whisper_state *s, const float *const *mels, const int32_t *slots, int32_t nw);
+/* One decoder step of runs on distinct rows, over their windows. Every
+ * token is computed as it is alone (the backend's exact tokens), and a run's
+ * cross-attention is one call per stretch of runs over one window: a
+ * request's runs, given together, get exactly the numbers they get alone. */
+osp_status osp_whisper_step(osp_whisper_state *s, const osp_whisper_run *runs, int32_t n_runs);
+/* Row copies (dst, src, n tokens) of the base's rows. */
+osp_status osp_whisper_copy_rows(osp_whisper_state *s, const int32_t *copies, int32_t n);
+
 /* serial = 1: every operation runs on the calling thread instead of the
  * process thread pool (whose calls must come from one thread at a time),
  * for callers beside another user of the pool (the server's audio route). */

@@ -8,17 +8,21 @@
  * temperature alone), timestamp_granularities[] (segment, word: word
  * timestamps, in verbose_json's "words").
  *
- * One transcription runs at a time (audio_mu), on the connection's thread
- * and on that thread alone (osp_transcribe_opts.serial): the process thread
- * pool belongs to the chat batch thread, so chat requests keep their cores
- * and are never queued behind a long recording. Bad audio (not audio,
- * truncated, empty) is a 400 naming the problem. */
+ * Concurrent transcriptions share the model's steps (speech/batch.h: up to
+ * 8 at once, their windows encoded together and their beams and samples rows
+ * of one decoder step; more wait for a slot): each runs its decoding rules on
+ * the connection's thread, and the batch's thread computes on the process
+ * thread pool when the server has no chat model, else without it (serial):
+ * the pool belongs to the chat batch thread, so chat requests keep their
+ * cores. A request's text is the same alone or among others. Bad audio
+ * (not audio, truncated, empty) is a 400 naming the problem. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "audio/audio.h"
 #include "server/multipart.h"
 #include "server/server_internal.h"
+#include "speech/batch.h"
 #include "speech/transcribe.h"
 
 int srv_audio_setup(srv *s) {
@@ -31,18 +35,19 @@ int srv_audio_setup(srv *s) {
     if (osp_whisper_tokenizer_load(s->cfg.audio_model, s->cfg.audio_tokenizer,
                                    osp_whisper_get_config(s->audio)->vocab, &s->audio_tok) != OSP_OK)
         return -1;
-    pthread_mutex_init(&s->audio_mu, NULL);
-    s->audio_mu_init = 1;
-    return 0;
+    osp_wbatch_opts bo;
+    osp_wbatch_defaults(&bo);
+    bo.serial = s->model != NULL; /* an audio-only server's thread pool has no other user */
+    return osp_wbatch_new(s->audio, &bo, &s->audio_batch) == OSP_OK ? 0 : -1;
 }
 
 void srv_audio_teardown(srv *s) {
+    osp_wbatch_free(s->audio_batch);
     osp_tokenizer_free(s->audio_tok);
     osp_whisper_free(s->audio);
-    if (s->audio_mu_init) pthread_mutex_destroy(&s->audio_mu);
+    s->audio_batch = NULL;
     s->audio_tok = NULL;
     s->audio = NULL;
-    s->audio_mu_init = 0;
 }
 
 static int send_err(srv *s, srv_req *c, int status, const char *msg, const char *param) {
@@ -135,9 +140,7 @@ int srv_audio_respond(srv *s, srv_req *c, const char *body, size_t len, int tran
         goto done;
     }
     osp_transcript t;
-    pthread_mutex_lock(&s->audio_mu);
-    osp_status st = osp_transcribe(s->audio, s->audio_tok, pcm, n, &o, &t);
-    pthread_mutex_unlock(&s->audio_mu);
+    osp_status st = osp_wbatch_transcribe(s->audio_batch, s->audio_tok, pcm, n, &o, &t);
     osp_free(pcm);
     if (st != OSP_OK) {
         rc = send_err(s, c, st == OSP_ERR_INVALID ? 400 : 500, osp_last_error(), NULL);

@@ -195,11 +195,10 @@ typedef struct srv {
     atomic_llong c_tools_dropped; /* hosted tools a Responses request offered that osprey cannot run */
     struct srv_rsp_store *rsp_store; /* stored Responses (responses.h), or NULL */
 
-    /* the audio model (audio.c): read-only after setup; one transcription at a time */
+    /* the audio model (audio.c): read-only after setup; transcriptions share its steps (speech/batch.h) */
     struct osp_whisper *audio;
     osp_tokenizer *audio_tok;
-    pthread_mutex_t audio_mu;
-    int audio_mu_init;
+    struct osp_wbatch *audio_batch;
 } srv;
 
 /* setup.c */

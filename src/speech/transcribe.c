@@ -530,8 +530,8 @@ typedef struct tctx {
     double *times;
 } tctx;
 
-static void tctx_free(tctx *x) {
-    osp_whisper_state_free(x->s);
+static void tctx_free(tctx *x, int own_state) {
+    if (own_state) osp_whisper_state_free(x->s);
     osp_mel_free(x->mel);
     void *p[] = {x->spec, x->prefix, x->all, x->logits, x->sot_logits, x->probs, x->seq, x->res, x->ranges, x->times,
                  x->blogits, x->beams, x->cands};
@@ -559,7 +559,9 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
     const int32_t V = cfg->vocab, ctx = cfg->n_text_ctx;
     const int beam = o->beam_size > 1 ? o->beam_size : 1;
     if (o->beam_size < 0 || o->beam_size > 16) return osp_err(OSP_ERR_INVALID, "beam size %d (1..16)", o->beam_size);
-    OSP_TRY(osp_whisper_state_new_rows(m, beam, &x->s));
+    if (!x->s) OSP_TRY(osp_whisper_state_new_rows(m, beam, &x->s));
+    if (osp_whisper_rows(x->s) < beam)
+        return osp_err(OSP_ERR_INVALID, "beam size %d: the decoder state has %d rows", beam, osp_whisper_rows(x->s));
     x->blogits = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * V * beam);
     x->beams = osp_malloc(OSP_POOL_SCRATCH, sizeof(struct beam) * (4 * beam + 1));
     x->cands = osp_malloc(OSP_POOL_SCRATCH, sizeof(struct cand) * beam * (beam + 1));
@@ -733,14 +735,20 @@ static osp_status run(const osp_whisper *m, const osp_tokenizer *tok, const osp_
 
 osp_status osp_transcribe(const osp_whisper *m, const osp_tokenizer *tok, const float *pcm, int64_t n,
                           const osp_transcribe_opts *o, osp_transcript *out) {
+    return osp_transcribe_on(m, NULL, tok, pcm, n, o, out);
+}
+
+osp_status osp_transcribe_on(const osp_whisper *m, osp_whisper_state *s, const osp_tokenizer *tok, const float *pcm,
+                             int64_t n, const osp_transcribe_opts *o, osp_transcript *out) {
     memset(out, 0, sizeof *out);
     if (n < 0 || (n > 0 && !pcm)) return osp_err(OSP_ERR_INVALID, "transcribe: bad audio");
     osp_wtokens w;
     OSP_TRY(osp_wtokens_init(tok, osp_whisper_get_config(m)->vocab, &w));
     tctx x;
     memset(&x, 0, sizeof x);
+    x.s = s;
     osp_status rc = run(m, tok, &w, pcm, n, o, &x, out);
-    tctx_free(&x);
+    tctx_free(&x, !s);
     osp_wtokens_free(&w);
     if (rc != OSP_OK) osp_transcript_free(out);
     return rc;

@@ -184,6 +184,11 @@ typedef struct osp_transcript {
 /* Transcribe pcm[0..n) (16 kHz mono). */
 osp_status osp_transcribe(const osp_whisper *m, const osp_tokenizer *tok, const float *pcm, int64_t n,
                           const osp_transcribe_opts *o, osp_transcript *out);
+/* The same on a given decoder state (s: at least beam_size rows; a view of
+ * a batch's state, speech/batch.h), which the call does not free; NULL: a
+ * state of its own. */
+osp_status osp_transcribe_on(const osp_whisper *m, osp_whisper_state *s, const osp_tokenizer *tok, const float *pcm,
+                             int64_t n, const osp_transcribe_opts *o, osp_transcript *out);
 void osp_transcript_free(osp_transcript *t);
 
 /* Formats: "txt" / "text" (one segment a line), "json" ({"text"}),

@@ -104,6 +104,22 @@ test('bad uploads are 400s: not audio, truncated, 0 s, too large', async () => {
     (e) => e.status === 400);
 });
 
+test('concurrent transcriptions share the batch and give the alone text', async () => {
+  // different options side by side: beam search, samples, a detected language, word timestamps
+  const reqs = [
+    { language: 'en' },
+    { language: 'en', temperature: 0.2 },
+    { temperature: 0.4 },
+    { language: 'de', temperature: 0.2, timestamp_granularities: ['word', 'segment'] },
+  ];
+  const one = (r) => client.audio.transcriptions.create({ file: fs.createReadStream(WAV), model: 'whisper-1',
+    response_format: 'verbose_json', ...r });
+  const alone = [];
+  for (const r of reqs) alone.push(await one(r));
+  const many = await Promise.all([...reqs, ...reqs].map(one));
+  many.forEach((v, i) => assert.deepEqual(v, alone[i % reqs.length], `request ${i}`));
+});
+
 test('chat is served beside audio', async () => {
   const [chat, audio] = await Promise.all([
     client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content: 'Tell me a fortune.' }], max_tokens: 8, temperature: 0 }),

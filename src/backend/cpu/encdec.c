@@ -68,6 +68,20 @@ static void lin_bt_task(void *p, int64_t t) {
     osp_bf16t_mm(c->k, c->w, c->xp, c->n, c->y + r0, c->w->rows, r0, r1);
 }
 
+/* A step whose tokens are each computed as alone (begin_chunk with exact tokens: the decoder's batched steps):
+ * per 64-row block, every token through the one-token kernel, the block read once for all of them. */
+static void lin_each_task(void *p, int64_t rb) {
+    const lin_ctx *c = p;
+    const osp_weight *w = c->w;
+    int64_t r0 = rb * MM_ROWS, r1 = r0 + MM_ROWS < w->rows ? r0 + MM_ROWS : w->rows;
+    float *y = c->y + r0;
+    if (!(c->ops->matmul_each && c->ops->matmul_each(w, c->x, c->n, y, w->rows, r0, r1)))
+        for (int64_t t = 0; t < c->n; t++) c->ops->matmul(w, c->x + t * w->cols, 1, y + t * w->rows, w->rows, r0, r1);
+    if (c->bias)
+        for (int64_t t = 0; t < c->n; t++)
+            for (int64_t r = r0; r < r1; r++) y[t * w->rows + r - r0] += c->bias[r];
+}
+
 static void bias_task(void *p, int64_t t) {
     const lin_ctx *c = p;
     float *y = c->y + t * c->w->rows;
@@ -91,7 +105,8 @@ static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, in
         return;
     }
     lin_ctx c = {s->ops, w, CF(x), CF(bias), F(y), n, (w->rows + MM_ROWS - 1) / MM_ROWS};
-    par(s, c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), lin_task, &c);
+    if (s->per_token && n > 1) par(s, c.rblocks, lin_each_task, &c);
+    else par(s, c.rblocks * ((n + MM_TOKS - 1) / MM_TOKS), lin_task, &c);
 }
 
 /* ---- row operations ---- */

@@ -1,0 +1,40 @@
+#!/bin/sh
+# The transcription batch (issue 36): the wall time of one transcription alone
+# against N at once on a running `osprey serve --audio-model ...`, and that the
+# N responses (verbose_json: segments, tokens, times) are the alone one, byte
+# for byte.
+#   bench/serve_transcribe.sh URL FILE N [FORM FIELD...]
+#   bench/serve_transcribe.sh http://127.0.0.1:8080 tests/data/goldens/whisper/audio.wav 8 language=en
+set -eu
+base=$1 file=$2 n=$3
+shift 3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+form=""
+for f in "$@"; do form="$form -F $f"; done
+one() {
+    # shellcheck disable=SC2086
+    curl -sf -F "file=@$file" -F model=whisper-1 -F response_format=verbose_json $form -o "$1" \
+        "$base/v1/audio/transcriptions"
+}
+now() { date +%s.%N; }
+t0=$(now)
+one "$tmp/alone"
+t1=$(now)
+i=0
+while [ $i -lt "$n" ]; do
+    one "$tmp/r$i" &
+    i=$((i + 1))
+done
+wait
+t2=$(now)
+same=1
+i=0
+while [ $i -lt "$n" ]; do
+    cmp -s "$tmp/alone" "$tmp/r$i" || same=0
+    i=$((i + 1))
+done
+awk -v a="$t0" -v b="$t1" -v c="$t2" -v n="$n" -v s="$same" -v bytes="$(wc -c <"$tmp/alone")" 'BEGIN {
+    printf "alone %.2f s, %d at once %.2f s (%.2fx), identical %s, %d bytes\n", b - a, n, c - b, (c - b) / (b - a),
+        s ? "yes" : "NO", bytes }'
+[ $same -eq 1 ]

@@ -105,12 +105,16 @@ static void test_translate_tools(void **st) {
     assert_json(q.custom, "[\"apply_patch\"]");
     json_decref(c);
     srv_rsp_req_free(&q);
-    /* only hosted tools: no tools at all */
-    c = tr("{\"input\":\"x\",\"tools\":[{\"type\":\"web_search_preview\"}],\"tool_choice\":\"required\"}", NULL, &q, msg);
+    /* only hosted tools: no tools at all, and no choice among them */
+    c = tr("{\"input\":\"x\",\"tools\":[{\"type\":\"web_search_preview\"}],\"tool_choice\":\"auto\"}", NULL, &q, msg);
     assert_null(json_object_get(c, "tools"));
-    assert_json(json_object_get(c, "tool_choice"), "\"required\"");
+    assert_null(json_object_get(c, "tool_choice"));
     json_decref(c);
     srv_rsp_req_free(&q);
+    assert_null(tr("{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}],\"tool_choice\":\"required\"}", NULL, &q, msg));
+    assert_non_null(strstr(msg, "hosted tools are left out"));
+    assert_null(tr("{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}", NULL, &q, msg));
+    assert_non_null(strstr(msg, "not among"));
 }
 
 static void test_translate_refusals(void **st) {

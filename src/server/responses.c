@@ -193,12 +193,16 @@ static int tools_of(const json_t *tools, json_t *chat, srv_rsp_req *q, rerr *e) 
 static int tool_choice_of(const json_t *tc, json_t *chat, rerr *e) {
     static const char *const modes[] = {"auto", "none", "required", NULL};
     const char *t = type_of(tc);
+    int has_tools = json_object_get(chat, "tools") != NULL;
     if (json_is_string(tc) && one_of(json_string_value(tc), modes)) {
-        json_object_set(chat, "tool_choice", (json_t *)tc);
+        if (!has_tools && !strcmp(json_string_value(tc), "required"))
+            RFAIL(e, "'tool_choice' \"required\" needs a tool osprey can run (hosted tools are left out)");
+        if (has_tools) json_object_set(chat, "tool_choice", (json_t *)tc); /* without tools there is nothing to choose */
         return 0;
     }
     json_t *n = json_object_get(tc, "name");
     if (t && (!strcmp(t, "function") || !strcmp(t, "custom")) && json_is_string(n)) {
+        if (!has_tools) RFAIL(e, "'tool_choice' names '%.60s', which is not among 'tools'", json_string_value(n));
         json_object_set_new(chat, "tool_choice", json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", n));
         return 0;
     }
@@ -388,6 +392,12 @@ static json_t *call_out(const char *resp_id, size_t index, const json_t *call, c
                      status, "call_id", id, "name", name ? name : "", "arguments", args);
 }
 
+/* A message cut short (max_output_tokens, a failure) is incomplete, as its response. */
+static const char *message_status(const srv_rsp_result *r) {
+    return r->status != 200 || (r->finish == OSP_FINISH_LENGTH && !json_array_size(r->tool_calls)) ? "incomplete"
+                                                                                                    : "completed";
+}
+
 json_t *srv_rsp_output(const char *id, const srv_rsp_req *q, const srv_rsp_result *r) {
     json_t *out = json_array();
     if (r->reasoning_len)
@@ -395,7 +405,7 @@ json_t *srv_rsp_output(const char *id, const srv_rsp_req *q, const srv_rsp_resul
     if (r->content_len || !json_array_size(r->tool_calls)) {
         json_t *c = json_array();
         json_array_append_new(c, text_part(r->content, r->content_len, r->logprobs));
-        json_array_append_new(out, message_out(id, json_array_size(out), "completed", c));
+        json_array_append_new(out, message_out(id, json_array_size(out), message_status(r), c));
     }
     size_t i;
     json_t *call;
@@ -524,7 +534,9 @@ static int item_open(srv_rsp_sse *st, srv_buf *b, int kind) {
            ev(st, b, "response.content_part.added", with(at(st, "content_index"), "part", text_part("", 0, NULL)));
 }
 
-static int item_close(srv_rsp_sse *st, srv_buf *b, const json_t *logprobs) {
+/* r: the reply's end, or NULL when the next item opens. */
+static int item_close(srv_rsp_sse *st, srv_buf *b, const srv_rsp_result *r) {
+    const json_t *logprobs = r ? r->logprobs : NULL;
     size_t i = json_array_size(st->items);
     const char *t = st->text.p;
     size_t n = st->text.len;
@@ -542,7 +554,7 @@ static int item_close(srv_rsp_sse *st, srv_buf *b, const json_t *logprobs) {
     } else {
         json_t *c = json_array();
         json_array_append_new(c, text_part(t, n, logprobs));
-        item = message_out(st->id, i, "completed", c);
+        item = message_out(st->id, i, r ? message_status(r) : "completed", c);
         rc = ev(st, b, "response.output_text.done",
                 with(with(at(st, "content_index"), "text", lossy(t, n)), "logprobs", json_array())) ||
              ev(st, b, "response.content_part.done", with(at(st, "content_index"), "part", text_part(t, n, logprobs)));
@@ -591,9 +603,9 @@ static int call_events(srv_rsp_sse *st, srv_buf *b, const json_t *call) {
 int srv_rsp_sse_end(srv_rsp_sse *st, srv_buf *b, const srv_rsp_result *r, json_t **out) {
     int rc = 0;
     *out = NULL;
-    if (st->open >= 0) rc = item_close(st, b, r->logprobs);
+    if (st->open >= 0) rc = item_close(st, b, r);
     else if (r->status == 200 && !json_array_size(r->tool_calls) && !json_array_size(st->items))
-        rc = item_open(st, b, OSP_REPLY_CONTENT) || item_close(st, b, r->logprobs); /* an empty reply has its message */
+        rc = item_open(st, b, OSP_REPLY_CONTENT) || item_close(st, b, r); /* an empty reply has its message */
     size_t i;
     json_t *c;
     if (r->status == 200) json_array_foreach(r->tool_calls, i, c) if (!rc) rc = call_events(st, b, c);

@@ -43,6 +43,7 @@ test('responses.create: the chat route\'s greedy text, with usage', async () => 
   assert.equal(r.output_text, chat.choices[0].message.content);
   assert.equal(r.status, chat.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed');
   if (r.status === 'incomplete') assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+  assert.equal(r.output[0].status, r.status);
   const msg = r.output[0];
   assert.equal(msg.type, 'message');
   assert.equal(msg.role, 'assistant');
@@ -158,8 +159,9 @@ test('the store survives a restart beside the prefix cache\'s files; --responses
 test('hosted tools (web_search, namespace) are left out of the prompt and counted', async () => {
   const before = await raw(srv.base, '/metrics', { method: 'GET' });
   const count = (t) => Number(/osprey_responses_tools_dropped_total (\d+)/.exec(t)[1]);
+  // as Codex sends them: beside tool_choice "auto", which then has nothing to choose from
   const r = await client.responses.create(ask({ tools: [{ type: 'web_search' },
-    { type: 'namespace', name: 'mcp__x', tools: [] }] }));
+    { type: 'namespace', name: 'mcp__x', tools: [] }], tool_choice: 'auto' }));
   const plain = await client.responses.create(ask());
   assert.equal(r.output_text, plain.output_text);
   assert.equal(r.usage.input_tokens, plain.usage.input_tokens);

@@ -290,7 +290,7 @@ static int options(srv *s, srv_req *c) {
     if (origin_allowed(s, c)) {
         const char *rh = srv_req_header(c, "Access-Control-Request-Headers");
         snprintf(extra, sizeof extra,
-                 "Access-Control-Allow-Methods: GET, HEAD, POST, OPTIONS\r\nAccess-Control-Allow-Headers: %.800s\r\n"
+                 "Access-Control-Allow-Methods: GET, HEAD, POST, DELETE, OPTIONS\r\nAccess-Control-Allow-Headers: %.800s\r\n"
                  "Access-Control-Max-Age: 86400\r\n", rh ? rh : "Content-Type, Authorization");
     }
     /* 204: no body, no Content-Length needed; written as a 0-length body */

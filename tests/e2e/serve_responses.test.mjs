@@ -200,6 +200,10 @@ test('bad bodies: each a 400 in OpenAI\'s error shape that says why', async () =
   assert.equal(long.json.error.code, 'context_length_exceeded');
   const m = await raw(srv.base, '/v1/responses/x', { method: 'PUT', body: '{}' });
   assert.equal(m.status, 405);
+  // a browser's DELETE is allowed by the CORS preflight
+  const pre = await raw(srv.base, '/v1/responses/x', { method: 'OPTIONS',
+    headers: { Origin: 'http://example.com', 'Access-Control-Request-Method': 'DELETE' } });
+  assert.match(pre.headers.get('access-control-allow-methods') ?? '', /DELETE/);
 });
 
 // A copy model (copy_model.mjs) through a Hermes-style template: it writes what the test placed in its prompt.

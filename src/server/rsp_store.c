@@ -167,7 +167,7 @@ static void load_dir(srv_rsp_store *st) {
         f[n++].mtime = (double)sb.st_mtime;
     }
     closedir(d);
-    qsort(f, n, sizeof *f, by_age);
+    if (n) qsort(f, n, sizeof *f, by_age);
     for (size_t i = 0; i < n; i++) {
         char p[4300];
         path_of(st, f[i].name, p, sizeof p, ".json");

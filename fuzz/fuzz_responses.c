@@ -4,8 +4,8 @@
  * output items and the SSE events, whole and failed. A translated body must
  * be what request.c expects of a chat body: an object whose 'messages' is a
  * non-empty list of messages with a known role and string (or, beside tool
- * calls, null) content; the conversation kept must be those messages
- * without the instructions. */
+ * calls, null) content; the conversation kept must hold at most one
+ * message fewer (the instructions). */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,8 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!size) return 0;
     json_t *body = json_loadb((const char *)data + 1, size - 1, JSON_REJECT_DUPLICATES, NULL);
     if (!body) return 0;
-    json_t *prev = data[0] & 1 ? json_pack("[{s:s,s:s},{s:s,s:n}]", "role", "user", "content", "a", "role", "assistant",
-                                           "content")
+    json_t *prev = data[0] & 1 ? json_pack("[{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "a", "role", "assistant",
+                                           "content", "b")
                                : NULL;
     char msg[512] = "";
     json_t *chat = NULL;
@@ -56,7 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!chat || q.max_tokens < 0 || !json_is_array(q.custom) || !json_array_size(q.conversation)) __builtin_trap();
         check_chat(chat);
         size_t nm = json_array_size(json_object_get(chat, "messages")), nc = json_array_size(q.conversation);
-        if (nc > nm || (prev && nc < 2)) __builtin_trap();
+        /* + instructions, - leading system messages folded into one */
+        if (nm > nc + 1 || (prev && nc < 2)) __builtin_trap();
         /* the shapes of a reply to it: its text as content, a call to each of its tools */
         char *text = json_dumps(chat, JSON_COMPACT);
         size_t n = text ? strlen(text) : 0;

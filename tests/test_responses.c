@@ -70,6 +70,18 @@ static void test_translate_conversation(void **st) {
     assert_string_equal(json_string_value(json_object_get(json_array_get(q.conversation, 0), "content")), "before");
     json_decref(c);
     srv_rsp_req_free(&q);
+    /* assistant text after assistant text: two turns, the second's calls with it */
+    c = tr("{\"input\":[{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"assistant\",\"content\":\"B\"},"
+           "{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"x\"}]}", NULL, &q, msg);
+    assert_json(json_object_get(c, "messages"),
+                "[{\"role\":\"assistant\",\"content\":\"A\"},{\"role\":\"assistant\",\"content\":\"B\",\"tool_calls\":"
+                "[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"x\"}}]}]");
+    json_decref(c);
+    srv_rsp_req_free(&q);
+    c = tr("{\"input\":\"x\"}", "[{\"role\":\"user\",\"content\":\"before\"}]", &q, msg);
+    assert_int_equal(json_array_size(q.conversation), 2); /* the stored turn, then the new input */
+    json_decref(c);
+    srv_rsp_req_free(&q);
     /* a string input; leading system messages folded into one; store defaults on */
     c = tr("{\"instructions\":\"A.\",\"input\":[{\"role\":\"system\",\"content\":\"B.\"},{\"role\":\"user\",\"content\":\"x\"}],"
            "\"reasoning\":{\"effort\":\"high\",\"summary\":\"auto\"},\"include\":[\"message.output_text.logprobs\"],"

@@ -48,10 +48,12 @@ typedef struct conv {
     srv_buf reasoning;
 } conv;
 
-static json_t *assistant_turn(conv *cv) {
+/* The assistant message to add to: the last message when it is one and
+ * fresh is 0 (a turn's calls follow its text), else a new one. */
+static json_t *assistant_turn(conv *cv, int fresh) {
     json_t *last = json_array_get(cv->msgs, json_array_size(cv->msgs) - 1);
     const char *role = json_string_value(json_object_get(last, "role"));
-    if (!role || strcmp(role, "assistant")) {
+    if (fresh || !role || strcmp(role, "assistant")) {
         last = json_pack("{s:s,s:n}", "role", "assistant", "content");
         json_array_append_new(cv->msgs, last);
     }
@@ -64,7 +66,7 @@ static json_t *assistant_turn(conv *cv) {
 
 /* A call of the conversation: arguments as the object they hold, where they hold one. */
 static void add_call(conv *cv, const json_t *call_id, const json_t *name, json_t *args) {
-    json_t *m = assistant_turn(cv), *calls = json_object_get(m, "tool_calls");
+    json_t *m = assistant_turn(cv, 0), *calls = json_object_get(m, "tool_calls");
     if (!calls) json_object_set_new(m, "tool_calls", calls = json_array());
     if (json_is_string(args)) {
         json_t *o = json_loads(json_string_value(args), 0, NULL);
@@ -87,9 +89,8 @@ static int message_item(conv *cv, const json_t *it, size_t at, rerr *e) {
     }
     json_t *text = json_stringn(t.p ? t.p : "", t.len);
     srv_buf_free(&t);
-    if (!strcmp(role, "assistant")) {
-        json_t *m = assistant_turn(cv);
-        json_object_set_new(m, "content", text); /* a turn's text comes before its calls */
+    if (!strcmp(role, "assistant")) { /* a turn's text comes before its calls */
+        json_object_set_new(assistant_turn(cv, 1), "content", text);
         return 0;
     }
     json_array_append_new(cv->msgs, json_pack("{s:s,s:o}", "role", strcmp(role, "developer") ? role : "system",
@@ -131,10 +132,8 @@ static int one_item(conv *cv, const json_t *it, size_t at, rerr *e) {
     if (!strcmp(t, "function_call_output") || !strcmp(t, "custom_tool_call_output")) return call_output(cv, it, at, e);
     if (!strcmp(t, "reasoning")) { /* its text, if any, to the next assistant turn; opaque content is dropped */
         json_t *c = get(it, "content");
-        if (parts_text(c && json_array_size(c) ? c : get(it, "summary") ? get(it, "summary") : json_array(), &cv->reasoning,
-                       "summary", at, e))
-            return -1;
-        return 0;
+        if (!c || !json_array_size(c)) c = get(it, "summary");
+        return c ? parts_text(c, &cv->reasoning, "summary", at, e) : 0;
     }
     if (one_of(t, hosted_calls)) return 0; /* never made here: nothing the model could read */
     RFAIL(e, "input[%zu]: item type '%.40s' is not supported", at, t);

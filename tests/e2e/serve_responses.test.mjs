@@ -170,6 +170,31 @@ test('hosted tools (web_search, namespace) are left out of the prompt and counte
   assert.match(afterM.text, /osprey_route_requests_total\{route="responses"\} \d+/);
 });
 
+test('a Codex-shaped request: streamed, not stored, developer items, ~18 KB of tools, hints', async () => {
+  const fn = (i) => ({ type: 'function', name: `tool_${i}`, description: `Tool ${i}. ${'Does a thing. '.repeat(40)}`,
+    strict: false, parameters: { type: 'object', properties: { arg: { type: 'string', description: 'an argument' } },
+                                 required: ['arg'], additionalProperties: false } });
+  const tools = [...Array.from({ length: 24 }, (_, i) => fn(i)), { type: 'web_search' },
+    { type: 'namespace', name: 'mcp__docs', description: 'MCP server', tools: [fn(99)] },
+    { type: 'custom', name: 'apply_patch', description: 'Apply a patch', format: { type: 'grammar', syntax: 'lark', definition: 'start: "x"' } }];
+  assert.ok(JSON.stringify(tools).length > 16000);
+  const body = { model: 'gpt-5-codex', instructions, store: false, stream: true, tool_choice: 'auto',
+    parallel_tool_calls: false, reasoning: { effort: 'medium', summary: 'auto' },
+    include: ['reasoning.encrypted_content'], prompt_cache_key: 'thread-1', client_metadata: { originator: 'codex' },
+    text: { verbosity: 'low' }, tools, max_output_tokens: 8,
+    input: [{ type: 'message', role: 'developer', content: [{ type: 'input_text', text: '<permissions>none</permissions>' }] },
+            { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'Tell me a fortune.' }] }] };
+  const events = [];
+  for await (const ev of await client.responses.create(body)) events.push(ev);
+  events.forEach((e, i) => { assert.equal(e.sequence_number, i); assert.equal(typeof e.type, 'string'); });
+  assert.equal(events[0].type, 'response.created');
+  assert.ok(['response.completed', 'response.incomplete'].includes(events.at(-1).type));
+  const done = events.at(-1).response;
+  assert.equal(done.store, false);
+  assert.ok(done.usage.input_tokens > 0);
+  await assert.rejects(client.responses.retrieve(done.id), (e) => e.status === 404);
+});
+
 test('bad bodies: each a 400 in OpenAI\'s error shape that says why', async () => {
   const bodies = [
     [{ input: 'x', bogus: 1 }, 'bogus'],

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <cmocka.h>
 #include "server/anthropic.h"
+#include "json_sse.h"
 
 static json_t *tr(const char *body, int count_only, int32_t *mt, char *msg) {
     json_t *b = json_loads(body, 0, NULL);
@@ -21,16 +22,6 @@ static json_t *tr(const char *body, int count_only, int32_t *mt, char *msg) {
         assert_null(chat);
     }
     return chat;
-}
-
-static void assert_json(const json_t *v, const char *want) {
-    json_t *w = json_loads(want, JSON_DECODE_ANY, NULL);
-    assert_non_null(w);
-    if (!json_equal(v, w)) {
-        char *got = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-        fail_msg("got %s\nwant %s", got, want);
-    }
-    json_decref(w);
 }
 
 static void test_translate_conversation(void **st) {
@@ -160,26 +151,6 @@ static void test_body(void **st) {
     json_decref(o);
 }
 
-/* The events of an SSE text, one "event: NAME\ndata: JSON\n\n" each. */
-static json_t *events(const srv_buf *b) {
-    json_t *out = json_array();
-    const char *p = b->p, *end = b->p + b->len;
-    while (p < end) {
-        assert_true(!strncmp(p, "event: ", 7));
-        const char *nl = strchr(p, '\n');
-        assert_true(!strncmp(nl + 1, "data: ", 6));
-        const char *stop = strstr(nl + 1, "\n\n");
-        assert_non_null(stop);
-        json_t *d = json_loadb(nl + 7, (size_t)(stop - nl - 7), 0, NULL);
-        assert_non_null(d);
-        assert_true(strlen(json_string_value(json_object_get(d, "type"))) == (size_t)(nl - p - 7));
-        assert_true(!strncmp(json_string_value(json_object_get(d, "type")), p + 7, (size_t)(nl - p - 7)));
-        json_array_append_new(out, d);
-        p = stop + 2;
-    }
-    return out;
-}
-
 static void test_sse(void **st) {
     (void)st;
     srv_buf b = {0};
@@ -192,7 +163,7 @@ static void test_sse(void **st) {
     srv_msg_result m = {.tool_calls = tc, .stop_reason = "tool_use", .input_tokens = 7, .output_tokens = 5};
     assert_int_equal(srv_msg_sse_end(&s, &b, &m), 0);
     assert_int_equal(srv_msg_sse_ping(&b), 0);
-    json_t *ev = events(&b);
+    json_t *ev = sse_events(&b);
     static const char *order[] = {"message_start", "content_block_start", "content_block_delta", "content_block_delta",
                                   "content_block_stop", "content_block_start", "content_block_delta",
                                   "content_block_delta", "content_block_stop", "content_block_start",
@@ -213,7 +184,7 @@ static void test_sse(void **st) {
     srv_buf_free(&b);
     b = (srv_buf){0};
     assert_int_equal(srv_msg_sse_error(&b, 503, "busy"), 0);
-    ev = events(&b);
+    ev = sse_events(&b);
     assert_json(ev, "[{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}]");
     json_decref(ev);
     srv_buf_free(&b);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 #include "server/responses.h"
+#include "json_sse.h"
 
 static json_t *tr(const char *body, const char *previous, srv_rsp_req *q, char *msg) {
     json_t *b = json_loads(body, 0, NULL), *p = previous ? json_loads(previous, 0, NULL) : NULL;
@@ -23,16 +24,6 @@ static json_t *tr(const char *body, const char *previous, srv_rsp_req *q, char *
         assert_null(chat);
     }
     return chat;
-}
-
-static void assert_json(const json_t *v, const char *want) {
-    json_t *w = json_loads(want, JSON_DECODE_ANY, NULL);
-    assert_non_null(w);
-    if (!json_equal(v, w)) {
-        char *got = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
-        fail_msg("got %s\nwant %s", got, want);
-    }
-    json_decref(w);
 }
 
 static void test_translate_conversation(void **st) {
@@ -237,24 +228,11 @@ static void test_object(void **st) {
     srv_rsp_req_free(&q);
 }
 
-/* The SSE frames of b as objects; each frame's event name must be its type. */
+/* The SSE events of b, numbered 0, 1, ... */
 static json_t *events(const srv_buf *b) {
-    json_t *all = json_array();
-    const char *p = b->p, *end = b->p + b->len;
-    while (p < end) {
-        const char *nl = strstr(p, "\n"), *sep = strstr(p, "\n\n");
-        assert_non_null(sep);
-        assert_true(!strncmp(p, "event: ", 7));
-        const char *data = nl + 1;
-        assert_true(!strncmp(data, "data: ", 6));
-        json_t *o = json_loadb(data + 6, (size_t)(sep - data - 6), 0, NULL);
-        assert_non_null(o);
-        assert_int_equal((size_t)(nl - p - 7), strlen(json_string_value(json_object_get(o, "type"))));
-        assert_true(!strncmp(p + 7, json_string_value(json_object_get(o, "type")), (size_t)(nl - p - 7)));
-        assert_int_equal(json_integer_value(json_object_get(o, "sequence_number")), json_array_size(all));
-        json_array_append_new(all, o);
-        p = sep + 2;
-    }
+    json_t *all = sse_events(b);
+    for (size_t i = 0; i < json_array_size(all); i++)
+        assert_int_equal(json_integer_value(json_object_get(json_array_get(all, i), "sequence_number")), i);
     return all;
 }
 

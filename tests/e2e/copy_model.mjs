@@ -148,3 +148,20 @@ export async function serveCopyAnswering(dir, shape, messages, tools, answer, fo
   buildCopyModel(dir, { d: withForced.length - at, ...shape });
   return startServer([], { model: dir });
 }
+
+// Run body(server) against a copy model answering `answer` to the chat
+// conversation `messages` (with `tools`; `forced` as serveCopyAnswering's),
+// then stop the server and remove the folder.
+export async function withCopyModel(messages, tools, answer, forced, body) {
+  const { dir, shape } = copyModelDir();
+  try {
+    const s = await serveCopyAnswering(dir, shape, messages, tools, answer, forced);
+    try {
+      await body(s);
+    } finally {
+      assert.equal((await s.stop()).code, 0);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -6,11 +6,10 @@
 // bodies answered in Anthropic's error shape.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { startServer, raw } from './harness.mjs';
-import { copyModelDir, serveCopyAnswering } from './copy_model.mjs';
+import { withCopyModel } from './copy_model.mjs';
 
 let srv, client, openai;
 
@@ -170,26 +169,16 @@ const schema = { type: 'object', properties: { city: { type: 'string' } }, requi
 const chatTools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: schema } }];
 const tools = [{ name: 'get_weather', description: 'Weather in a city', input_schema: schema }];
 
-async function withCopyModel(chatMessages, answer, forced, body) {
-  const { dir, shape } = copyModelDir();
-  try {
-    const s = await serveCopyAnswering(dir, shape, chatMessages, chatTools, answer, forced);
-    try {
-      await body(s, new Anthropic({ baseURL: s.base, apiKey: 'unused', maxRetries: 0 }));
-    } finally {
-      assert.equal((await s.stop()).code, 0);
-    }
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-}
+const withCopy = (chatMessages, answer, forced, body) =>
+  withCopyModel(chatMessages, chatTools, answer, forced, (s) =>
+    body(s, new Anthropic({ baseURL: s.base, apiKey: 'unused', maxRetries: 0 })));
 
 test('a forced tool call (tool_choice: tool) and its result fed back', async () => {
   // the model writes the call's arguments after the forced opening
   const args = '{"city": "Oslo"}}\n</tool_call>';
   const chatMessages = [{ role: 'user', content: args }];
   let use;
-  await withCopyModel(chatMessages, args, '<tool_call>\n{"name": "get_weather", "arguments": ', async (s, c) => {
+  await withCopy(chatMessages, args, '<tool_call>\n{"name": "get_weather", "arguments": ', async (s, c) => {
     const req = { model: 'copy', max_tokens: 64, temperature: 0, tools, messages: chatMessages,
                   tool_choice: { type: 'tool', name: 'get_weather' } };
     const m = await c.messages.create(req);
@@ -214,7 +203,7 @@ test('a forced tool call (tool_choice: tool) and its result fed back', async () 
   const chatTurn2 = [{ role: 'user', content: args },
     { role: 'assistant', content: null, tool_calls: [{ id: use.id, type: 'function', function: { name: 'get_weather', arguments: '{"city": "Oslo"}' } }] },
     { role: 'tool', tool_call_id: use.id, content: answer }];
-  await withCopyModel(chatTurn2, answer, '', async (s, c) => {
+  await withCopy(chatTurn2, answer, '', async (s, c) => {
     const r = await c.messages.create({ model: 'copy', max_tokens: 64, temperature: 0, tools, messages: turn2,
                                         stop_sequences: ['\n</tool_response>'] });
     assert.equal(textOf(r), answer);
@@ -231,7 +220,7 @@ test('a forced tool call (tool_choice: tool) and its result fed back', async () 
 test('thinking: the model\'s reasoning as a thinking block with its signature, streamed and not', async () => {
   const text = '<think>\nThe user wants a greeting.\n</think>\n\nHello there!';
   const chatMessages = [{ role: 'user', content: text }];
-  await withCopyModel(chatMessages, text, '', async (s, c) => {
+  await withCopy(chatMessages, text, '', async (s, c) => {
     const req = { model: 'copy', max_tokens: 64, temperature: 0, tools, messages: chatMessages };
     const m = await c.messages.create(req);
     assert.deepEqual(m.content.map((b) => b.type), ['thinking', 'text']);

@@ -7,10 +7,9 @@
 // out and counted, and bad bodies each a 400.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import fs from 'node:fs';
 import OpenAI from 'openai';
 import { startServer, raw } from './harness.mjs';
-import { copyModelDir, serveCopyAnswering } from './copy_model.mjs';
+import { withCopyModel } from './copy_model.mjs';
 
 let srv, client;
 
@@ -236,24 +235,14 @@ const schema = { type: 'object', properties: { city: { type: 'string' } }, requi
 const chatTools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather in a city', parameters: schema } }];
 const tools = [{ type: 'function', name: 'get_weather', description: 'Weather in a city', parameters: schema, strict: true }];
 
-async function withCopyModel(chatMessages, answer, forced, body) {
-  const { dir, shape } = copyModelDir();
-  try {
-    const s = await serveCopyAnswering(dir, shape, chatMessages, chatTools, answer, forced);
-    try {
-      await body(s, new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0 }));
-    } finally {
-      assert.equal((await s.stop()).code, 0);
-    }
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-  }
-}
+const withCopy = (chatMessages, answer, forced, body) =>
+  withCopyModel(chatMessages, chatTools, answer, forced, (s) =>
+    body(s, new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0 })));
 
 test('a function call (forced), streamed and not, and its output fed back as function_call_output', async () => {
   const args = '{"city": "Oslo"}}\n</tool_call>';
   let call;
-  await withCopyModel([{ role: 'user', content: args }], args, '<tool_call>\n{"name": "get_weather", "arguments": ',
+  await withCopy([{ role: 'user', content: args }], args, '<tool_call>\n{"name": "get_weather", "arguments": ',
     async (s, c) => {
       const req = { model: 'copy', max_output_tokens: 64, temperature: 0, tools, input: args,
                     tool_choice: { type: 'function', name: 'get_weather' } };
@@ -281,7 +270,7 @@ test('a function call (forced), streamed and not, and its output fed back as fun
   const chatTurn2 = [{ role: 'user', content: args },
     { role: 'assistant', content: null, tool_calls: [{ id: call.call_id, type: 'function', function: { name: 'get_weather', arguments: '{"city": "Oslo"}' } }] },
     { role: 'tool', tool_call_id: call.call_id, content: answer }];
-  await withCopyModel(chatTurn2, answer, '', async (s, c) => {
+  await withCopy(chatTurn2, answer, '', async (s, c) => {
     const r = await c.responses.create({ model: 'copy', max_output_tokens: 6, temperature: 0, tools, input: [
       { role: 'user', content: args },
       { type: 'function_call', call_id: call.call_id, name: 'get_weather', arguments: '{"city": "Oslo"}' },
@@ -293,7 +282,7 @@ test('a function call (forced), streamed and not, and its output fed back as fun
 test('reasoning: an item with its content and summary, streamed and not; replayed reasoning is accepted', async () => {
   const text = '<think>\nThe user wants a greeting.\n</think>\n\nHello there!';
   const chatMessages = [{ role: 'user', content: text }];
-  await withCopyModel(chatMessages, text, '', async (s, c) => {
+  await withCopy(chatMessages, text, '', async (s, c) => {
     const req = { model: 'copy', max_output_tokens: 64, temperature: 0, tools, input: text,
                   reasoning: { summary: 'auto' } };
     const r = await c.responses.create(req);

@@ -73,6 +73,12 @@ static void test_translate_conversation(void **st) {
     assert_int_equal(json_array_size(q.conversation), 2); /* the stored turn, then the new input */
     json_decref(c);
     srv_rsp_req_free(&q);
+    /* reasoning is never an error: what is not text is left out */
+    c = tr("{\"input\":[{\"type\":\"reasoning\",\"summary\":5,\"content\":[{\"type\":\"odd\"},{\"text\":\"t\"}]},"
+           "{\"type\":\"reasoning\",\"summary\":[7]},{\"role\":\"assistant\",\"content\":\"A\"}]}", NULL, &q, msg);
+    assert_json(json_object_get(c, "messages"), "[{\"role\":\"assistant\",\"content\":\"A\",\"reasoning_content\":\"t\"}]");
+    json_decref(c);
+    srv_rsp_req_free(&q);
     /* a string input; leading system messages folded into one; store defaults on */
     c = tr("{\"instructions\":\"A.\",\"input\":[{\"role\":\"system\",\"content\":\"B.\"},{\"role\":\"user\",\"content\":\"x\"}],"
            "\"reasoning\":{\"effort\":\"high\",\"summary\":\"auto\"},\"include\":[\"message.output_text.logprobs\"],"

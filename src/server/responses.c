@@ -131,9 +131,15 @@ static int one_item(conv *cv, const json_t *it, size_t at, rerr *e) {
     }
     if (!strcmp(t, "function_call_output") || !strcmp(t, "custom_tool_call_output")) return call_output(cv, it, at, e);
     if (!strcmp(t, "reasoning")) { /* its text, if any, to the next assistant turn; opaque content is dropped */
-        json_t *c = get(it, "content");
-        if (!c || !json_array_size(c)) c = get(it, "summary");
-        return c ? parts_text(c, &cv->reasoning, "summary", at, e) : 0;
+        json_t *c = get(it, "content"), *p;
+        if (!json_array_size(c)) c = get(it, "summary");
+        size_t i;
+        json_array_foreach(c, i, p) { /* never an error: what is not text is left out */
+            json_t *x = json_object_get(p, "text");
+            if (json_is_string(x) && srv_buf_add(&cv->reasoning, json_string_value(x), json_string_length(x)))
+                RFAIL(e, "out of memory");
+        }
+        return 0;
     }
     if (one_of(t, hosted_calls)) return 0; /* never made here: nothing the model could read */
     RFAIL(e, "input[%zu]: item type '%.40s' is not supported", at, t);

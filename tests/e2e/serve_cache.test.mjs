@@ -159,7 +159,7 @@ test('/metrics in Prometheus text; cache_prompt checked; the cache can be off', 
     for (const name of ['requests_total{outcome="ok"} 1', 'prompt_cache_lookups_total 1', 'generated_tokens_total', 'queue_length ', 'rows_in_use ', 'prompt_cache_bytes '])
       assert.ok(text.includes(`osprey_${name}`), `${name} in\n${text}`);
     for (const line of text.split('\n').filter((l) => l && !l.startsWith('#')))
-      assert.match(line, /^osprey_[a-z_]+(\{[a-z_]+="[a-z_]+"\})? -?\d+$/); // a sample: a name, at most one label, an integer
+      assert.match(line, /^(osprey|process)_[a-z_]+(\{[a-z_]+="[a-z_]+"\})? -?\d+$/); // a sample: a name, at most one label, an integer
     const bad = await raw(srv.base, '/v1/chat/completions', {
       body: JSON.stringify({ model: 'fortune', messages: [{ role: 'user', content: 'hi' }], cache_prompt: 'yes' }),
     });

@@ -49,6 +49,7 @@ struct osp_prefix {
     struct timespec dir_mtime;
     pthread_t writer;
     int writer_on, stop, busy;
+    double stop_by;        /* stopping: entries not written by then are dropped (0: no bound) */
     osp_prefix_stats st;
 };
 
@@ -124,9 +125,10 @@ static void *writer_main(void *arg) {
     osp_prefix *pc = arg;
     pthread_mutex_lock(&pc->mu);
     for (;;) {
-        pc_entry *w = NULL;
-        for (int32_t i = 0; i < pc->n && !w; i++)
-            if (pc->e[i]->writing && pc->e[i]->kv) w = pc->e[i];
+        pc_entry *w = NULL; /* at shutdown the most recently used first, else any */
+        for (int32_t i = 0; i < pc->n && (!w || pc->stop); i++)
+            if (pc->e[i]->writing && pc->e[i]->kv && (!w || pc->e[i]->tick > w->tick)) w = pc->e[i];
+        if (w && pc->stop && pc->stop_by > 0 && osp_now_s() > pc->stop_by) w = NULL; /* out of time */
         if (!w) { /* entries removed while queued are in no array: look for none */
             if (pc->stop) break;
             pc->busy = 0;
@@ -277,19 +279,25 @@ void osp_prefix_sync(osp_prefix *pc) {
     pthread_mutex_unlock(&pc->mu);
 }
 
-void osp_prefix_free(osp_prefix *pc) {
+void osp_prefix_free(osp_prefix *pc) { osp_prefix_free_within(pc, 0); }
+
+void osp_prefix_free_within(osp_prefix *pc, double seconds) {
     if (!pc) return;
     if (pc->writer_on) {
         pthread_mutex_lock(&pc->mu); /* every resident entry not on disk goes there */
         int n = 0;
         for (int32_t i = 0; i < pc->n; i++)
             if (pc->e[i]->kv && !pc->e[i]->file_bytes && !pc->e[i]->writing) pc->e[i]->writing = 1, n++;
+        double t0 = osp_now_s();
         pc->stop = 1;
+        pc->stop_by = seconds > 0 ? t0 + seconds : 0;
         pthread_cond_broadcast(&pc->cv);
         pthread_mutex_unlock(&pc->mu);
-        double t0 = osp_now_s();
         pthread_join(pc->writer, NULL);
-        if (n) OSP_LOG(1, "osprey: prefix cache: wrote %d entries to %s in %.2f s", n, pc->dir, osp_now_s() - t0);
+        int left = 0; /* queued and not written: out of time */
+        for (int32_t i = 0; i < pc->n; i++) left += pc->e[i]->writing && pc->e[i]->kv;
+        if (n) OSP_LOG(1, "osprey: prefix cache: wrote %d entries to %s in %.2f s%s", n > left ? n - left : 0, pc->dir, osp_now_s() - t0,
+                       left ? " (the rest, the least recently used, did not fit the shutdown's time and were dropped)" : "");
     }
     for (int32_t i = 0; i < pc->n; i++) entry_free(pc->e[i]);
     free(pc->e);

@@ -70,6 +70,10 @@ void osp_prefix_namespace(const char *identity, const osp_kv *like, const char *
 osp_status osp_prefix_new(const osp_prefix_opts *o, const osp_kv *like, osp_prefix **out);
 /* Writes every resident entry not yet on disk (when persisting), then frees. */
 void osp_prefix_free(osp_prefix *pc);
+/* The same within `seconds` (<= 0: no bound): the most recently used
+ * entries are written first, and those still unwritten at the deadline are
+ * dropped (a cache: a bounded shutdown matters more). */
+void osp_prefix_free_within(osp_prefix *pc, double seconds);
 
 /* The longest usable cached prefix of tokens[0, n): copied into `row` of
  * kv (emptied first) and its length returned; 0 = a miss (the row is

@@ -182,7 +182,9 @@ int srv_setup(srv *s) {
 
 void srv_teardown(srv *s) {
     srv_audio_teardown(s);
-    osp_prefix_free(s->pc); /* writes what is only in memory (a clean shutdown) */
+    /* a clean shutdown writes what is only in memory; under --drain-timeout for at most 5 s more, the most
+     * recently used entries first, so that the drain's bound holds whatever clients put in the cache */
+    osp_prefix_free_within(s->pc, s->cfg.drain_timeout > 0 ? 5.0 : 0);
     s->pc = NULL;
     osp_spec_free(s->spec);
     osp_model_free(s->draft);

@@ -149,10 +149,11 @@ typedef struct osp_region {
 } osp_region;
 
 /* Allocation of KV blocks (kv/kv.c keeps rows and positions; the backend
- * keeps the blocks). */
+ * keeps the blocks). Blocks come zeroed and are freed with their size (the
+ * host's are mappings of their own: core's osp_pages_alloc). */
 typedef struct osp_kv_mem {
     void *(*alloc)(size_t bytes);
-    void (*free)(void *p);
+    void (*free)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
     void (*to_host)(void *host, const void *src, size_t bytes);   /* block -> host memory (synchronous) */
     void (*from_host)(void *dst, const void *host, size_t bytes); /* host memory -> block (synchronous) */

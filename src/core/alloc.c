@@ -1,6 +1,8 @@
 /* Counting allocator. Each block carries a 64-byte header holding its
  * size and pool so osp_free can decrement the right counter; the user
- * pointer stays 64-byte aligned. */
+ * pointer stays 64-byte aligned. Page blocks (osp_pages_*) have none: each
+ * is a mapping of its own, freed with its size. */
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,6 +56,36 @@ void *osp_calloc(osp_pool pool, size_t n) {
     void *p = osp_malloc(pool, n);
     if (p) memset(p, 0, n);
     return p;
+}
+
+size_t osp_pages_size(size_t n) {
+    long v = sysconf(_SC_PAGESIZE);
+    size_t page = v > 0 ? (size_t)v : 4096;
+    return (n + page - 1) / page * page;
+}
+
+void *osp_pages_alloc(osp_pool pool, size_t n) {
+    if (pool >= OSP_POOL_COUNT || n > SIZE_MAX / 2) return NULL;
+    size_t len = osp_pages_size(n ? n : 1);
+    /* populated now: the block is written at once (a copy) or soon, and one
+     * call faults its pages in faster than a fault per page */
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    atomic_fetch_add(&pool_bytes[pool], len);
+    return p;
+}
+
+void osp_pages_free(osp_pool pool, void *p, size_t n) {
+    if (!p || pool >= OSP_POOL_COUNT) return;
+    size_t len = osp_pages_size(n ? n : 1);
+    atomic_fetch_sub(&pool_bytes[pool], len);
+    munmap(p, len);
+}
+
+void osp_alloc_long_running(void) {
+#ifdef M_MMAP_THRESHOLD
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024); /* glibc's starting value; set, it no longer moves */
+#endif
 }
 
 void osp_free(void *p) {

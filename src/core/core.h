@@ -48,6 +48,22 @@ void *osp_calloc(osp_pool pool, size_t n);
  * reads hundreds of MB per token). Freed with osp_free. */
 void *osp_malloc_huge(osp_pool pool, size_t n);
 void osp_free(void *p);
+/* Blocks allocated and freed at a high rate in many sizes (KV blocks: rows
+ * and the prefix cache's entries): each in whole pages of its own mapping,
+ * zeroed, with no header, so a free gives its memory back to the system at
+ * once and a block holds exactly osp_pages_size(n) bytes. A heap keeps the
+ * holes such churn leaves between live blocks resident, and blocks of many
+ * sizes, each a header longer than its multiple of the growth step, seldom
+ * fill a hole exactly. Freed with the size it was allocated with. */
+void *osp_pages_alloc(osp_pool pool, size_t n);
+void osp_pages_free(osp_pool pool, void *p, size_t n);
+size_t osp_pages_size(size_t n); /* n rounded up to whole pages */
+/* For a long-running process (the server), called once at start: large
+ * blocks from the C library's malloc stay mappings of their own, returned
+ * when freed. glibc otherwise raises its mapping threshold to the largest
+ * block freed so far, and blocks under it then come from the threads'
+ * heaps, whose freed holes stay resident. */
+void osp_alloc_long_running(void);
 size_t osp_pool_bytes(osp_pool pool);
 
 /* Logging to stderr, filtered by level (0 error .. 3 debug). */

@@ -3,9 +3,10 @@
 #include "kv.h"
 #include "backend/kvq.h"
 
-static void *host_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
+static void *host_alloc(size_t n) { return osp_pages_alloc(OSP_POOL_KV, n); }
+static void host_free(void *p, size_t n) { osp_pages_free(OSP_POOL_KV, p, n); }
 static void host_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static const osp_kv_mem HOST = {host_alloc, osp_free, host_copy, host_copy, host_copy};
+static const osp_kv_mem HOST = {host_alloc, host_free, host_copy, host_copy, host_copy};
 
 static int64_t block_bytes(const osp_kv_layer *l, int32_t cap) { return 2 * (int64_t)l->n_kv_heads * cap * l->slot_bytes; }
 
@@ -31,7 +32,7 @@ static void free_row_mem(osp_kv *kv, int32_t row) {
         osp_kv_layer *l = &kv->layers[i];
         if (!l->mem || !l->mem[row]) continue;
         kv->bytes -= block_bytes(l, l->cap[row]);
-        kv->mem->free(l->mem[row]);
+        kv->mem->free(l->mem[row], (size_t)block_bytes(l, l->cap[row]));
         l->mem[row] = NULL;
         l->cap[row] = 0;
     }
@@ -161,7 +162,7 @@ osp_status osp_kv_reserve(osp_kv *kv, int32_t row, int32_t n) {
         if (!nm) return osp_err(OSP_ERR_NOMEM, "out of memory growing the KV cache to %d positions", n);
         if (l->mem[row]) {
             copy_planes(kv->mem, l, nm, c, l->mem[row], old, old);
-            kv->mem->free(l->mem[row]);
+            kv->mem->free(l->mem[row], (size_t)block_bytes(l, old));
         }
         kv->bytes += block_bytes(l, c) - block_bytes(l, old);
         l->mem[row] = nm;

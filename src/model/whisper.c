@@ -675,10 +675,13 @@ void osp_whisper_state_free(osp_whisper_state *s) {
     }
     const osp_backend *be = s->be;
     const osp_kv_mem *km = be->kv_mem;
+    const osp_whisper_config *c = &s->m->cfg;
     osp_dbuf **planes[] = {s->ck, s->cv, s->sk, s->sv};
+    const size_t cross = sizeof(float) * (size_t)s->n_slots * (size_t)c->n_audio_ctx * (size_t)c->d_model;
+    const size_t self = sizeof(float) * (size_t)s->n_rows * (size_t)c->n_text_ctx * (size_t)c->d_model;
     for (int i = 0; i < 4; i++) {
-        for (int l = 0; planes[i] && l < s->m->cfg.dec_layers; l++)
-            if (planes[i][l]) km->free(planes[i][l]);
+        for (int l = 0; planes[i] && l < c->dec_layers; l++)
+            if (planes[i][l]) km->free(planes[i][l], i < 2 ? cross : self);
         osp_free(planes[i]);
     }
     osp_free(s->pos);

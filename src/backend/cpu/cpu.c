@@ -27,9 +27,10 @@ static void cpu_free_vec(osp_dbuf *p) { osp_free(p); }
 static void cpu_write(osp_dbuf *dst, const float *host, int64_t n) { memcpy(dst, host, sizeof(float) * (size_t)n); }
 static void cpu_read(float *host, const osp_dbuf *src, int64_t n) { memcpy(host, src, sizeof(float) * (size_t)n); }
 
-static void *kv_alloc(size_t n) { return osp_calloc(OSP_POOL_KV, n); }
+static void *kv_alloc(size_t n) { return osp_pages_alloc(OSP_POOL_KV, n); }
+static void kv_free(void *p, size_t n) { osp_pages_free(OSP_POOL_KV, p, n); }
 static void kv_copy(void *d, const void *s, size_t n) { memcpy(d, s, n); }
-static const osp_kv_mem KV_MEM = {kv_alloc, osp_free, kv_copy, kv_copy, kv_copy};
+static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy, kv_copy, kv_copy};
 
 /* ---- sessions ---- */
 

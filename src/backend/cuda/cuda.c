@@ -75,7 +75,10 @@ static void *kv_alloc(size_t n) {
     return p;
 }
 
-static void kv_free(void *p) { LEGACY(cudaFree(p)); }
+static void kv_free(void *p, size_t n) {
+    (void)n;
+    LEGACY(cudaFree(p));
+}
 static void kv_copy(void *d, const void *s, size_t n) { LEGACY(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0)); }
 static void kv_to_host(void *h, const void *s, size_t n) { LEGACY(cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost)); }
 static void kv_from_host(void *d, const void *h, size_t n) { LEGACY(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }

@@ -117,6 +117,7 @@ static int spec_setup(srv *s) {
 int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
+    osp_alloc_long_running();
     if (!c->model) { /* audio only */
         if (srv_audio_setup(s)) return -1;
         OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations (no chat "

@@ -1,18 +1,29 @@
 /* server/stats: the server's counters, as JSON (GET /stats) and in
  * Prometheus' text format (GET /metrics): requests by outcome, tokens
  * (prompt, of which cached, generated), the queue, rows in use, the KV
- * budget and the prefix cache. */
+ * budget, the prefix cache and the process's resident memory (which the KV
+ * budget plus the overhead the README documents bounds). */
 #include <stdio.h>
+#include <unistd.h>
 #include "kv/prefix.h"
 #include "server/server_internal.h"
 
 typedef struct srv_counts {
     long long requests, ok, failed, cancelled, stalled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
     int queued, running, parallel;
-    long long kv_budget, kv_reserved;
+    long long kv_budget, kv_reserved, resident;
     int have_pc;
     osp_prefix_stats pc;
 } srv_counts;
+
+static long long resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size = 0, pages = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%lld %lld", &size, &pages) != 2) pages = 0;
+    fclose(f);
+    return pages * sysconf(_SC_PAGESIZE);
+}
 
 static void gather(srv *s, srv_counts *c) {
     c->requests = atomic_load(&s->c_requests), c->ok = atomic_load(&s->c_ok), c->failed = atomic_load(&s->c_failed);
@@ -25,6 +36,7 @@ static void gather(srv *s, srv_counts *c) {
     pthread_mutex_unlock(&s->qmu);
     c->parallel = s->parallel;
     c->kv_budget = s->kv_budget;
+    c->resident = resident_bytes();
     c->have_pc = s->pc != NULL;
     if (s->pc) osp_prefix_get_stats(s->pc, &c->pc);
 }
@@ -32,11 +44,11 @@ static void gather(srv *s, srv_counts *c) {
 json_t *srv_stats_json(srv *s) {
     srv_counts c = {0};
     gather(s, &c);
-    json_t *o = json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I}, s:i, s:i, s:i, s:{s:I, s:I}}",
+    json_t *o = json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I}, s:i, s:i, s:i, s:{s:I, s:I}, s:I}",
                           "requests", "total", c.requests, "ok", c.ok, "failed", c.failed, "cancelled", c.cancelled,
                           "tokens", "prompt", c.prompt_tokens, "prompt_cached", c.cached_tokens, "generated",
                           c.gen_tokens, "queued", c.queued, "rows_in_use", c.running, "rows", c.parallel, "kv",
-                          "budget_bytes", c.kv_budget, "reserved_bytes", c.kv_reserved);
+                          "budget_bytes", c.kv_budget, "reserved_bytes", c.kv_reserved, "resident_bytes", c.resident);
     if (!o) return NULL;
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
@@ -105,6 +117,8 @@ int srv_metrics_text(srv *s, srv_buf *b) {
                 "Hosted tools (web_search, namespace, ...) a Responses request offered, left out: osprey cannot run them.",
                 atomic_load(&s->c_tools_dropped));
     e |= metric(b, "kv_reserved_bytes", "gauge", "KV bytes reserved by running requests.", c.kv_reserved);
+    e |= srv_buf_addf(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                         "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n", c.resident);
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
         e |= metric(b, "prompt_cache_lookups_total", "counter", "Prefix cache lookups.", p->lookups);

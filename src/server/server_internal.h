@@ -246,10 +246,10 @@ int srv_respond(srv *s, srv_req *q, srv_job *j);
 /* request.c: build a job from a request body. On failure returns NULL with
  * *status (4xx) and *err (a new JSON error object). */
 srv_job *srv_parse_chat(srv *s, const json_t *body, int *status, json_t **err);
+srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **err);
 /* A chat body another API's route translated (taken): max_tokens > 0 is cut
  * to what the context leaves after the prompt, where the chat route refuses it. */
 srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err);
-srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **err);
 /* The chat template rendering of {messages, tools, ...} (for /apply-template). */
 json_t *srv_apply_template(srv *s, const json_t *body, int *status);
 

@@ -50,6 +50,10 @@ json_t *srv_stats_json(srv *s) {
                           c.gen_tokens, "queued", c.queued, "rows_in_use", c.running, "rows", c.parallel, "kv",
                           "budget_bytes", c.kv_budget, "reserved_bytes", c.kv_reserved, "resident_bytes", c.resident);
     if (!o) return NULL;
+    json_object_set_new(o, "routes", json_pack("{s:I, s:I, s:I, s:I}", "chat", atomic_load(&s->c_route_chat), "messages",
+                                               atomic_load(&s->c_route_messages), "responses",
+                                               atomic_load(&s->c_route_responses), "responses_tools_dropped",
+                                               atomic_load(&s->c_tools_dropped)));
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
         json_t *pc = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}",
@@ -62,10 +66,6 @@ json_t *srv_stats_json(srv *s) {
                                (json_int_t)p->disk_rejects, "disk_deletes", (json_int_t)p->disk_deletes, "dir",
                                s->pc_dir);
         /* what may be reused: any prefix (the rows are chunk-invariant here), or prompts at multiples of align */
-    json_object_set_new(o, "routes", json_pack("{s:I, s:I, s:I, s:I}", "chat", atomic_load(&s->c_route_chat), "messages",
-                                               atomic_load(&s->c_route_messages), "responses",
-                                               atomic_load(&s->c_route_responses), "responses_tools_dropped",
-                                               atomic_load(&s->c_tools_dropped)));
         json_object_set_new(pc, "reuse", json_string(s->pc_grid ? "prompts on the prefill grid" : "any prefix"));
         json_object_set_new(pc, "align", json_integer(s->pc_grid ? s->prefill_step : 1));
         json_object_set_new(pc, "lookup_seconds", json_real(p->lookup_s));
@@ -95,6 +95,15 @@ int srv_metrics_text(srv *s, srv_buf *b) {
                          "# TYPE osprey_requests_total counter\n"
                          "osprey_requests_total{outcome=\"ok\"} %lld\nosprey_requests_total{outcome=\"failed\"} %lld\n"
                          "osprey_requests_total{outcome=\"cancelled\"} %lld\n", c.ok, c.failed, c.cancelled);
+    e |= srv_buf_addf(b, "# HELP osprey_route_requests_total Generation requests received, by API route.\n"
+                         "# TYPE osprey_route_requests_total counter\nosprey_route_requests_total{route=\"chat\"} %lld\n"
+                         "osprey_route_requests_total{route=\"messages\"} %lld\n"
+                         "osprey_route_requests_total{route=\"responses\"} %lld\n",
+                      atomic_load(&s->c_route_chat), atomic_load(&s->c_route_messages),
+                      atomic_load(&s->c_route_responses));
+    e |= metric(b, "responses_tools_dropped_total", "counter",
+                "Hosted tools (web_search, namespace, ...) a Responses request offered, left out: osprey cannot run them.",
+                atomic_load(&s->c_tools_dropped));
     e |= metric(b, "write_timeouts_total", "counter",
                 "Responses abandoned because the client read nothing for --write-timeout (their requests cancelled).",
                 c.stalled);
@@ -107,15 +116,6 @@ int srv_metrics_text(srv *s, srv_buf *b) {
     e |= metric(b, "rows_in_use", "gauge", "Rows of the batch generating.", c.running);
     e |= metric(b, "rows", "gauge", "Rows of the batch (--parallel).", c.parallel);
     e |= metric(b, "kv_budget_bytes", "gauge", "The KV budget.", c.kv_budget);
-    e |= srv_buf_addf(b, "# HELP osprey_route_requests_total Generation requests received, by API route.\n"
-                         "# TYPE osprey_route_requests_total counter\nosprey_route_requests_total{route=\"chat\"} %lld\n"
-                         "osprey_route_requests_total{route=\"messages\"} %lld\n"
-                         "osprey_route_requests_total{route=\"responses\"} %lld\n",
-                      atomic_load(&s->c_route_chat), atomic_load(&s->c_route_messages),
-                      atomic_load(&s->c_route_responses));
-    e |= metric(b, "responses_tools_dropped_total", "counter",
-                "Hosted tools (web_search, namespace, ...) a Responses request offered, left out: osprey cannot run them.",
-                atomic_load(&s->c_tools_dropped));
     e |= metric(b, "kv_reserved_bytes", "gauge", "KV bytes reserved by running requests.", c.kv_reserved);
     e |= srv_buf_addf(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
                          "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n", c.resident);

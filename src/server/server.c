@@ -103,7 +103,7 @@ static int drain(srv *s) {
         if (limit > 0 && now - t0 >= limit) {
             int cut = active > queued + running ? active : queued + running;
             if (s->worker_started) srv_queue_cancel_all(s);
-            for (int i = 0; i < 100 && atomic_load(&s->active) > 0; i++) usleep(10000); /* their last words */
+            for (int i = 0; i < 200 && atomic_load(&s->active) > 0; i++) usleep(10000); /* their last words */
             return cut;
         }
         if (now - last_log >= 10) {

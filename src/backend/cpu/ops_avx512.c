@@ -280,12 +280,11 @@ OSP_INLINE void q4_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
 /* 8-bit: per group, vg = sum x*q (16 codes a step), acc += s * vg with s
  * broadcast from memory; bias terms as for 4-bit. One row at a time: the
  * rows follow each other in memory, so the kernel reads one sequential
- * stream (4 rows side by side were 4 streams a row apart, which this
- * machine's prefetchers followed at 0.70 of the triad: Llama-1B-shaped q8
- * decode 15.0-15.5 tok/s; one row with the prefetch 2 KB ahead 21.5-22.9,
- * 0.97-0.99). A row's operations are the same either way (bitwise). Dense
- * rows carry half the arithmetic a byte and gained nothing from it (bf16
- * without AMX: 0.90 either way).
+ * stream (4 rows side by side were 4 streams a row apart, which the
+ * prefetchers followed worse; figures in docs/NOTES.md, "CPU kernels'
+ * measured choices"). A row's operations are the same either way
+ * (bitwise). Dense rows carry half the arithmetic a byte and gained
+ * nothing from it.
  * NT tokens (xs apart, their group sums sx MV_CHUNK / 32 apart, outputs ldy
  * apart) share the row's conversion; each token's operations are those it
  * gets alone (NT = 1: the n == 1 kernel), so batched rows stay bitwise. */
@@ -567,8 +566,7 @@ OSP_INLINE void mv_dense_t(const osp_weight *w, const float *x, float *y, int64_
 
 /* n == 1, dense rows of MV_LONG_COLS columns or more: x (f32, 16 KiB and
  * up) no longer stays in L1 beside the weight stream, and reloading it from
- * L2 for every row cost a third of the read rate (27 vs 45 GB/s for
- * 8192-column rows here). MV_GROUP rows are read side by side, so each x
+ * L2 for every row cost a third of the read rate (docs/NOTES.md). MV_GROUP rows are read side by side, so each x
  * load serves all of them. Every row has its own two accumulators, so a
  * row's sum does not depend on which rows share its group. */
 #define MV_LONG_COLS 4096

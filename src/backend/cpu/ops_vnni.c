@@ -83,8 +83,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const int A, const
         const unsigned char *sg = tile + g * seg;
         for (int64_t j = 0; j < bpg; j++) {
             const unsigned char *q = sg + 64 + j * 256;
-            /* a block's 256 bytes fetched ahead: 8 KB with several tokens, 2 KB with one (none there
-             * was 0.77 of the triad, 2 KB 0.86: Llama-1B-shaped q4 decode 33.5 -> 37.3-37.8 tok/s) */
+            /* a block's 256 bytes fetched ahead: 8 KB with several tokens, 2 KB with one (docs/NOTES.md) */
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
                 _mm_prefetch((const char *)q + (A > 1 ? PF_AHEAD : PF_ONE) + 64 * i, PF_HINT);
             const int64_t blk = g * bpg + j;

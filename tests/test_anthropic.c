@@ -55,6 +55,27 @@ static void test_translate_conversation(void **st) {
     json_decref(c);
 }
 
+/* Claude Code 2.1.33x sends its environment as a system message after the
+ * user's: user text where it stands, joined to the user turn beside it (as
+ * the API combines consecutive user turns), so roles still alternate. */
+static void test_translate_system_message(void **st) {
+    (void)st;
+    char msg[512];
+    json_t *c = tr("{\"max_tokens\":5,\"system\":\"S\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                   "\"text\",\"text\":\"reminder\"},{\"type\":\"text\",\"text\":\"Hi\"}]},"
+                   "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"# Environment\","
+                   "\"cache_control\":{\"type\":\"ephemeral\"}}]},{\"role\":\"assistant\",\"content\":\"Hello\"},"
+                   "{\"role\":\"system\",\"content\":\"late\"},{\"role\":\"system\",\"content\":[]},{\"role\":\"user\",\"content\":\"Bye\"},"
+                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"again\"}]}]}",
+                   0, NULL, msg);
+    assert_non_null(c);
+    assert_json(json_object_get(c, "messages"),
+                "[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"reminder\\n\\nHi\\n\\n"
+                "# Environment\"},{\"role\":\"assistant\",\"content\":\"Hello\"},"
+                "{\"role\":\"user\",\"content\":\"late\\n\\nBye\\n\\nagain\"}]");
+    json_decref(c);
+}
+
 static void test_translate_tools(void **st) {
     (void)st;
     char msg[512];
@@ -85,7 +106,9 @@ static void test_translate_refusals(void **st) {
         {"{\"max_tokens\":1,\"messages\":[]}", "'messages'"},
         {"{\"max_tokens\":1,\"frequency_penalty\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
          "unknown field 'frequency_penalty'"},
-        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", "'role'"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "'role'"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"image\"}]}]}",
+         "messages[0].content[0] must be a text block"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",
          "'image' blocks are not supported"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}", "'document'"},
@@ -203,7 +226,8 @@ static void test_errors(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_translate_conversation), cmocka_unit_test(test_translate_tools),
+        cmocka_unit_test(test_translate_conversation),
+        cmocka_unit_test(test_translate_system_message), cmocka_unit_test(test_translate_tools),
         cmocka_unit_test(test_translate_refusals),     cmocka_unit_test(test_stop),
         cmocka_unit_test(test_body),                   cmocka_unit_test(test_sse),
         cmocka_unit_test(test_errors),

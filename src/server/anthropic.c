@@ -77,13 +77,51 @@ static int tool_use(const json_t *b, size_t at, json_t *calls, merr *e) {
     return 0;
 }
 
+/* Append a user text message to out, joined to the last one when that is a
+ * user text message too: the API combines consecutive user turns, and
+ * templates that insist on alternating roles would refuse them apart. */
+static int user_text(json_t *out, const char *s, size_t n, merr *e) {
+    json_t *last = json_array_get(out, json_array_size(out) - 1);
+    json_t *lc = json_object_get(last, "content");
+    const char *lr = json_string_value(json_object_get(last, "role"));
+    if (lr && !strcmp(lr, "user") && json_is_string(lc)) {
+        srv_buf t = {0};
+        if (srv_buf_add(&t, json_string_value(lc), json_string_length(lc)) || (t.len && srv_buf_add(&t, "\n\n", 2)) ||
+            srv_buf_add(&t, s, n)) {
+            srv_buf_free(&t);
+            MFAIL(e, "out of memory");
+        }
+        json_object_set_new(last, "content", json_stringn(t.p ? t.p : "", t.len));
+        srv_buf_free(&t);
+        return 0;
+    }
+    srv_buf t = {(char *)s, n, n};
+    json_array_append_new(out, text_message("user", &t));
+    return 0;
+}
+
+/* A system message inside 'messages' (Claude Code sends its environment as
+ * one after the user's first message): user text where it stands, so the
+ * template sees the roles alternate and the prefix before it stays put. */
+static int system_message(const json_t *c, size_t at, json_t *out, merr *e) {
+    char where[64];
+    snprintf(where, sizeof where, "messages[%zu].content", at);
+    srv_buf t = {0};
+    int rc = join_text(c, &t, where, 1, e) || (t.len && user_text(out, t.p, t.len, e)); /* an empty one adds nothing */
+    srv_buf_free(&t);
+    return rc ? -1 : 0;
+}
+
 /* One Messages message → chat messages appended to out. */
 static int one_message(const json_t *m, size_t at, json_t *out, merr *e) {
     json_t *r = json_is_object(m) ? json_object_get(m, "role") : NULL;
     const char *role = json_is_string(r) ? json_string_value(r) : "";
     int user = !strcmp(role, "user");
-    if (!user && strcmp(role, "assistant")) MFAIL(e, "messages[%zu]: 'role' must be \"user\" or \"assistant\"", at);
     json_t *c = json_object_get(m, "content");
+    if (!strcmp(role, "system")) return system_message(c, at, out, e);
+    if (!user && strcmp(role, "assistant"))
+        MFAIL(e, "messages[%zu]: 'role' must be \"user\", \"assistant\" or \"system\"", at);
+    if (json_is_string(c) && user) return user_text(out, json_string_value(c), json_string_length(c), e);
     if (json_is_string(c)) {
         json_t *nm = json_object();
         json_object_set_new(nm, "role", json_string(role));
@@ -139,7 +177,7 @@ static int one_message(const json_t *m, size_t at, json_t *out, merr *e) {
         }
         if (rc) break;
     }
-    if (!rc && user && (text.len || !n_results)) json_array_append_new(out, text_message(role, &text));
+    if (!rc && user && (text.len || !n_results)) rc = user_text(out, text.p ? text.p : "", text.len, e);
     if (!rc && !user) { /* one assistant message: its text, calls and thinking */
         json_t *nm = text_message(role, &text);
         if (!text.len && json_array_size(calls)) json_object_set_new(nm, "content", json_null());

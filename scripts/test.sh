@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 OSP_TEST_PKGS="clang libclang-rt-14-dev" sh scripts/setup.sh
 # the npm `openai` client for the end-to-end server tests (tests/e2e)
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
+# Claude Code and Codex for tests/e2e/agents.test.mjs, into ~/.cache/osprey-agents (downloaded once, then reused)
+sh scripts/install-agents.sh
 (cd build && OSP_DEVICE=cpu ctest --output-on-failure -j"$(nproc)")
 # the same library tests on the AVX2 tier (no AVX-512: the int8 path through vpmaddubsw): what a CPU without it runs
 (cd build && OSP_DEVICE=cpu OSP_ISA=avx2 ctest --output-on-failure -j"$(nproc)" -E e2e)

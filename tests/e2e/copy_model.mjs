@@ -44,11 +44,12 @@ function rng(seed) {
   return () => Math.sqrt(-2 * Math.log(next() + 1e-300)) * Math.cos(2 * Math.PI * next());
 }
 
-// vocab, eos ids and bos from the tokenizer folder's files; d = copy period
-export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000 }) {
+// vocab, eos ids and bos from the tokenizer folder's files; d = copy period;
+// maxPos = the context; randn = the embeddings' normal generator (a faster
+// one for a large vocabulary: agents.test.mjs)
+export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000, maxPos = 2048, randn = rng(12345) }) {
   fs.mkdirSync(dir, { recursive: true });
   const V = vocab, D = H, half = D / 2;
-  const randn = rng(12345);
   const c = 4; // the constant coordinate
   const E = new Float32Array(V * H);
   for (let t = 0; t < V; t++) {
@@ -108,7 +109,7 @@ export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000 }) {
       num_key_value_heads: 1,
       head_dim: D,
       vocab_size: V,
-      max_position_embeddings: 2048,
+      max_position_embeddings: maxPos,
       rms_norm_eps: 1e-6,
       rope_theta: theta,
       tie_word_embeddings: true,

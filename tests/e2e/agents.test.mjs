@@ -1,0 +1,231 @@
+// The real coding agents against osprey (issue 37): Claude Code (`claude -p`,
+// the Anthropic Messages API) and Codex (`codex exec`, the OpenAI Responses
+// API), the npm packages at the versions agents.json pins, installed by
+// scripts/install-agents.sh into a cache outside the clone. A missing install
+// fails these tests: they never skip.
+//
+// Each agent talks to osprey through a recording proxy (agents_proxy.mjs), so
+// a test checks what the agent printed against what the server produced.
+//
+// - claude -p with a short --system-prompt and no tools, on the bundled model
+//   (greedy): prints the reply; the recorded request, sent again directly,
+//   gets the same text.
+// - claude -p and codex exec with their full default prompts and tools (about
+//   12K tokens each) on a "copy" model (copy_model.mjs) over the Qwen 3
+//   tokenizer and template with a 32K context: it answers the last few tokens
+//   of the user's turn, then ends it, so the reply is known to be a suffix of
+//   what the agent sent.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import zlib from 'node:zlib';
+import { startServer, raw, ROOT } from './harness.mjs';
+import { buildCopyModel } from './copy_model.mjs';
+import { startProxy, sseEvents } from './agents_proxy.mjs';
+
+const AGENTS = JSON.parse(fs.readFileSync(path.join(ROOT, 'tests', 'e2e', 'agents.json'), 'utf8'));
+// where scripts/install-agents.sh put them
+const CACHE = process.env.OSP_AGENTS_DIR ||
+  path.join(process.env.XDG_CACHE_HOME || path.join(os.homedir(), '.cache'), 'osprey-agents');
+const AGENT_MS = 180000; // one agent run, at most
+
+function agentBin(name) {
+  const a = AGENTS[name];
+  const dir = path.join(CACHE, `${a.package}@${a.version}`.replace('/', '+'));
+  const bin = path.join(dir, a.bin);
+  assert.ok(fs.existsSync(path.join(dir, '.complete')) && fs.existsSync(bin),
+    `${a.package}@${a.version} is not installed in ${CACHE}: run scripts/install-agents.sh (scripts/test.sh does)`);
+  return bin;
+}
+
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'osp-agents-'));
+let copyDir;
+
+// The environment of an agent: the caller's, less any agent or API settings
+// it holds, with HOME in a temporary folder (the agents write their
+// configuration and sessions there) and no network traffic but the model's.
+function agentEnv(extra) {
+  const env = {};
+  for (const [k, v] of Object.entries(process.env))
+    if (!/^(ANTHROPIC_|CLAUDE_|CODEX_|OPENAI_)/.test(k)) env[k] = v;
+  const home = fs.mkdtempSync(path.join(tmp, 'home-'));
+  return { ...env, HOME: home, XDG_CONFIG_HOME: path.join(home, '.config'), ...extra };
+}
+
+// Run an agent to its end: { code, stdout, stderr }; killed after AGENT_MS.
+function runAgent(bin, args, env) {
+  const cwd = fs.mkdtempSync(path.join(tmp, 'cwd-'));
+  return new Promise((resolve, reject) => {
+    const p = spawn(bin, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '', stderr = '';
+    p.stdout.on('data', (d) => (stdout += d));
+    p.stderr.on('data', (d) => (stderr += d));
+    const t = setTimeout(() => p.kill('SIGKILL'), AGENT_MS);
+    p.on('error', reject);
+    p.on('close', (code, signal) => {
+      clearTimeout(t);
+      resolve({ code: code ?? signal, stdout, stderr });
+    });
+  });
+}
+
+// The text a recorded Messages or Responses stream carried.
+function streamedText(x) {
+  let text = '';
+  for (const { data } of sseEvents(x.response)) {
+    if (data.type === 'content_block_delta' && data.delta.type === 'text_delta') text += data.delta.text;
+    if (data.type === 'response.output_text.delta') text += data.delta;
+  }
+  return text;
+}
+
+const claude = (base, args) => runAgent(agentBin('claude'), ['-p', ...args], agentEnv({
+  ANTHROPIC_BASE_URL: base,
+  ANTHROPIC_API_KEY: 'osprey-test-key',
+  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1',
+  DISABLE_AUTOUPDATER: '1',
+  DISABLE_TELEMETRY: '1',
+  DISABLE_ERROR_REPORTING: '1',
+}));
+
+// A fast normal generator for the copy model's 151,936 x 256 embeddings
+// (copy_model.mjs' BigInt one takes about a minute there).
+function fastRandn(seed) {
+  let s = seed >>> 0 || 1;
+  const u = () => {
+    s ^= s << 13, s >>>= 0, s ^= s >>> 17, s ^= s << 5, s >>>= 0;
+    return (s + 0.5) / 4294967296;
+  };
+  return () => Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
+}
+
+// The copy model answers the last M tokens of the user's turn (copy period
+// M + 5: the five tokens `<|im_end|>\n<|im_start|>assistant\n` end the
+// prompt), then the turn's <|im_end|>, which ends its reply.
+const M = 6;
+const CTX = 32768;
+
+before(() => {
+  agentBin('claude');
+  agentBin('codex');
+  copyDir = path.join(tmp, 'copy-qwen3');
+  fs.mkdirSync(copyDir);
+  const tk = path.join(ROOT, 'tests', 'data', 'tokenizers', 'qwen3');
+  fs.writeFileSync(path.join(copyDir, 'tokenizer.json'), zlib.gunzipSync(fs.readFileSync(path.join(tk, 'tokenizer.json.gz'))));
+  fs.copyFileSync(path.join(tk, 'tokenizer_config.json'), path.join(copyDir, 'tokenizer_config.json'));
+  buildCopyModel(copyDir, { d: M + 5, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, randn: fastRandn(7) });
+});
+
+after(() => fs.rmSync(tmp, { recursive: true, force: true }));
+
+// Start osprey and a proxy in front of it; run body(proxy, server); stop both.
+async function withServer(args, model, body) {
+  const srv = await startServer(args, { model });
+  const proxy = await startProxy(srv.base);
+  try {
+    await body(proxy, srv);
+  } finally {
+    await proxy.close();
+    const r = await srv.stop();
+    assert.equal(r.code, 0, `server exit: ${JSON.stringify(r)}\n${srv.log()}`);
+  }
+}
+
+const fail = (what, r, proxy) =>
+  `${what}: exit ${r.code}\nstdout: ${r.stdout}\nstderr: ${r.stderr.slice(-4000)}\nrequests: ` +
+  proxy.exchanges.map((x) => `${x.method} ${x.url} ${x.status} ${x.status === 200 ? '' : x.response}`).join('\n');
+
+test('claude -p, a short --system-prompt and no tools, on the bundled model: prints the greedy reply', async (t) => {
+  await withServer(['--temp', '0'], undefined, async (proxy, srv) => {
+    const r = await claude(proxy.base, ['Tell me a fortune.', '--system-prompt', 'You tell fortunes.', '--tools', '']);
+    assert.equal(r.code, 0, fail('claude', r, proxy));
+    const turns = proxy.exchanges.filter((x) => x.url.startsWith('/v1/messages'));
+    assert.ok(turns.length >= 1 && turns.every((x) => x.status === 200), fail('claude', r, proxy));
+    assert.equal(turns.length, proxy.exchanges.length, 'only /v1/messages was asked');
+    const last = turns[turns.length - 1], sent = JSON.parse(last.body);
+    assert.equal(sent.stream, true);
+    assert.ok(sent.system.some((b) => b.text === 'You tell fortunes.'));
+    const text = streamedText(last);
+    assert.ok(text.trim().length > 0);
+    assert.equal(r.stdout.trim(), text.trim());
+    t.diagnostic(`${turns.length} request(s); printed ${JSON.stringify(r.stdout.trim())}`);
+    // the same body, not streamed, straight to osprey: the same greedy text
+    const direct = await raw(srv.base, '/v1/messages', { body: JSON.stringify({ ...sent, stream: false }) });
+    assert.equal(direct.status, 200, direct.text);
+    assert.equal(direct.json.content.filter((b) => b.type === 'text').map((b) => b.text).join(''), text);
+  });
+});
+
+// The user's last turn as text: Messages (a system message in `messages` is
+// part of it: anthropic.c) or Responses input items.
+function lastUserText(items, isUser) {
+  let i = items.length - 1;
+  while (i >= 0 && !isUser(items[i])) i--;
+  const c = items[i].content;
+  return typeof c === 'string' ? c : c.map((b) => b.text ?? '').join('\n\n');
+}
+
+test('claude -p with its full default prompt and tools: completes the turn', async (t) => {
+  await withServer(['-c', String(CTX)], copyDir, async (proxy) => {
+    const r = await claude(proxy.base, ['Reply with the last words of your context and nothing else.']);
+    assert.equal(r.code, 0, fail('claude', r, proxy));
+    const turns = proxy.exchanges.filter((x) => x.url.startsWith('/v1/messages'));
+    assert.ok(turns.length >= 1 && turns.every((x) => x.status === 200), fail('claude', r, proxy));
+    const last = turns[turns.length - 1], sent = JSON.parse(last.body);
+    assert.ok(sent.tools.length >= 5, `tools offered: ${sent.tools.length}`);
+    const text = streamedText(last);
+    assert.ok(text.length > 0);
+    assert.equal(r.stdout.trim(), text.trim());
+    const start = sseEvents(last.response)[0].data.message.usage;
+    t.diagnostic(`${turns.length} request(s), ${start.input_tokens} prompt tokens, ${sent.tools.length} tools; ` +
+      `printed ${JSON.stringify(r.stdout.trim())}`);
+    assert.ok(lastUserText(sent.messages, (m) => m.role !== 'assistant').endsWith(text), text);
+    const done = sseEvents(last.response).find((e) => e.event === 'message_delta');
+    assert.equal(done.data.delta.stop_reason, 'end_turn');
+  });
+});
+
+test('codex exec with a custom Responses provider, its full prompt and tools: completes the turn', async (t) => {
+  await withServer(['-c', String(CTX)], copyDir, async (proxy) => {
+    const env = agentEnv({ OSPREY_API_KEY: 'osprey-test-key' });
+    env.CODEX_HOME = path.join(env.HOME, '.codex');
+    fs.mkdirSync(env.CODEX_HOME);
+    fs.writeFileSync(path.join(env.CODEX_HOME, 'config.toml'), [
+      'model = "copy"',
+      'model_provider = "osprey"',
+      'check_for_update_on_startup = false',
+      '[model_providers.osprey]',
+      'name = "osprey"',
+      `base_url = "${proxy.base}/v1"`,
+      'wire_api = "responses"',
+      'env_key = "OSPREY_API_KEY"',
+      'request_max_retries = 0',
+      'stream_max_retries = 0',
+      '[analytics]',
+      'enabled = false',
+      '',
+    ].join('\n'));
+    const r = await runAgent(agentBin('codex'),
+      ['exec', '--skip-git-repo-check', '--sandbox', 'read-only', 'Reply with the last words of this sentence and nothing else.'], env);
+    assert.equal(r.code, 0, fail('codex', r, proxy));
+    const turns = proxy.exchanges.filter((x) => x.url === '/v1/responses');
+    assert.ok(turns.length >= 1 && turns.every((x) => x.status === 200), fail('codex', r, proxy));
+    const last = turns[turns.length - 1], sent = JSON.parse(last.body);
+    assert.equal(sent.stream, true);
+    assert.ok(sent.tools.length >= 5, `tools offered: ${sent.tools.length}`);
+    const events = sseEvents(last.response);
+    events.forEach((e, i) => assert.equal(e.data.sequence_number, i));
+    assert.equal(events[events.length - 1].data.type, 'response.completed');
+    const text = streamedText(last);
+    assert.ok(text.length > 0);
+    assert.equal(r.stdout.trim(), text.trim());
+    const usage = events[events.length - 1].data.response.usage;
+    t.diagnostic(`${turns.length} request(s), ${usage.input_tokens} prompt tokens, ${sent.tools.length} tools; ` +
+      `printed ${JSON.stringify(r.stdout.trim())}`);
+    const items = sent.input.filter((x) => x.type === 'message' || x.role);
+    assert.ok(lastUserText(items, (m) => m.role === 'user').endsWith(text), text);
+  });
+});

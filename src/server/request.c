@@ -307,8 +307,9 @@ static json_t *normalize_messages(const json_t *msgs, perr *e) {
                 return NULL;
             }
             json_object_set_new(nm, "content", json_string(""));
-        } else {
-            json_object_set_new(nm, "content", json_null());
+        } else { /* "", not null: Qwen 3's template tests '</think>' in content, an error on None (llama.cpp's
+                  * templates get the same polyfill); templates that test the content's truth see no difference */
+            json_object_set_new(nm, "content", json_string(""));
         }
         const char *key;
         json_t *v;

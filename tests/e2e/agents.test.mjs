@@ -174,6 +174,7 @@ test('claude -p with its full default prompt and tools: completes the turn', asy
     assert.equal(r.code, 0, fail('claude', r, proxy));
     const turns = proxy.exchanges.filter((x) => x.url.startsWith('/v1/messages'));
     assert.ok(turns.length >= 1 && turns.every((x) => x.status === 200), fail('claude', r, proxy));
+    assert.equal(turns.length, proxy.exchanges.length, 'only /v1/messages was asked');
     const last = turns[turns.length - 1], sent = JSON.parse(last.body);
     assert.ok(sent.tools.length >= 5, `tools offered: ${sent.tools.length}`);
     const text = streamedText(last);
@@ -188,31 +189,37 @@ test('claude -p with its full default prompt and tools: completes the turn', asy
   });
 });
 
+// codex exec with a custom provider: osprey (through the proxy) over the Responses API, no update check, no
+// analytics, no retries
+function codex(base, args) {
+  const env = agentEnv({ OSPREY_API_KEY: 'osprey-test-key' });
+  env.CODEX_HOME = path.join(env.HOME, '.codex');
+  fs.mkdirSync(env.CODEX_HOME);
+  fs.writeFileSync(path.join(env.CODEX_HOME, 'config.toml'), [
+    'model = "copy"',
+    'model_provider = "osprey"',
+    'check_for_update_on_startup = false',
+    '[model_providers.osprey]',
+    'name = "osprey"',
+    `base_url = "${base}/v1"`,
+    'wire_api = "responses"',
+    'env_key = "OSPREY_API_KEY"',
+    'request_max_retries = 0',
+    'stream_max_retries = 0',
+    '[analytics]',
+    'enabled = false',
+    '',
+  ].join('\n'));
+  return runAgent(agentBin('codex'), ['exec', '--skip-git-repo-check', ...args], env);
+}
+
 test('codex exec with a custom Responses provider, its full prompt and tools: completes the turn', async (t) => {
   await withServer(['-c', String(CTX)], copyDir, async (proxy) => {
-    const env = agentEnv({ OSPREY_API_KEY: 'osprey-test-key' });
-    env.CODEX_HOME = path.join(env.HOME, '.codex');
-    fs.mkdirSync(env.CODEX_HOME);
-    fs.writeFileSync(path.join(env.CODEX_HOME, 'config.toml'), [
-      'model = "copy"',
-      'model_provider = "osprey"',
-      'check_for_update_on_startup = false',
-      '[model_providers.osprey]',
-      'name = "osprey"',
-      `base_url = "${proxy.base}/v1"`,
-      'wire_api = "responses"',
-      'env_key = "OSPREY_API_KEY"',
-      'request_max_retries = 0',
-      'stream_max_retries = 0',
-      '[analytics]',
-      'enabled = false',
-      '',
-    ].join('\n'));
-    const r = await runAgent(agentBin('codex'),
-      ['exec', '--skip-git-repo-check', '--sandbox', 'read-only', 'Reply with the last words of this sentence and nothing else.'], env);
+    const r = await codex(proxy.base, ['--sandbox', 'read-only', 'Reply with the last words of this sentence and nothing else.']);
     assert.equal(r.code, 0, fail('codex', r, proxy));
     const turns = proxy.exchanges.filter((x) => x.url === '/v1/responses');
     assert.ok(turns.length >= 1 && turns.every((x) => x.status === 200), fail('codex', r, proxy));
+    assert.equal(turns.length, proxy.exchanges.length, 'only /v1/responses was asked');
     const last = turns[turns.length - 1], sent = JSON.parse(last.body);
     assert.equal(sent.stream, true);
     assert.ok(sent.tools.length >= 5, `tools offered: ${sent.tools.length}`);
@@ -228,4 +235,95 @@ test('codex exec with a custom Responses provider, its full prompt and tools: co
     const items = sent.input.filter((x) => x.type === 'message' || x.role);
     assert.ok(lastUserText(items, (m) => m.role === 'user').endsWith(text), text);
   });
+});
+
+// A copy model in its own folder (the Qwen 3 files of copyDir) whose copy period is d.
+function copyModelWithPeriod(d) {
+  const dir = fs.mkdtempSync(path.join(tmp, 'copy-'));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(copyDir, f), path.join(dir, f));
+  buildCopyModel(dir, { d, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, randn: fastRandn(7) });
+  return dir;
+}
+
+// The number of tokens of text in the Qwen 3 tokenizer.
+async function tokenCount(text) {
+  const srv = await startServer([], { model: copyDir });
+  try {
+    return (await raw(srv.base, '/tokenize', { body: JSON.stringify({ content: text }) })).json.tokens.length;
+  } finally {
+    assert.equal((await srv.stop()).code, 0);
+  }
+}
+
+// A tool call round trip: the user's turn ends with a Qwen 3 tool call, which a copy model of that call's length
+// answers; the agent runs it and sends its output back in a second request, whose reply is the output's last
+// tokens (its turn rendered as `<tool_response>\n...\n</tool_response>`). Returns the proxy's record.
+async function toolRoundTrip(run, name, args, t) {
+  const call = `<tool_call>\n{"name": "${name}", "arguments": ${JSON.stringify(args)}}\n</tool_call>`;
+  const dir = copyModelWithPeriod((await tokenCount(call)) + 5);
+  let rec;
+  await withServer(['-c', String(CTX)], dir, async (proxy) => {
+    const r = await run(proxy.base, `Run this:\n${call}`);
+    assert.equal(r.code, 0, fail(name, r, proxy));
+    rec = { r, turns: proxy.exchanges };
+    assert.ok(rec.turns.every((x) => /^\/v1\/(messages|responses)\b/.test(x.url)), fail(name, r, proxy));
+    assert.equal(rec.turns.length, 2, fail(name, r, proxy));
+    assert.ok(rec.turns.every((x) => x.status === 200), fail(name, r, proxy));
+    const text = streamedText(rec.turns[1]);
+    assert.ok(/30\n/.test(text), text); // the end of `seq 1 30`'s output
+    assert.equal(r.stdout.trim(), text.trim());
+    t.diagnostic(`printed ${JSON.stringify(r.stdout.trim())}`);
+  });
+  fs.rmSync(dir, { recursive: true, force: true });
+  return rec;
+}
+
+test('codex exec: a tool call round trip (exec_command, its output fed back)', async (t) => {
+  const { turns } = await toolRoundTrip((base, prompt) => codex(base, ['--dangerously-bypass-approvals-and-sandbox', prompt]),
+    'exec_command', { cmd: 'seq 1 30' }, t);
+  // the call, streamed: its arguments' deltas add up to what .done and the item carry
+  const ev = sseEvents(turns[0].response).map((e) => e.data);
+  const item = ev.find((e) => e.type === 'response.output_item.done' && e.item.type === 'function_call').item;
+  assert.equal(item.name, 'exec_command');
+  assert.deepEqual(JSON.parse(item.arguments), { cmd: 'seq 1 30' });
+  const deltas = ev.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join('');
+  assert.equal(deltas, item.arguments);
+  assert.equal(ev.find((e) => e.type === 'response.function_call_arguments.done').arguments, item.arguments);
+  // fed back: the call and its output, by call_id
+  const input = JSON.parse(turns[1].body).input;
+  const fc = input.find((x) => x.type === 'function_call'), out = input.find((x) => x.type === 'function_call_output');
+  assert.equal(fc.call_id, item.call_id);
+  assert.equal(out.call_id, item.call_id);
+  assert.match(typeof out.output === 'string' ? out.output : JSON.stringify(out.output), /29\n30/);
+});
+
+test('claude -p --bare: a tool call round trip (Bash, its result fed back)', async (t) => {
+  const { turns } = await toolRoundTrip((base, prompt) => claude(base, [prompt, '--bare', '--allowedTools', 'Bash']),
+    'Bash', { command: 'seq 1 30' }, t);
+  const ev = sseEvents(turns[0].response).map((e) => e.data);
+  const start = ev.find((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use');
+  assert.equal(start.content_block.name, 'Bash');
+  const json = ev.filter((e) => e.type === 'content_block_delta' && e.index === start.index).map((e) => e.delta.partial_json).join('');
+  assert.deepEqual(JSON.parse(json), { command: 'seq 1 30' });
+  assert.equal(ev.find((e) => e.type === 'message_delta').delta.stop_reason, 'tool_use');
+  const msgs = JSON.parse(turns[1].body).messages;
+  const result = msgs.flatMap((m) => (Array.isArray(m.content) ? m.content : [])).find((b) => b.type === 'tool_result');
+  assert.equal(result.tool_use_id, start.content_block.id);
+  assert.match(JSON.stringify(result.content), /29\\n30/);
+});
+
+test('an assistant turn of tool calls only (content null) renders through Qwen 3\'s template', async () => {
+  // the template tests '</think>' in the content: null was a 400 (a template error) on the second turn of both agents
+  const srv = await startServer([], { model: copyDir });
+  try {
+    const r = await raw(srv.base, '/apply-template', { body: JSON.stringify({ messages: [
+      { role: 'user', content: 'Run it.' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{"a":1}' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'done' },
+    ] }) });
+    assert.equal(r.status, 200, r.text);
+    assert.match(r.json.prompt, /<\|im_start\|>assistant\n<tool_call>\n\{"name": "f", "arguments": \{"a": ?1\}\}\n<\/tool_call>/);
+  } finally {
+    assert.equal((await srv.stop()).code, 0);
+  }
 });

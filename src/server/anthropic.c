@@ -512,7 +512,7 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
     }
     int status = 400;
     json_t *err = NULL;
-    srv_job *j = srv_parse_translated(s, chat, max_tokens, &status, &err);
+    srv_job *j = count_only ? srv_parse_count(s, chat, &status, &err) : srv_parse_translated(s, chat, max_tokens, &status, &err);
     if (!j) {
         const char *m = json_string_value(json_object_get(json_object_get(err, "error"), "message"));
         send_msg_error(s, c, status, m ? m : "invalid request");

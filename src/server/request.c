@@ -473,7 +473,9 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
     return j;
 }
 
-srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+/* count_only: the prompt is tokenized and counted, and may be longer than the
+ * context (a count, not a generation: count_tokens). */
+static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err) {
     perr e = {0};
     int32_t max_tokens;
     srv_job *j = begin_job(s, b, SRV_CHAT, &max_tokens, status, err);
@@ -533,8 +535,16 @@ srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
         return fail_job(j, &e, status, err);
     }
     j->n_prompt = (int32_t)n;
-    if (fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    if (!count_only && fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
     srv_make_id(j->id, sizeof j->id, "chatcmpl");
+    return j;
+}
+
+srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) { return parse_chat(s, b, 0, status, err); }
+
+srv_job *srv_parse_count(srv *s, json_t *chat, int *status, json_t **err) {
+    srv_job *j = parse_chat(s, chat, 1, status, err);
+    json_decref(chat);
     return j;
 }
 

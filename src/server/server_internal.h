@@ -250,6 +250,8 @@ srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **
 /* A chat body another API's route translated (taken): max_tokens > 0 is cut
  * to what the context leaves after the prompt, where the chat route refuses it. */
 srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err);
+/* A translated chat body (consumed) → a job only for its n_prompt, which may exceed the context (count_tokens). */
+srv_job *srv_parse_count(srv *s, json_t *chat, int *status, json_t **err);
 /* The chat template rendering of {messages, tools, ...} (for /apply-template). */
 json_t *srv_apply_template(srv *s, const json_t *body, int *status);
 

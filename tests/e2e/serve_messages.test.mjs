@@ -117,6 +117,13 @@ test('messages.countTokens: the prompt\'s tokens, no generation', async () => {
     model: 'fortune', system, messages: [...messages, { role: 'assistant', content: 'Soon.' }, { role: 'user', content: 'When?' }],
   });
   assert.ok(longer.input_tokens > n.input_tokens);
+  // a prompt longer than the context (2048) is counted, not refused: a count is no generation, and an agent asks
+  // it to learn how far over it is; a generation of it is still a 400
+  const huge = [{ role: 'user', content: 'Tell me a fortune. '.repeat(1500) }];
+  const over = await client.messages.countTokens({ model: 'fortune', system, messages: huge });
+  assert.ok(over.input_tokens > 2048, String(over.input_tokens));
+  await assert.rejects(client.messages.create(ask({ messages: huge })), (e) => e.status === 400 && /context/.test(e.message));
+  assert.equal((await raw(srv.base, '/health', { method: 'GET' })).status, 200);
 });
 
 test('stop_sequences: stop_reason stop_sequence, the text cut before it', async () => {
@@ -157,7 +164,7 @@ test('bad bodies: a 400 in Anthropic\'s error shape', async () => {
     assert.equal(r.json.error.type, 'invalid_request_error', body);
     assert.ok(r.json.error.message.includes(says), `${body}: ${r.json.error.message}`);
   }
-  await assert.rejects(client.messages.create(ask({ messages: [{ role: 'system', content: 'x' }] })),
+  await assert.rejects(client.messages.create(ask({ messages: [{ role: 'tool', content: 'x' }] })),
     (e) => e.status === 400 && e.error?.type === 'error' && e.error?.error?.type === 'invalid_request_error');
   const c = await raw(srv.base, '/v1/messages/count_tokens', { body: JSON.stringify({ messages: 'x' }) });
   assert.equal(c.status, 400);

@@ -13,6 +13,8 @@
  *                                          dropped (it changes per request and
  *                                          would defeat the prefix cache)
  *   user text / tool_result blocks      → user message / one tool message each
+ *   a system message among 'messages'   → user text where it stands
+ *                                          (consecutive user turns joined)
  *   assistant text / tool_use / thinking → content / tool_calls / reasoning_content
  *   tools {name, description, input_schema} → function tools
  *   tool_choice auto|any|tool|none      → auto|required|function|none

@@ -135,6 +135,15 @@ static void test_translate_refusals(void **st) {
     json_decref(c);
 }
 
+static void test_error_message(void **st) {
+    (void)st;
+    char buf[128];
+    assert_string_equal(srv_msg_error_message("the prompt has 5000 tokens; the context holds 2048", buf, sizeof buf),
+                        "prompt is too long: 5000 tokens > 2047 maximum");
+    assert_string_equal(srv_msg_error_message("the prompt is empty", buf, sizeof buf), "the prompt is empty");
+    assert_null(srv_msg_error_message(NULL, buf, sizeof buf));
+}
+
 static void test_stop(void **st) {
     (void)st;
     const char *stops[] = {"abc", "ab", "zz"};
@@ -228,7 +237,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_translate_conversation),
         cmocka_unit_test(test_translate_system_message), cmocka_unit_test(test_translate_tools),
-        cmocka_unit_test(test_translate_refusals),     cmocka_unit_test(test_stop),
+        cmocka_unit_test(test_translate_refusals),     cmocka_unit_test(test_stop), cmocka_unit_test(test_error_message),
         cmocka_unit_test(test_body),                   cmocka_unit_test(test_sse),
         cmocka_unit_test(test_errors),
     };

@@ -342,6 +342,15 @@ json_t *srv_msg_error_json(int status, const char *message) {
     return o;
 }
 
+const char *srv_msg_error_message(const char *m, char *buf, size_t cap) {
+    int n = 0, ctx = 0;
+    if (m && sscanf(m, "the prompt has %d tokens; the context holds %d", &n, &ctx) == 2 && ctx > 0) {
+        snprintf(buf, cap, "prompt is too long: %d tokens > %d maximum", n, ctx - 1); /* one is left to generate */
+        return buf;
+    }
+    return m;
+}
+
 /* ---- results ---- */
 
 const char *srv_msg_matched_stop(const char *const *stops, int n, const char *raw, size_t raw_len, size_t emitted) {
@@ -514,7 +523,9 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
     json_t *err = NULL;
     srv_job *j = count_only ? srv_parse_count(s, chat, &status, &err) : srv_parse_translated(s, chat, max_tokens, &status, &err);
     if (!j) {
-        const char *m = json_string_value(json_object_get(json_object_get(err, "error"), "message"));
+        char buf[128];
+        const char *m = srv_msg_error_message(
+            json_string_value(json_object_get(json_object_get(err, "error"), "message")), buf, sizeof buf);
         send_msg_error(s, c, status, m ? m : "invalid request");
         json_decref(err);
         return;

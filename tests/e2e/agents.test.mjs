@@ -159,6 +159,16 @@ test('claude -p, a short --system-prompt and no tools, on the bundled model: pri
   });
 });
 
+test('claude -p with its full prompt on the bundled model (2,048 tokens): Claude Code\'s own "Prompt is too long"', async () => {
+  await withServer([], undefined, async (proxy) => {
+    const r = await claude(proxy.base, ['Say hi.']);
+    // the 400 in Anthropic's words ("prompt is too long: N tokens > M maximum"), which Claude Code parses
+    assert.notEqual(r.code, 0);
+    assert.match(r.stdout + r.stderr, /Prompt is too long.*limit 2047/, fail('claude', r, proxy));
+    assert.ok(proxy.exchanges.length >= 1 && proxy.exchanges.every((x) => x.status === 400));
+  });
+});
+
 // The user's last turn as text: Messages (a system message in `messages` is
 // part of it: anthropic.c) or Responses input items.
 function lastUserText(items, isUser) {

@@ -122,7 +122,9 @@ test('messages.countTokens: the prompt\'s tokens, no generation', async () => {
   const huge = [{ role: 'user', content: 'Tell me a fortune. '.repeat(1500) }];
   const over = await client.messages.countTokens({ model: 'fortune', system, messages: huge });
   assert.ok(over.input_tokens > 2048, String(over.input_tokens));
-  await assert.rejects(client.messages.create(ask({ messages: huge })), (e) => e.status === 400 && /context/.test(e.message));
+  // in Anthropic's words, which Claude Code parses
+  await assert.rejects(client.messages.create(ask({ messages: huge })), (e) => e.status === 400 &&
+    e.error?.error?.message === `prompt is too long: ${over.input_tokens} tokens > 2047 maximum`);
   assert.equal((await raw(srv.base, '/health', { method: 'GET' })).status, 200);
 });
 

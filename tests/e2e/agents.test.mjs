@@ -265,11 +265,12 @@ async function tokenCount(text) {
   }
 }
 
-// A tool call round trip: the user's turn ends with a Qwen 3 tool call, which a copy model of that call's length
-// answers; the agent runs it and sends its output back in a second request, whose reply is the output's last
+// A tool call round trip: the user's turn ends with a Qwen 3 thought and tool call, which a copy model of their
+// length answers (reasoning, then the call); the agent runs it and sends its output back in a second request, whose reply is the output's last
 // tokens (its turn rendered as `<tool_response>\n...\n</tool_response>`). Returns the proxy's record.
-async function toolRoundTrip(run, name, args, t) {
-  const call = `<tool_call>\n{"name": "${name}", "arguments": ${JSON.stringify(args)}}\n</tool_call>`;
+const THOUGHT = 'The user wants seq run.';
+async function toolRoundTrip(run, name, args, t, lead = `<think>\n${THOUGHT}\n</think>\n\n`) {
+  const call = `${lead}<tool_call>\n{"name": "${name}", "arguments": ${JSON.stringify(args)}}\n</tool_call>`;
   const dir = copyModelWithPeriod((await tokenCount(call)) + 5);
   let rec;
   await withServer(['-c', String(CTX)], dir, async (proxy) => {
@@ -288,7 +289,7 @@ async function toolRoundTrip(run, name, args, t) {
   return rec;
 }
 
-test('codex exec: a tool call round trip (exec_command, its output fed back)', async (t) => {
+test('codex exec: a tool call round trip (reasoning, exec_command, its output and the reasoning fed back)', async (t) => {
   const { turns } = await toolRoundTrip((base, prompt) => codex(base, ['--dangerously-bypass-approvals-and-sandbox', prompt]),
     'exec_command', { cmd: 'seq 1 30' }, t);
   // the call, streamed: its arguments' deltas add up to what .done and the item carry
@@ -299,15 +300,18 @@ test('codex exec: a tool call round trip (exec_command, its output fed back)', a
   const deltas = ev.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join('');
   assert.equal(deltas, item.arguments);
   assert.equal(ev.find((e) => e.type === 'response.function_call_arguments.done').arguments, item.arguments);
-  // fed back: the call and its output, by call_id
+  assert.equal(ev.find((e) => e.type === 'response.output_item.done' && e.item.type === 'reasoning').item.content[0].text,
+    THOUGHT);
+  // fed back: the reasoning, the call and its output, by call_id
   const input = JSON.parse(turns[1].body).input;
+  assert.equal(input.find((x) => x.type === 'reasoning').content[0].text, THOUGHT);
   const fc = input.find((x) => x.type === 'function_call'), out = input.find((x) => x.type === 'function_call_output');
   assert.equal(fc.call_id, item.call_id);
   assert.equal(out.call_id, item.call_id);
   assert.match(typeof out.output === 'string' ? out.output : JSON.stringify(out.output), /29\n30/);
 });
 
-test('claude -p --bare: a tool call round trip (Bash, its result fed back)', async (t) => {
+test('claude -p --bare: a tool call round trip (thinking, Bash, its result and the thinking fed back)', async (t) => {
   const { turns } = await toolRoundTrip((base, prompt) => claude(base, [prompt, '--bare', '--allowedTools', 'Bash']),
     'Bash', { command: 'seq 1 30' }, t);
   const ev = sseEvents(turns[0].response).map((e) => e.data);
@@ -316,7 +320,12 @@ test('claude -p --bare: a tool call round trip (Bash, its result fed back)', asy
   const json = ev.filter((e) => e.type === 'content_block_delta' && e.index === start.index).map((e) => e.delta.partial_json).join('');
   assert.deepEqual(JSON.parse(json), { command: 'seq 1 30' });
   assert.equal(ev.find((e) => e.type === 'message_delta').delta.stop_reason, 'tool_use');
+  const thinking = ev.filter((e) => e.type === 'content_block_delta' && e.delta.type === 'thinking_delta');
+  assert.equal(thinking.map((e) => e.delta.thinking).join(''), THOUGHT);
   const msgs = JSON.parse(turns[1].body).messages;
+  // replayed: the thinking block with its signature, the call, its result by id
+  const back = msgs.flatMap((m) => (Array.isArray(m.content) ? m.content : []));
+  assert.equal(back.find((b) => b.type === 'thinking').thinking, THOUGHT);
   const result = msgs.flatMap((m) => (Array.isArray(m.content) ? m.content : [])).find((b) => b.type === 'tool_result');
   assert.equal(result.tool_use_id, start.content_block.id);
   assert.match(JSON.stringify(result.content), /29\\n30/);
@@ -337,3 +346,4 @@ test('an assistant turn of tool calls only (content null) renders through Qwen 3
     assert.equal((await srv.stop()).code, 0);
   }
 });
+

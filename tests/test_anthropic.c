@@ -107,6 +107,8 @@ static void test_translate_refusals(void **st) {
         {"{\"max_tokens\":1,\"frequency_penalty\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
          "unknown field 'frequency_penalty'"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "'role'"},
+        {"{\"max_tokens\":1,\"system\":\"s\",\"messages\":[{\"role\":\"system\",\"content\":[]}]}",
+         "nothing but empty system messages"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"system\",\"content\":[{\"type\":\"image\"}]}]}",
          "messages[0].content[0] must be a text block"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}",

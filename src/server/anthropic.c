@@ -295,7 +295,9 @@ static int translate(const json_t *body, int count_only, json_t *chat, int32_t *
     if (!json_is_array(v) || !json_array_size(v)) MFAIL(e, "'messages' must be a non-empty list");
     size_t i;
     json_t *m;
+    size_t before = json_array_size(msgs);
     json_array_foreach(v, i, m) if (one_message(m, i, msgs, e)) return -1;
+    if (json_array_size(msgs) == before) MFAIL(e, "'messages' holds nothing but empty system messages");
     if ((v = get(body, "tools")) && tools_of(v, chat, e)) return -1;
     if ((v = get(body, "tool_choice")) && tool_choice_of(v, chat, e)) return -1;
     if ((v = get(body, "stop_sequences"))) {

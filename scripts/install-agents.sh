@@ -16,6 +16,7 @@ while read -r spec bin; do
   dest="$dir/$(printf %s "$spec" | tr / +)"
   [ -f "$dest/.complete" ] && continue
   tmp=$(mktemp -d "$dir/.install.XXXXXX")
+  trap 'rm -rf "$tmp" "$tmp.log"' EXIT INT TERM # an interrupted install leaves nothing
   chmod 755 "$tmp"
   echo "install-agents: $spec -> $dest"
   if ! npm install --prefix "$tmp" --no-audit --no-fund --no-save --loglevel=error "$spec" >"$tmp.log" 2>&1; then
@@ -32,6 +33,7 @@ while read -r spec bin; do
     exit 1
   fi
   touch "$tmp/.complete"
-  rm -rf "$dest"
-  mv "$tmp" "$dest"
+  [ -f "$dest/.complete" ] || rm -rf "$dest" # a leftover, unless another run finished meanwhile
+  # -T: never into a folder another run put there meanwhile; theirs is as good
+  mv -T "$tmp" "$dest" 2>/dev/null || [ -f "$dest/.complete" ] || { echo "install-agents: cannot create $dest" >&2; exit 1; }
 done

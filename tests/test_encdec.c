@@ -188,6 +188,50 @@ static void test_full_attention(void **state) {
     be->free(dq), be->free(dk), be->free(dv), be->free(kh), be->free(vt), be->free(dout), be->free(dsc);
 }
 
+/* The production path (set_fast; on a GPU the tensor-core kernel, bf16 operands): 70 queries (past a block of 64)
+ * over 300 keys (past one split of 256, the last tile part-filled), heads of 16 and 64, within bf16's error of
+ * the double reference; and one query alone gives its row of the 70 bitwise (batch invariance). */
+static void test_full_attention_fast(void **state) {
+    (void)state;
+    enum { N = 70, Sk = 300, H = 2 };
+    be->set_fast(S, 1);
+    for (int variant = 0; variant < 2; variant++) {
+        const int Hd = variant ? 64 : 16, LD = H * Hd;
+        float *q = rnd(N * LD, 0.5f), *k = rnd(Sk * LD, 0.5f), *v = rnd(Sk * LD, 1);
+        osp_dbuf *dq = up(q, N * LD), *dk = up(k, Sk * LD), *dv = up(v, Sk * LD);
+        osp_dbuf *kh = be->alloc(Sk * LD), *vt = be->alloc(Sk * LD), *dout = be->alloc(N * LD);
+        osp_dbuf *d1 = be->alloc(LD);
+        be->begin_chunk(S, 1, N);
+        be->pack_kv(S, kh, vt, dk, dv, Sk, LD, H, Hd);
+        osp_full_attn_args a = {.q = dq, .kh = kh, .vt = vt, .out = dout, .n = N, .S = Sk, .ld = LD, .heads = H, .hd = Hd};
+        be->full_attention(S, &a);
+        osp_full_attn_args a1 = a;
+        a1.q = osp_dbuf_at(dq, 37 * LD), a1.out = d1, a1.n = 1;
+        be->full_attention(S, &a1);
+        float *out = down(dout, N * LD), *one = down(d1, LD);
+        assert_memory_equal(one, out + 37 * LD, sizeof(float) * LD);
+        double p[Sk];
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < N; i++) {
+                for (int j = 0; j < Sk; j++) {
+                    p[j] = 0;
+                    for (int e = 0; e < Hd; e++) p[j] += (double)q[i * LD + h * Hd + e] * k[j * LD + h * Hd + e];
+                }
+                softmax_d(p, Sk);
+                for (int e = 0; e < Hd; e++) {
+                    double ref = 0;
+                    for (int j = 0; j < Sk; j++) ref += p[j] * v[j * LD + h * Hd + e];
+                    if (!(fabs(out[i * LD + h * Hd + e] - ref) <= 1e-2))
+                        fail_msg("fast full_attention (hd %d) at %d: %.6g vs %.6g", Hd, i * LD + h * Hd + e,
+                                 out[i * LD + h * Hd + e], ref);
+                }
+            }
+        free(q), free(k), free(v), free(out), free(one);
+        be->free(dq), be->free(dk), be->free(dv), be->free(kh), be->free(vt), be->free(dout), be->free(d1);
+    }
+    be->set_fast(S, 0);
+}
+
 /* 2 rows of a 12-position cache: row 1 filled to 6 by a chunk, then a step of both rows (row 0 at 0) */
 static void test_rows_attention(void **state) {
     (void)state;
@@ -251,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_im2col),
         cmocka_unit_test(test_full_attention),
+        cmocka_unit_test(test_full_attention_fast),
         cmocka_unit_test(test_rows_attention),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

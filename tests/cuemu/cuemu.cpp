@@ -114,6 +114,8 @@ struct warp_state {
     unsigned mask;
     uint64_t gen;
     uint64_t xch[2][32];
+    unsigned given[2]; // the lanes that gave a value to a shuffle, by generation (a lane may return before the
+                       // others read what it gave)
     mma_in mma[2][32];
     float d[2][16][8]; // an mma's results, by generation
     uint64_t d_gen;    // 1 + the generation whose results d holds
@@ -268,10 +270,12 @@ void sync_warp(unsigned mask) { warp_meet(mask, AT_SYNCWARP); }
 uint64_t shfl_bits(unsigned mask, uint64_t v, int src) {
     thread_state *t = self;
     warp_state &w = R.warps[t->warp];
+    if (w.arrived == 0) w.given[w.gen & 1] = 0;
     w.xch[w.gen & 1][t->lane] = v;
+    w.given[w.gen & 1] |= 1u << t->lane;
     const uint64_t g = warp_meet(mask, AT_SHFL);
     if (src < 0) return v;
-    if (!(mask >> src & 1) || !(w.live >> src & 1)) return 0x7fc000007fc00000ull; // a lane that gave nothing: NaN
+    if (!(mask >> src & 1) || !(w.given[g & 1] >> src & 1)) return 0x7fc000007fc00000ull; // a lane that gave nothing: NaN
     return w.xch[g & 1][src];
 }
 

@@ -84,19 +84,39 @@ static void pack_kv(osp_be_session *s, osp_dbuf *kh, osp_dbuf *vt, const osp_dbu
     SUBMIT(s, pack_exec, a);
 }
 
+typedef struct fatt_args {
+    osp_full_attn_args a;
+    int32_t flash; /* the production path's tensor-core kernel */
+} fatt_args;
+
 static void fatt_exec(osp_be_session *s, const void *p) {
-    const osp_full_attn_args *a = p;
+    const fatt_args *f = p;
+    const osp_full_attn_args *a = &f->a;
+    if (f->flash) {
+        const int64_t need = osp_cu_flash_scratch(a->n, a->S, a->ld, a->heads);
+        if (!osp_cu_grow(s, (void **)&s->part, &s->part_cap, (size_t)need, sizeof(float))) {
+            osp_cu_note(s, cudaErrorMemoryAllocation, "full attention scratch");
+            return;
+        }
+        osp_cu_note(s, osp_cu_flash_attention(s->st, CD(a->q), CD(a->kh), CD(a->vt), D(a->out), s->part, a->n, a->S,
+                                              a->ld, a->heads, a->hd),
+                    "full attention (tensor cores)");
+        return;
+    }
     osp_cu_note(s, osp_cu_full_attention(s->st, CD(a->q), CD(a->kh), CD(a->vt), D(a->out), a->n, a->S, a->ld,
                                          a->heads, a->hd),
                 "full attention");
 }
 
+/* production precision: the tensor-core kernel (bf16 operands) where the head size allows; reference: f32 */
 static void full_attention(osp_be_session *s, const osp_full_attn_args *in) {
     osp_cu_flush(s);
-    ARGS(osp_full_attn_args, a);
-    a.q = in->q, a.kh = in->kh, a.vt = in->vt, a.out = in->out, a.n = in->n, a.S = in->S, a.ld = in->ld;
-    a.heads = in->heads, a.hd = in->hd;
-    SUBMIT(s, fatt_exec, a);
+    ARGS(fatt_args, f);
+    osp_full_attn_args *a = &f.a;
+    a->q = in->q, a->kh = in->kh, a->vt = in->vt, a->out = in->out, a->n = in->n, a->S = in->S, a->ld = in->ld;
+    a->heads = in->heads, a->hd = in->hd;
+    f.flash = s->fast && osp_cu_flash_ok(in->hd);
+    SUBMIT(s, fatt_exec, f);
 }
 
 typedef struct scores_args {

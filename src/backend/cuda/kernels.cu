@@ -8,6 +8,7 @@
 #include <utility>
 #include "kernels.h"
 #include "launch.cuh"
+#include "mma.cuh"
 
 #define WARP 32
 
@@ -19,16 +20,6 @@ static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + p
 template <typename... K, typename... A>
 static void launch(void (*k)(K...), dim3 grid, dim3 block, size_t shm, osp_cu_stream st, A &&...args) {
     osp_cu_launch(k, grid, block, shm, (cudaStream_t)st, 0, std::forward<A>(args)...);
-}
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
-// round to nearest even; NaN stays NaN (tensor.h's osp_f32_to_bf16)
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
 }
 
 __device__ __forceinline__ float load_float(const void *p, int dt, int64_t i) {
@@ -497,29 +488,6 @@ struct tc_set {
 template <bool CG>
 __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
                                            int add_one, float *sh, int nth, uint16_t *yb = nullptr);
-
-// two floats as a bf16 pair (round to nearest even), lo in the low half
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-#ifdef OSP_CUEMU
-    return (uint32_t)f32_to_bf16(lo) | (uint32_t)f32_to_bf16(hi) << 16;
-#else
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-#endif
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-#ifdef OSP_CUEMU
-    osp_cuemu::mma_m16n8k16_bf16(c, a0, a1, a2, a3, b0, b1);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 
 // fma.rn.bf16x2: a * b + c for each half, rounded once to bf16
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {

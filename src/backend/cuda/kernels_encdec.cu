@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include "kernels.h"
 #include "launch.cuh"
+#include "mma.cuh"
 
 #define EW 256   // threads of the element-wise kernels
 #define AT 128   // threads of the attention kernels
@@ -206,6 +207,157 @@ extern "C" int osp_cu_full_attention(osp_cu_stream st, const float *q, const flo
         if (e) return e;
     }
     if (n > 0) launch(full_attn_kernel, dim3(blocks_for(n, FQ), (unsigned)heads), AT, (size_t)smem, st, q, kh, vt, out, n, S, ld, hd);
+    return launch_status();
+}
+
+// ---- the production path's full attention on the tensor cores ----
+//
+// A block of 4 warps takes 64 queries (16 a warp) of one head over one range of FK keys (a split), in tiles of 64
+// keys staged in shared memory as bf16 (K as [key][e], V as [e][key], each row padded by 8 so that a quad's
+// fragment loads fall in distinct banks). Q·Kᵀ and P·V are mma.sync m16n8k16 (bf16 operands, f32 sums), with
+// the softmax online (a running max and sum per row, f32). Each split writes its rows' unnormalized output and
+// their max and sum; fa_combine_kernel merges the splits in order. The splits are fixed ranges of FK keys, so
+// a query's numbers depend on its own row and the keys alone, never on how many queries share the call.
+
+#define FB 64                       // queries a block, keys a tile
+#define FK 256                      // keys a split
+#define FT 128                      // threads a block
+
+template <int HD>
+__global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const float *kh, const float *vt, float *part,
+                                                        float *ml, int64_t n, int64_t S, int64_t ld) {
+    constexpr int KP = HD + 8, VP = FB + 8;
+    __shared__ uint4 ks4[FB * KP / 8], vs4[HD * VP / 8]; // (uint4: 16-byte aligned)
+    uint16_t *ks = (uint16_t *)ks4, *vs = (uint16_t *)vs4;  // [key][e], [e][key]
+    const int h = blockIdx.y, split = blockIdx.z, heads = gridDim.y;
+    const int64_t i0 = (int64_t)blockIdx.x * FB, j_lo = (int64_t)split * FK;
+    const int64_t j_hi = S < j_lo + FK ? S : j_lo + FK;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float *K = kh + (int64_t)h * S * HD, *Vt = vt + (int64_t)h * HD * S;
+    const int64_t r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    uint32_t qa[HD / 16][4];
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const int64_t c = (int64_t)h * HD + kk * 16 + 2 * t;
+        const float2 z = make_float2(0.0f, 0.0f);
+        const float2 x0 = r0 < n ? *(const float2 *)(q + r0 * ld + c) : z;
+        const float2 x1 = r1 < n ? *(const float2 *)(q + r1 * ld + c) : z;
+        const float2 x2 = r0 < n ? *(const float2 *)(q + r0 * ld + c + 8) : z;
+        const float2 x3 = r1 < n ? *(const float2 *)(q + r1 * ld + c + 8) : z;
+        qa[kk][0] = bf16x2(x0.x, x0.y), qa[kk][1] = bf16x2(x1.x, x1.y);
+        qa[kk][2] = bf16x2(x2.x, x2.y), qa[kk][3] = bf16x2(x3.x, x3.y);
+    }
+    float o[HD / 8][4];
+    for (int e = 0; e < HD / 8; e++) o[e][0] = o[e][1] = o[e][2] = o[e][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += FB) {
+        __syncthreads(); // the previous tile's reads are done
+        for (int i = threadIdx.x; i < FB * HD / 4; i += FT) {
+            const int key = i / (HD / 4), e = (i % (HD / 4)) * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j0 + key < j_hi) v = *(const float4 *)(K + (j0 + key) * HD + e);
+            uint32_t *d = (uint32_t *)(ks + key * KP + e);
+            d[0] = bf16x2(v.x, v.y), d[1] = bf16x2(v.z, v.w);
+        }
+        for (int i = threadIdx.x; i < HD * FB / 2; i += FT) {
+            const int e = i / (FB / 2), j = (i % (FB / 2)) * 2;
+            const float *src = Vt + (int64_t)e * S + j0 + j;
+            const float a = j0 + j < j_hi ? src[0] : 0.0f, b = j0 + j + 1 < j_hi ? src[1] : 0.0f;
+            *(uint32_t *)(vs + e * VP + j) = bf16x2(a, b);
+        }
+        __syncthreads();
+        float sc[FB / 8][4];
+        for (int nt = 0; nt < FB / 8; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const uint16_t *kr = ks + (nt * 8 + g) * KP + 2 * t;
+            for (int kk = 0; kk < HD / 16; kk++)
+                mma_bf16(sc[nt], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], *(const uint32_t *)(kr + kk * 16),
+                         *(const uint32_t *)(kr + kk * 16 + 8));
+        }
+        float mx0 = m0, mx1 = m1;
+        for (int nt = 0; nt < FB / 8; nt++)
+            for (int c = 0; c < 2; c++) {
+                if (j0 + nt * 8 + 2 * t + c >= j_hi) sc[nt][c] = sc[nt][2 + c] = -INFINITY;
+                mx0 = fmaxf(mx0, sc[nt][c]), mx1 = fmaxf(mx1, sc[nt][2 + c]);
+            }
+        for (int off = 1; off < 4; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float a0 = expf(m0 - mx0), a1 = expf(m1 - mx1); // 0 on the first tile (m = -inf)
+        l0 *= a0, l1 *= a1;
+        for (int e = 0; e < HD / 8; e++) o[e][0] *= a0, o[e][1] *= a0, o[e][2] *= a1, o[e][3] *= a1;
+        for (int nt = 0; nt < FB / 8; nt++) {
+            sc[nt][0] = expf(sc[nt][0] - mx0), sc[nt][1] = expf(sc[nt][1] - mx0);
+            sc[nt][2] = expf(sc[nt][2] - mx1), sc[nt][3] = expf(sc[nt][3] - mx1);
+            l0 += sc[nt][0] + sc[nt][1], l1 += sc[nt][2] + sc[nt][3];
+        }
+        m0 = mx0, m1 = mx1;
+        for (int kt = 0; kt < FB / 16; kt++) {
+            const uint32_t p0 = bf16x2(sc[2 * kt][0], sc[2 * kt][1]), p1 = bf16x2(sc[2 * kt][2], sc[2 * kt][3]);
+            const uint32_t p2 = bf16x2(sc[2 * kt + 1][0], sc[2 * kt + 1][1]);
+            const uint32_t p3 = bf16x2(sc[2 * kt + 1][2], sc[2 * kt + 1][3]);
+            for (int e = 0; e < HD / 8; e++) {
+                const uint16_t *vr = vs + (e * 8 + g) * VP + kt * 16 + 2 * t;
+                mma_bf16(o[e], p0, p1, p2, p3, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    // the split's rows: part [split][n][ld] (unnormalized), ml [split][n][heads][2] (max, sum)
+    float *pb = part + (int64_t)split * n * ld + (int64_t)h * HD + 2 * t;
+    for (int e = 0; e < HD / 8; e++) {
+        if (r0 < n) *(float2 *)(pb + r0 * ld + e * 8) = make_float2(o[e][0], o[e][1]);
+        if (r1 < n) *(float2 *)(pb + r1 * ld + e * 8) = make_float2(o[e][2], o[e][3]);
+    }
+    if (t == 0) {
+        float *mb = ml + ((int64_t)split * n * heads + h) * 2;
+        if (r0 < n) mb[r0 * heads * 2] = m0, mb[r0 * heads * 2 + 1] = l0;
+        if (r1 < n) mb[r1 * heads * 2] = m1, mb[r1 * heads * 2 + 1] = l1;
+    }
+}
+
+// out[i, h·hd + e] = Σ_s exp(m_s - M) part_s / Σ_s exp(m_s - M) l_s, the splits in order (M their max)
+__global__ void fa_combine_kernel(float *out, const float *part, const float *ml, int64_t n, int64_t ld, int heads,
+                                  int hd, int splits) {
+    const int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (x >= n * ld) return;
+    const int64_t i = x / ld, c = x % ld, h = c / hd;
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, ml[(((int64_t)s * n + i) * heads + h) * 2]);
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        const float *m = ml + (((int64_t)s * n + i) * heads + h) * 2;
+        const float w = expf(m[0] - M);
+        num += w * part[((int64_t)s * n + i) * ld + c];
+        den += w * m[1];
+    }
+    out[x] = num / den;
+}
+
+extern "C" int osp_cu_flash_ok(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
+
+extern "C" int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int heads) {
+    const int64_t splits = (S + FK - 1) / FK;
+    return splits * n * (ld + 2 * heads);
+}
+
+extern "C" int osp_cu_flash_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out,
+                                      float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd) {
+    if (n <= 0 || S <= 0) return launch_status();
+    const int splits = (int)((S + FK - 1) / FK);
+    float *part = scratch, *ml = scratch + (int64_t)splits * n * ld;
+    const dim3 grid(blocks_for(n, FB), (unsigned)heads, (unsigned)splits);
+    switch (hd) {
+    case 16: launch(flash_attn_kernel<16>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
+    case 32: launch(flash_attn_kernel<32>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
+    case 64: launch(flash_attn_kernel<64>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
+    case 128: launch(flash_attn_kernel<128>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    launch(fa_combine_kernel, blocks_for(n * ld, EW), EW, 0, st, out, part, ml, n, ld, heads, hd, splits);
     return launch_status();
 }
 

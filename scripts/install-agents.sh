@@ -35,5 +35,8 @@ while read -r spec bin; do
   touch "$tmp/.complete"
   [ -f "$dest/.complete" ] || rm -rf "$dest" # a leftover, unless another run finished meanwhile
   # -T: never into a folder another run put there meanwhile; theirs is as good
-  mv -T "$tmp" "$dest" 2>/dev/null || [ -f "$dest/.complete" ] || { echo "install-agents: cannot create $dest" >&2; exit 1; }
+  if ! mv -T "$tmp" "$dest" 2>/dev/null; then
+    rm -rf "$tmp"
+    [ -f "$dest/.complete" ] || { echo "install-agents: cannot create $dest" >&2; exit 1; }
+  fi
 done

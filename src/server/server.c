@@ -14,7 +14,7 @@ void osp_serve_config_defaults(osp_serve_config *c) {
     memset(c, 0, sizeof *c);
     c->host = "127.0.0.1";
     c->port = 8080;
-    c->max_tokens = 512;
+    c->max_tokens = 0; /* not given: 512 on the chat and completions routes, the context's rest on /v1/responses */
     c->temp = c->top_p = c->min_p = -1;
     c->top_k = -1;
     c->allowed_origins = "*";

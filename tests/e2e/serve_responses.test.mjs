@@ -9,7 +9,8 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { startServer, raw } from './harness.mjs';
-import { withCopyModel } from './copy_model.mjs';
+import fs from 'node:fs';
+import { withCopyModel, copyModelDir, buildCopyModel } from './copy_model.mjs';
 
 let srv, client;
 
@@ -305,4 +306,26 @@ test('reasoning: an item with its content and summary, streamed and not; replaye
       { role: 'user', content: text }] });
     assert.equal(replay.object, 'response');
   });
+});
+
+test('no max_output_tokens: the reply runs to what the context leaves (Codex sends none), or to --max-tokens', async () => {
+  // a copy model of period 3 repeats the prompt's last 3 tokens (no end of turn among them) for ever
+  const { dir, shape } = copyModelDir();
+  try {
+    buildCopyModel(dir, { d: 3, ...shape });
+    for (const [args, want] of [[['-c', '768'], (r) => 768 - r.usage.input_tokens], [['-c', '768', '--max-tokens', '40'], () => 40]]) {
+      const s = await startServer(args, { model: dir });
+      try {
+        const c = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+        const r = await c.responses.create({ model: 'copy', input: 'Go on.' });
+        assert.equal(r.status, 'incomplete');
+        assert.equal(r.incomplete_details.reason, 'max_output_tokens');
+        assert.equal(r.usage.output_tokens, want(r));
+      } finally {
+        assert.equal((await s.stop()).code, 0);
+      }
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

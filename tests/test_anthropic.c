@@ -96,6 +96,14 @@ static void test_translate_tools(void **st) {
            "\"tool_choice\":{\"type\":\"any\"}}", 0, NULL, msg);
     assert_json(json_object_get(c, "tool_choice"), "\"required\"");
     json_decref(c);
+    /* Claude Code's DeferredToolPlaceholder: a deferred tool stays out of the prompt */
+    c = tr("{\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"w\"},"
+           "{\"name\":\"P\",\"input_schema\":{\"type\":\"object\"},\"defer_loading\":true},"
+           "{\"name\":\"v\",\"defer_loading\":false}]}", 0, NULL, msg);
+    assert_json(json_object_get(c, "tools"), "[{\"type\":\"function\",\"function\":{\"name\":\"w\",\"parameters\":"
+                                             "{\"type\":\"object\"}}},{\"type\":\"function\",\"function\":{\"name\":"
+                                             "\"v\",\"parameters\":{\"type\":\"object\"}}}]");
+    json_decref(c);
 }
 
 static void test_translate_refusals(void **st) {
@@ -118,6 +126,8 @@ static void test_translate_refusals(void **st) {
          "\"name\":\"b\"}]}]}", "'tool_use' is not supported"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":"
          "\"web_search_20250305\",\"name\":\"s\"}]}", "not supported"},
+        {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"s\","
+         "\"defer_loading\":1}]}", "'defer_loading' must be a boolean"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"tool\"}}",
          "needs a string 'name'"},
         {"{\"max_tokens\":1,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"thinking\":{\"type\":\"on\"}}",

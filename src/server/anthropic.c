@@ -207,6 +207,9 @@ static int tools_of(const json_t *tools, json_t *chat, merr *e) {
         if (!json_is_string(n)) MFAIL(e, "tools[%zu] needs a string 'name'", i);
         if (d && !json_is_string(d)) MFAIL(e, "tools[%zu]: 'description' must be a string", i);
         if (sch && !json_is_object(sch)) MFAIL(e, "tools[%zu]: 'input_schema' must be an object", i);
+        json_t *dl = get(t, "defer_loading");
+        if (dl && !json_is_boolean(dl)) MFAIL(e, "tools[%zu]: 'defer_loading' must be a boolean", i);
+        if (json_is_true(dl)) continue; /* kept out of the context until a tool search loads it, as the API does */
         json_t *f = json_object();
         json_object_set(f, "name", n);
         if (d) json_object_set(f, "description", d);

@@ -117,6 +117,12 @@ test('messages.countTokens: the prompt\'s tokens, no generation', async () => {
     model: 'fortune', system, messages: [...messages, { role: 'assistant', content: 'Soon.' }, { role: 'user', content: 'When?' }],
   });
   assert.ok(longer.input_tokens > n.input_tokens);
+  // a deferred tool (Claude Code's DeferredToolPlaceholder) stays out of the prompt
+  const tool = { name: 'w', description: 'Weather.', input_schema: { type: 'object', properties: {} } };
+  const one = await client.messages.countTokens({ model: 'fortune', system, messages, tools: [tool] });
+  const two = await client.messages.countTokens({ model: 'fortune', system, messages,
+    tools: [tool, { ...tool, name: 'later', defer_loading: true }] });
+  assert.equal(two.input_tokens, one.input_tokens);
   // a prompt longer than the context (2048) is counted, not refused: a count is no generation, and an agent asks
   // it to learn how far over it is; a generation of it is still a 400
   const huge = [{ role: 'user', content: 'Tell me a fortune. '.repeat(1500) }];

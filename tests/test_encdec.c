@@ -190,7 +190,7 @@ static void test_full_attention(void **state) {
 
 /* The production path (set_fast; on a GPU the tensor-core kernel, bf16 operands): 70 queries (past a block of 64)
  * over 300 keys (past one split of 256, the last tile part-filled), heads of 16 and 64, within bf16's error of
- * the double reference; and one query alone gives its row of the 70 bitwise (batch invariance). */
+ * the double reference; and on a GPU one query alone gives its row of the 70 bitwise (batch invariance). */
 static void test_full_attention_fast(void **state) {
     (void)state;
     enum { N = 70, Sk = 300, H = 2 };
@@ -209,7 +209,8 @@ static void test_full_attention_fast(void **state) {
         a1.q = osp_dbuf_at(dq, 37 * LD), a1.out = d1, a1.n = 1;
         be->full_attention(S, &a1);
         float *out = down(dout, N * LD), *one = down(d1, LD);
-        assert_memory_equal(one, out + 37 * LD, sizeof(float) * LD);
+        /* (the GPU's kernel promises it; the CPU's full attention takes queries 16 at a time, another order) */
+        if (!strncmp(be->name, "cuda", 4)) assert_memory_equal(one, out + 37 * LD, sizeof(float) * LD);
         double p[Sk];
         for (int h = 0; h < H; h++)
             for (int i = 0; i < N; i++) {

@@ -201,6 +201,13 @@ typedef struct osp_backend {
     void (*begin_chunk)(osp_be_session *s, int32_t B, int32_t T);
     /* After a chunk: OSP_OK, or the first failure of its operations (with a message). */
     osp_status (*status)(osp_be_session *s);
+    /* host -> backend as an operation of the chunk, in its order (host is read at the call): the data a step
+     * feeds its first operation, such as a Whisper decoder's embedded tokens */
+    void (*upload)(osp_be_session *s, osp_dbuf *dst, const float *host, int64_t n);
+    /* Every operation of the chunk is submitted (before its status and reads), for a chunk that does not end at
+     * `head`: a backend may run a decode step's operations as one captured graph (CUDA, as at `head`). NULL:
+     * nothing to do. */
+    void (*end_chunk)(osp_be_session *s);
 
     /* ---- operations on a chunk's activations ---- */
     /* ys[i] = x · ws[i]ᵀ for n rows; weights of one input share its preparation */

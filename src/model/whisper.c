@@ -951,7 +951,7 @@ static osp_status decoder_body(osp_whisper_state *s, int32_t n) {
         osp_weight_row_f32(&m->embed, s->tok_id[i], xi);
         for (int64_t j = 0; j < d; j++) xi[j] = xi[j] * es + m->dec_pos[(int64_t)s->tok_pos[i] * d + j];
     }
-    be->write(s->x, s->xin, n * d);
+    be->upload(bs, s->x, s->xin, n * d);
     const float qs = 1.0f / sqrtf((float)hd);
     const int cap = capturing(s, n);
     for (int l = 0; l < c->dec_layers; l++) {
@@ -1004,6 +1004,7 @@ static osp_status head(osp_whisper_state *s, const int32_t *sel, int32_t m_rows)
     }
     be->layernorm(s->bs, s->h, s->k, m->dec_ln.w, m->dec_ln.b, m_rows, d, LN_EPS);
     be->linear(s->bs, &m->head, s->h, m_rows, NULL, s->logits);
+    if (be->end_chunk) be->end_chunk(s->bs); /* (on a GPU, a decode step may run as one graph) */
     return be->status(s->bs);
 }
 

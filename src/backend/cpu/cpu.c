@@ -25,6 +25,10 @@ static osp_dbuf *cpu_adopt_vec(float *host, int64_t n) {
 }
 static void cpu_free_vec(osp_dbuf *p) { osp_free(p); }
 static void cpu_write(osp_dbuf *dst, const float *host, int64_t n) { memcpy(dst, host, sizeof(float) * (size_t)n); }
+static void cpu_upload(osp_be_session *s, osp_dbuf *dst, const float *host, int64_t n) {
+    (void)s;
+    cpu_write(dst, host, n);
+}
 static void cpu_read(float *host, const osp_dbuf *src, int64_t n) { memcpy(host, src, sizeof(float) * (size_t)n); }
 
 static void *kv_alloc(size_t n) { return osp_pages_alloc(OSP_POOL_KV, n); }
@@ -298,6 +302,7 @@ static osp_backend CPU = {
     .set_fast = set_fast,
     .begin_chunk = begin_chunk,
     .status = status,
+    .upload = cpu_upload,
     .matmul = osp_cpu_matmul,
     .rmsnorm = rmsnorm,
     .add = add,

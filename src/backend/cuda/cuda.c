@@ -525,6 +525,19 @@ static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t 
 static void scale(osp_be_session *s, osp_dbuf *y, float a, int64_t n) { ew(s, 2, D(y), NULL, n, 0, a); }
 static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 3, D(y), CD(x), n, 0, 0); }
 
+/* staged with the step (so a graph of it copies the new data up before it runs), then copied into place */
+static void upload(osp_be_session *s, osp_dbuf *dst, const float *host, int64_t n) {
+    flush(s);
+    const float *d = osp_cu_stage(s, host, sizeof(float) * (size_t)n);
+    if (!d) return;
+    copy(s, dst, (const osp_dbuf *)d, n);
+}
+
+static void end_chunk(osp_be_session *s) {
+    flush(s);
+    osp_cu_step_end(s);
+}
+
 static void act_exec(osp_be_session *s, const void *p) {
     const act_args *a = p;
     note(s, osp_cu_act_mul(s->st, a->act, a->y, a->g, a->u, a->n, a->d, a->ld_u), "act_mul");
@@ -1281,6 +1294,8 @@ static osp_backend CUDA = {
     .set_exact_tokens = set_exact_tokens,
     .begin_chunk = begin_chunk,
     .status = status,
+    .upload = upload,
+    .end_chunk = end_chunk,
     .matmul = matmul,
     .rmsnorm = rmsnorm,
     .add = add,

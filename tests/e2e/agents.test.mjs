@@ -52,18 +52,27 @@ function agentEnv(extra) {
   for (const [k, v] of Object.entries(process.env))
     if (!/^(ANTHROPIC_|CLAUDE_|CODEX_|OPENAI_)/.test(k)) env[k] = v;
   const home = fs.mkdtempSync(path.join(tmp, 'home-'));
-  return { ...env, HOME: home, XDG_CONFIG_HOME: path.join(home, '.config'), ...extra };
+  const xdg = { XDG_CONFIG_HOME: '.config', XDG_CACHE_HOME: '.cache', XDG_DATA_HOME: '.local/share', XDG_STATE_HOME: '.local/state' };
+  for (const [k, v] of Object.entries(xdg)) env[k] = path.join(home, v);
+  return { ...env, HOME: home, ...extra };
 }
 
-// Run an agent to its end: { code, stdout, stderr }; killed after AGENT_MS.
+// Run an agent to its end: { code, stdout, stderr }; killed after AGENT_MS, with what it started (its own
+// process group: codex.js starts the native binary, which starts shells).
 function runAgent(bin, args, env) {
   const cwd = fs.mkdtempSync(path.join(tmp, 'cwd-'));
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(bin, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
     let stdout = '', stderr = '';
     p.stdout.on('data', (d) => (stdout += d));
     p.stderr.on('data', (d) => (stderr += d));
-    const t = setTimeout(() => p.kill('SIGKILL'), AGENT_MS);
+    const t = setTimeout(() => {
+      try {
+        process.kill(-p.pid, 'SIGKILL');
+      } catch {
+        p.kill('SIGKILL');
+      }
+    }, AGENT_MS);
     p.on('error', reject);
     p.on('close', (code, signal) => {
       clearTimeout(t);

@@ -10,11 +10,16 @@
 // - claude -p with a short --system-prompt and no tools, on the bundled model
 //   (greedy): prints the reply; the recorded request, sent again directly,
 //   gets the same text.
+// - claude -p with its full prompt on the bundled model: Claude Code's own
+//   "Prompt is too long".
 // - claude -p and codex exec with their full default prompts and tools (about
-//   12K tokens each) on a "copy" model (copy_model.mjs) over the Qwen 3
+//   12K and 6K tokens) on a "copy" model (copy_model.mjs) over the Qwen 3
 //   tokenizer and template with a 32K context: it answers the last few tokens
 //   of the user's turn, then ends it, so the reply is known to be a suffix of
 //   what the agent sent.
+// - A tool round trip for each, with reasoning: the agent runs the call the
+//   copy model makes and sends back the reasoning, the call and its output.
+// - Qwen 3's template takes an assistant turn of tool calls only.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -101,15 +106,26 @@ const claude = (base, args) => runAgent(agentBin('claude'), ['-p', ...args], age
 }));
 
 // A fast normal generator for the copy model's 151,936 x 256 embeddings
-// (copy_model.mjs' BigInt one takes about a minute there).
+// (copy_model.mjs' BigInt one takes about 30 s there): xorshift32, both
+// values of each Box-Muller pair.
 function fastRandn(seed) {
-  let s = seed >>> 0 || 1;
+  let s = seed >>> 0 || 1, spare = null;
   const u = () => {
     s ^= s << 13, s >>>= 0, s ^= s >>> 17, s ^= s << 5, s >>>= 0;
     return (s + 0.5) / 4294967296;
   };
-  return () => Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
+  return () => {
+    if (spare !== null) {
+      const v = spare;
+      spare = null;
+      return v;
+    }
+    const r = Math.sqrt(-2 * Math.log(u())), a = 2 * Math.PI * u();
+    spare = r * Math.sin(a);
+    return r * Math.cos(a);
+  };
 }
+let copyE; // the copy models' embeddings, made once
 
 // The copy model answers the last M tokens of the user's turn (copy period
 // M + 5: the five tokens `<|im_end|>\n<|im_start|>assistant\n` end the
@@ -125,7 +141,7 @@ before(() => {
   const tk = path.join(ROOT, 'tests', 'data', 'tokenizers', 'qwen3');
   fs.writeFileSync(path.join(copyDir, 'tokenizer.json'), zlib.gunzipSync(fs.readFileSync(path.join(tk, 'tokenizer.json.gz'))));
   fs.copyFileSync(path.join(tk, 'tokenizer_config.json'), path.join(copyDir, 'tokenizer_config.json'));
-  buildCopyModel(copyDir, { d: M + 5, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, randn: fastRandn(7) });
+  copyE = buildCopyModel(copyDir, { d: M + 5, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, randn: fastRandn(7) });
 });
 
 after(() => fs.rmSync(tmp, { recursive: true, force: true }));
@@ -260,7 +276,7 @@ test('codex exec with a custom Responses provider, its full prompt and tools: co
 function copyModelWithPeriod(d) {
   const dir = fs.mkdtempSync(path.join(tmp, 'copy-'));
   for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(copyDir, f), path.join(dir, f));
-  buildCopyModel(dir, { d, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, randn: fastRandn(7) });
+  buildCopyModel(dir, { d, vocab: 151936, bos: 151643, eos: 151645, maxPos: CTX, E: copyE });
   return dir;
 }
 

@@ -44,13 +44,8 @@ function rng(seed) {
   return () => Math.sqrt(-2 * Math.log(next() + 1e-300)) * Math.cos(2 * Math.PI * next());
 }
 
-// vocab, eos ids and bos from the tokenizer folder's files; d = copy period;
-// maxPos = the context; randn = the embeddings' normal generator (a faster
-// one for a large vocabulary: agents.test.mjs)
-export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000, maxPos = 2048, randn = rng(12345) }) {
-  fs.mkdirSync(dir, { recursive: true });
-  const V = vocab, D = H, half = D / 2;
-  const c = 4; // the constant coordinate
+// Random unit-RMS rows with one constant coordinate (c, the first).
+function makeEmbeddings(V, randn, c = 4) {
   const E = new Float32Array(V * H);
   for (let t = 0; t < V; t++) {
     let ss = 0;
@@ -59,6 +54,18 @@ export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000, maxPos 
     for (let j = 1; j < H; j++) E[t * H + j] *= scale;
     E[t * H] = c;
   }
+  return E;
+}
+
+// vocab, eos ids and bos from the tokenizer folder's files; d = copy period;
+// maxPos = the context; randn = the embeddings' normal generator (a faster
+// one for a large vocabulary: agents.test.mjs). Returns the embeddings, which
+// E = reuses (they do not depend on d).
+export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000, maxPos = 2048, randn = rng(12345), E = null }) {
+  fs.mkdirSync(dir, { recursive: true });
+  const V = vocab, D = H, half = D / 2;
+  const c = 4; // the constant coordinate
+  if (!E) E = makeEmbeddings(V, randn, c);
   const inv = Array.from({ length: half }, (_, i) => theta ** (-(2 * i) / D));
   // smallest gap between the peak and any other distance within the context
   const delta = d - 1;
@@ -119,6 +126,7 @@ export function buildCopyModel(dir, { d, vocab, bos, eos, theta = 10000, maxPos 
       torch_dtype: 'float32',
     }),
   );
+  return E;
 }
 
 // A folder for a copy model over the bundled model's tokenizer with the

@@ -128,6 +128,10 @@ typedef struct osp_full_attn_args {
     osp_dbuf *out;               /* [n, ld] */
     int64_t n, S, ld;
     int32_t heads, hd;
+    /* 1: the n queries are the window's own positions, always all of them together (an encoder's
+     * self-attention), so the backend may group the work as it likes; 0: a query's numbers must not depend on
+     * the others in the call (a decoder's rows, batched) */
+    int32_t whole;
 } osp_full_attn_args;
 
 /* Causal attention of n tokens over per-row caches (a Whisper decoder's

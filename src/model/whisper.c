@@ -736,10 +736,11 @@ static void mlp_block(const osp_whisper_state *s, const layer *L, int64_t wins, 
 
 /* Attention of n queries (rows `first` on of q) over one window's packed K/V, into the same rows of a. */
 static void full_attention(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t first,
-                           int64_t n, int heads) {
+                           int64_t n, int heads, int whole) {
     const int64_t d = s->m->cfg.d_model;
     osp_full_attn_args a = {.q = osp_dbuf_at(s->q, first * d), .kh = kh, .vt = vt, .out = osp_dbuf_at(s->a, first * d),
-                            .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d, .heads = heads, .hd = (int32_t)(d / heads)};
+                            .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d, .heads = heads, .hd = (int32_t)(d / heads),
+                            .whole = whole};
     s->be->full_attention(s->bs, &a);
 }
 
@@ -814,7 +815,7 @@ osp_status osp_whisper_encode_batch(osp_whisper_state *s, const float *const *me
         for (int32_t w = 0; w < nw; w++) {
             be->pack_kv(bs, kh, vt, osp_dbuf_at(s->k, w * A * d), osp_dbuf_at(s->v, w * A * d), A, d, c->enc_heads,
                         (int32_t)hd);
-            full_attention(s, kh, vt, w * A, A, c->enc_heads);
+            full_attention(s, kh, vt, w * A, A, c->enc_heads, 1);
         }
         linear_w(s, &L->self.o, s->a, nw, A, L->self.bo, s->h);
         be->add(bs, s->x, s->h, nw * A * d);
@@ -976,7 +977,7 @@ static osp_status decoder_body(osp_whisper_state *s, int32_t n) {
             const int32_t w = s->tok_row[i0] / s->rows_per_slot;
             for (i1 = i0 + 1; i1 < n && s->tok_row[i1] / s->rows_per_slot == w;) i1++;
             full_attention(s, osp_dbuf_at(s->ck[l], w * A * d), osp_dbuf_at(s->cv[l], w * A * d), i0, i1 - i0,
-                           c->dec_heads);
+                           c->dec_heads, 0);
         }
         be->linear(bs, &L->cross.o, s->a, n, L->cross.bo, s->h);
         be->add(bs, s->x, s->h, n * d);

@@ -93,13 +93,13 @@ static void fatt_exec(osp_be_session *s, const void *p) {
     const fatt_args *f = p;
     const osp_full_attn_args *a = &f->a;
     if (f->flash) {
-        const int64_t need = osp_cu_flash_scratch(a->n, a->S, a->ld, a->heads);
-        if (!osp_cu_grow(s, (void **)&s->part, &s->part_cap, (size_t)need, sizeof(float))) {
+        const int64_t need = osp_cu_flash_scratch(a->n, a->S, a->ld, a->heads, a->whole);
+        if (need && !osp_cu_grow(s, (void **)&s->part, &s->part_cap, (size_t)need, sizeof(float))) {
             osp_cu_note(s, cudaErrorMemoryAllocation, "full attention scratch");
             return;
         }
         osp_cu_note(s, osp_cu_flash_attention(s->st, CD(a->q), CD(a->kh), CD(a->vt), D(a->out), s->part, a->n, a->S,
-                                              a->ld, a->heads, a->hd),
+                                              a->ld, a->heads, a->hd, a->whole),
                     "full attention (tensor cores)");
         return;
     }
@@ -114,7 +114,7 @@ static void full_attention(osp_be_session *s, const osp_full_attn_args *in) {
     ARGS(fatt_args, f);
     osp_full_attn_args *a = &f.a;
     a->q = in->q, a->kh = in->kh, a->vt = in->vt, a->out = in->out, a->n = in->n, a->S = in->S, a->ld = in->ld;
-    a->heads = in->heads, a->hd = in->hd;
+    a->heads = in->heads, a->hd = in->hd, a->whole = in->whole;
     f.flash = s->fast && osp_cu_flash_ok(in->hd);
     SUBMIT(s, fatt_exec, f);
 }

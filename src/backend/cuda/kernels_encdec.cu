@@ -55,43 +55,54 @@ __device__ float bmax(float v, float *sh) {
     return r;
 }
 
-__device__ double bsumd(double v, double *sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (!lane) sh[w] = v;
-    __syncthreads();
-    double r = 0.0;
-    for (int i = 0; i < nw; i++) r += sh[i];
-    return r;
-}
+// ---- LayerNorm ----
 
-// ---- LayerNorm: a block per row ----
+#define LN_ROWS 4 // rows a block of the LayerNorm, a warp each
 
-__global__ void layernorm_kernel(float *y, const float *x, const float *w, const float *b, int64_t d, float eps) {
-    __shared__ double sh[32];
-    const float *xr = x + blockIdx.x * d;
-    float *yr = y + blockIdx.x * d;
+// a warp per row: the row's values in registers (LN_V a lane, then again from memory past them), its mean and
+// variance summed in double, as the CPU's; the statistics' latency, not the bytes, sets a short call's time
+#define LN_V 48
+__global__ void __launch_bounds__(32 * LN_ROWS) layernorm_kernel(float *y, const float *x, const float *w,
+                                                                 const float *b, int64_t n, int64_t d, float eps) {
+    const int64_t r = (int64_t)blockIdx.x * LN_ROWS + (threadIdx.x >> 5);
+    if (r >= n) return;
+    const int lane = threadIdx.x & 31;
+    const float *xr = x + r * d;
+    float *yr = y + r * d;
+    float v[LN_V];
+#pragma unroll
+    for (int k = 0; k < LN_V; k++) v[k] = lane + 32 * k < d ? xr[lane + 32 * k] : 0.0f;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) s += xr[i];
-    const double mean = bsumd(s, sh) / (double)d;
-    double v = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < LN_V; k++) s += v[k];
+    for (int64_t i = lane + 32 * LN_V; i < d; i += 32) s += xr[i];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const double mean = s / (double)d;
+    double q = 0.0;
+#pragma unroll
+    for (int k = 0; k < LN_V; k++)
+        if (lane + 32 * k < d) {
+            const double c = v[k] - mean;
+            q += c * c;
+        }
+    for (int64_t i = lane + 32 * LN_V; i < d; i += 32) {
         const double c = xr[i] - mean;
-        v += c * c;
+        q += c * c;
     }
-    const double var = bsumd(v, sh);
-    const float inv = (float)(1.0 / sqrt(var / (double)d + (double)eps));
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    const float inv = (float)(1.0 / sqrt(q / (double)d + (double)eps));
+#pragma unroll
+    for (int k = 0; k < LN_V; k++) {
+        const int64_t i = lane + 32 * k;
+        if (i < d) yr[i] = __fadd_rn(__fmul_rn(__fmul_rn((float)(v[k] - mean), inv), w[i]), b[i]);
+    }
+    for (int64_t i = lane + 32 * LN_V; i < d; i += 32)
         yr[i] = __fadd_rn(__fmul_rn(__fmul_rn((float)(xr[i] - mean), inv), w[i]), b[i]);
 }
 
 extern "C" int osp_cu_layernorm(osp_cu_stream st, float *y, const float *x, const float *w, const float *b, int64_t n,
                                 int64_t d, float eps) {
-    for (int64_t r0 = 0; r0 < n; r0 += 65535) {
-        int64_t k = n - r0 < 65535 ? n - r0 : 65535;
-        launch(layernorm_kernel, (unsigned)k, 128, 0, st, y + r0 * d, x + r0 * d, w, b, d, eps);
-    }
+    if (n > 0) launch(layernorm_kernel, blocks_for(n, LN_ROWS), 32 * LN_ROWS, 0, st, y, x, w, b, n, d, eps);
     return launch_status();
 }
 
@@ -212,29 +223,33 @@ extern "C" int osp_cu_full_attention(osp_cu_stream st, const float *q, const flo
 
 // ---- the production path's full attention on the tensor cores ----
 //
-// A block of 4 warps takes 64 queries (16 a warp) of one head over one range of FK keys (a split), in tiles of 64
-// keys staged in shared memory as bf16 (K as [key][e], V as [e][key], each row padded by 8 so that a quad's
-// fragment loads fall in distinct banks). Q·Kᵀ and P·V are mma.sync m16n8k16 (bf16 operands, f32 sums), with
-// the softmax online (a running max and sum per row, f32). Each split writes its rows' unnormalized output and
-// their max and sum; fa_combine_kernel merges the splits in order. The splits are fixed ranges of FK keys, so
-// a query's numbers depend on its own row and the keys alone, never on how many queries share the call.
+// A block of 8 warps takes 128 queries (16 a warp) of one head over a range of keys, in tiles of 64 keys staged
+// in shared memory as bf16 (K as [key][e], V as [e][key], each row padded by 8 so that a quad's fragment loads
+// fall in distinct banks). Q·Kᵀ and P·V are mma.sync m16n8k16 (bf16 operands, f32 sums), with the softmax online
+// (a running max and sum per row, f32). A whole window's self-attention (osp_full_attn_args.whole) takes all the
+// keys in one pass and writes its rows. Otherwise the keys are fixed splits of FK: each writes its rows'
+// unnormalized output with their max and sum, and fa_combine_kernel merges the splits in order, so a query's
+// numbers depend on its own row and the keys alone, never on how many queries share the call.
 
-#define FB 64                       // queries a block, keys a tile
-#define FK 256                      // keys a split
-#define FT 128                      // threads a block
+#define FQB 128                     // queries a block
+#define FB 64                       // keys a tile
+#define FK 128                      // keys a split
+#define FT 256                      // threads a block
 
 template <int HD>
-__global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const float *kh, const float *vt, float *part,
-                                                        float *ml, int64_t n, int64_t S, int64_t ld) {
+__global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const float *kh, const float *vt, float *out,
+                                                        float *part, float *ml, int64_t n, int64_t S, int64_t ld,
+                                                        int64_t keys) {
     constexpr int KP = HD + 8, VP = FB + 8;
     __shared__ uint4 ks4[FB * KP / 8], vs4[HD * VP / 8]; // (uint4: 16-byte aligned)
     uint16_t *ks = (uint16_t *)ks4, *vs = (uint16_t *)vs4;  // [key][e], [e][key]
     const int h = blockIdx.y, split = blockIdx.z, heads = gridDim.y;
-    const int64_t i0 = (int64_t)blockIdx.x * FB, j_lo = (int64_t)split * FK;
-    const int64_t j_hi = S < j_lo + FK ? S : j_lo + FK;
+    const int64_t i0 = (int64_t)blockIdx.x * FQB, j_lo = (int64_t)split * keys;
+    const int64_t j_hi = S < j_lo + keys ? S : j_lo + keys;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float *K = kh + (int64_t)h * S * HD, *Vt = vt + (int64_t)h * HD * S;
     const int64_t r0 = i0 + warp * 16 + g, r1 = r0 + 8;
+    const bool v4 = (S & 3) == 0; // V's rows of keys load 4 at a time
     uint32_t qa[HD / 16][4];
     for (int kk = 0; kk < HD / 16; kk++) {
         const int64_t c = (int64_t)h * HD + kk * 16 + 2 * t;
@@ -258,13 +273,23 @@ __global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const fl
             uint32_t *d = (uint32_t *)(ks + key * KP + e);
             d[0] = bf16x2(v.x, v.y), d[1] = bf16x2(v.z, v.w);
         }
-        for (int i = threadIdx.x; i < HD * FB / 2; i += FT) {
-            const int e = i / (FB / 2), j = (i % (FB / 2)) * 2;
+        for (int i = threadIdx.x; i < HD * FB / 4; i += FT) {
+            const int e = i / (FB / 4), j = (i % (FB / 4)) * 4;
             const float *src = Vt + (int64_t)e * S + j0 + j;
-            const float a = j0 + j < j_hi ? src[0] : 0.0f, b = j0 + j + 1 < j_hi ? src[1] : 0.0f;
-            *(uint32_t *)(vs + e * VP + j) = bf16x2(a, b);
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (v4 && j0 + j + 3 < j_hi) {
+                v = *(const float4 *)src;
+            } else {
+                if (j0 + j < j_hi) v.x = src[0];
+                if (j0 + j + 1 < j_hi) v.y = src[1];
+                if (j0 + j + 2 < j_hi) v.z = src[2];
+                if (j0 + j + 3 < j_hi) v.w = src[3];
+            }
+            uint32_t *d = (uint32_t *)(vs + e * VP + j);
+            d[0] = bf16x2(v.x, v.y), d[1] = bf16x2(v.z, v.w);
         }
         __syncthreads();
+        if (i0 + warp * 16 >= n) continue; // a warp with no query of the call only helps stage the tiles
         float sc[FB / 8][4];
         for (int nt = 0; nt < FB / 8; nt++) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
@@ -302,9 +327,19 @@ __global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const fl
             }
         }
     }
+    if (i0 + warp * 16 >= n) return;
     for (int off = 1; off < 4; off <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, off);
         l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    if (!part) { // one pass over the keys: the rows themselves
+        const float i0s = 1.0f / l0, i1s = 1.0f / l1;
+        float *ob = out + (int64_t)h * HD + 2 * t;
+        for (int e = 0; e < HD / 8; e++) {
+            if (r0 < n) *(float2 *)(ob + r0 * ld + e * 8) = make_float2(o[e][0] * i0s, o[e][1] * i0s);
+            if (r1 < n) *(float2 *)(ob + r1 * ld + e * 8) = make_float2(o[e][2] * i1s, o[e][3] * i1s);
+        }
+        return;
     }
     // the split's rows: part [split][n][ld] (unnormalized), ml [split][n][heads][2] (max, sum)
     float *pb = part + (int64_t)split * n * ld + (int64_t)h * HD + 2 * t;
@@ -339,25 +374,26 @@ __global__ void fa_combine_kernel(float *out, const float *part, const float *ml
 
 extern "C" int osp_cu_flash_ok(int hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128; }
 
-extern "C" int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int heads) {
-    const int64_t splits = (S + FK - 1) / FK;
-    return splits * n * (ld + 2 * heads);
+extern "C" int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int heads, int whole) {
+    return whole ? 0 : (S + FK - 1) / FK * n * (ld + 2 * heads);
 }
 
 extern "C" int osp_cu_flash_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out,
-                                      float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd) {
+                                      float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd,
+                                      int whole) {
     if (n <= 0 || S <= 0) return launch_status();
-    const int splits = (int)((S + FK - 1) / FK);
-    float *part = scratch, *ml = scratch + (int64_t)splits * n * ld;
-    const dim3 grid(blocks_for(n, FB), (unsigned)heads, (unsigned)splits);
+    const int splits = whole ? 1 : (int)((S + FK - 1) / FK);
+    const int64_t keys = whole ? S : FK;
+    float *part = whole ? NULL : scratch, *ml = whole ? NULL : scratch + (int64_t)splits * n * ld;
+    const dim3 grid(blocks_for(n, FQB), (unsigned)heads, (unsigned)splits);
     switch (hd) {
-    case 16: launch(flash_attn_kernel<16>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
-    case 32: launch(flash_attn_kernel<32>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
-    case 64: launch(flash_attn_kernel<64>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
-    case 128: launch(flash_attn_kernel<128>, grid, FT, 0, st, q, kh, vt, part, ml, n, S, ld); break;
+    case 16: launch(flash_attn_kernel<16>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
+    case 32: launch(flash_attn_kernel<32>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
+    case 64: launch(flash_attn_kernel<64>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
+    case 128: launch(flash_attn_kernel<128>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
     default: return (int)cudaErrorInvalidValue;
     }
-    launch(fa_combine_kernel, blocks_for(n * ld, EW), EW, 0, st, out, part, ml, n, ld, heads, hd, splits);
+    if (!whole) launch(fa_combine_kernel, blocks_for(n * ld, EW), EW, 0, st, out, part, ml, n, ld, heads, hd, splits);
     return launch_status();
 }
 

@@ -526,7 +526,8 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
     }
     int status = 400;
     json_t *err = NULL;
-    srv_job *j = count_only ? srv_parse_count(s, chat, &status, &err) : srv_parse_translated(s, chat, max_tokens, &status, &err);
+    srv_job *j = count_only ? srv_parse_count(s, chat, &status, &err)
+                            : srv_parse_translated(s, chat, max_tokens, &status, &err);
     if (!j) {
         char buf[128];
         const char *m = srv_msg_error_message(

@@ -32,7 +32,7 @@ typedef struct osp_serve_config {
     int ctx;                    /* context per request; 0 = min(model, 8192) */
     int threads;                /* 0 = all cores */
     int device;                 /* osp_device: 0 = auto (the GPU when present) */
-    int max_tokens;             /* default max_tokens; <= 0 = not given: 512 (the Responses API: what the context leaves) */
+    int max_tokens;             /* default max_tokens; <= 0 = not given: 512 (/v1/responses: the context's rest) */
     float temp, top_p, min_p;   /* server sampling defaults; < 0 = not given */
     int top_k;                  /* < 0 = not given */
     const char *chat_template;  /* file replacing the model's template, or NULL */

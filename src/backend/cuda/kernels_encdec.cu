@@ -57,52 +57,66 @@ __device__ float bmax(float v, float *sh) {
 
 // ---- LayerNorm ----
 
-#define LN_ROWS 4 // rows a block of the LayerNorm, a warp each
+#define LN_T 256 // threads a row of the LayerNorm
+#define LN_V 8   // values a thread holds (a row of up to LN_T * LN_V in registers; past that, read again)
 
-// a warp per row: the row's values in registers (LN_V a lane, then again from memory past them), its mean and
-// variance summed in double, as the CPU's; the statistics' latency, not the bytes, sets a short call's time
-#define LN_V 48
-__global__ void __launch_bounds__(32 * LN_ROWS) layernorm_kernel(float *y, const float *x, const float *w,
-                                                                 const float *b, int64_t n, int64_t d, float eps) {
-    const int64_t r = (int64_t)blockIdx.x * LN_ROWS + (threadIdx.x >> 5);
-    if (r >= n) return;
-    const int lane = threadIdx.x & 31;
-    const float *xr = x + r * d;
-    float *yr = y + r * d;
+// the block's sum of v in double (every thread gets it)
+__device__ double ln_sum(double v, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (!lane) sh[w] = v;
+    __syncthreads();
+    double r = 0.0;
+    for (int i = 0; i < LN_T / 32; i++) r += sh[i];
+    return r;
+}
+
+// a block per row, its values loaded at once into registers (a decode step's one-row call is bound by the
+// latency of its loads and reductions, not by its bytes); mean and variance summed in double, as the CPU's
+__global__ void __launch_bounds__(LN_T) layernorm_kernel(float *y, const float *x, const float *w, const float *b,
+                                                         int64_t d, float eps) {
+    __shared__ double sh[LN_T / 32];
+    const float *xr = x + blockIdx.x * d;
+    float *yr = y + blockIdx.x * d;
     float v[LN_V];
 #pragma unroll
-    for (int k = 0; k < LN_V; k++) v[k] = lane + 32 * k < d ? xr[lane + 32 * k] : 0.0f;
+    for (int k = 0; k < LN_V; k++) {
+        const int64_t i = threadIdx.x + (int64_t)LN_T * k;
+        v[k] = i < d ? xr[i] : 0.0f;
+    }
     double s = 0.0;
 #pragma unroll
     for (int k = 0; k < LN_V; k++) s += v[k];
-    for (int64_t i = lane + 32 * LN_V; i < d; i += 32) s += xr[i];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const double mean = s / (double)d;
+    for (int64_t i = threadIdx.x + (int64_t)LN_T * LN_V; i < d; i += LN_T) s += xr[i];
+    const double mean = ln_sum(s, sh) / (double)d;
     double q = 0.0;
 #pragma unroll
     for (int k = 0; k < LN_V; k++)
-        if (lane + 32 * k < d) {
+        if (threadIdx.x + (int64_t)LN_T * k < d) {
             const double c = v[k] - mean;
             q += c * c;
         }
-    for (int64_t i = lane + 32 * LN_V; i < d; i += 32) {
+    for (int64_t i = threadIdx.x + (int64_t)LN_T * LN_V; i < d; i += LN_T) {
         const double c = xr[i] - mean;
         q += c * c;
     }
-    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-    const float inv = (float)(1.0 / sqrt(q / (double)d + (double)eps));
+    const float inv = (float)(1.0 / sqrt(ln_sum(q, sh) / (double)d + (double)eps));
 #pragma unroll
     for (int k = 0; k < LN_V; k++) {
-        const int64_t i = lane + 32 * k;
+        const int64_t i = threadIdx.x + (int64_t)LN_T * k;
         if (i < d) yr[i] = __fadd_rn(__fmul_rn(__fmul_rn((float)(v[k] - mean), inv), w[i]), b[i]);
     }
-    for (int64_t i = lane + 32 * LN_V; i < d; i += 32)
+    for (int64_t i = threadIdx.x + (int64_t)LN_T * LN_V; i < d; i += LN_T)
         yr[i] = __fadd_rn(__fmul_rn(__fmul_rn((float)(xr[i] - mean), inv), w[i]), b[i]);
 }
 
 extern "C" int osp_cu_layernorm(osp_cu_stream st, float *y, const float *x, const float *w, const float *b, int64_t n,
                                 int64_t d, float eps) {
-    if (n > 0) launch(layernorm_kernel, blocks_for(n, LN_ROWS), 32 * LN_ROWS, 0, st, y, x, w, b, n, d, eps);
+    for (int64_t r0 = 0; r0 < n; r0 += 65535) {
+        int64_t k = n - r0 < 65535 ? n - r0 : 65535;
+        launch(layernorm_kernel, (unsigned)k, LN_T, 0, st, y + r0 * d, x + r0 * d, w, b, d, eps);
+    }
     return launch_status();
 }
 

@@ -156,6 +156,24 @@ static void softmax_d(double *p, int64_t n) {
     for (int64_t j = 0; j < n; j++) p[j] /= s;
 }
 
+/* one query's attention over `keys` rows of K and V (row stride ld; the head's columns from col), in double:
+ * ref[hd]; scores[keys] (may be NULL) gets the scores before the softmax */
+static void attn_ref(const float *q, const float *K, const float *V, int64_t keys, int64_t ld, int64_t col, int hd,
+                     double *ref, double *scores) {
+    double p[512];
+    assert_true(keys <= 512);
+    for (int64_t j = 0; j < keys; j++) {
+        p[j] = 0;
+        for (int e = 0; e < hd; e++) p[j] += (double)q[e] * K[j * ld + col + e];
+        if (scores) scores[j] = p[j];
+    }
+    softmax_d(p, keys);
+    for (int e = 0; e < hd; e++) {
+        ref[e] = 0;
+        for (int64_t j = 0; j < keys; j++) ref[e] += p[j] * V[j * ld + col + e];
+    }
+}
+
 /* 20 queries (a block of 16 and 4 alone) over 150 keys, 3 heads of 8 */
 static void test_full_attention(void **state) {
     (void)state;
@@ -169,20 +187,13 @@ static void test_full_attention(void **state) {
     be->full_attention(S, &a);
     be->full_scores(S, dsc, dq, kh, N, Sk, LD, 2, Hd);
     float *out = down(dout, N * LD), *sc = down(dsc, N * Sk);
-    double p[Sk];
+    double p[Sk], ref[Hd];
     for (int h = 0; h < H; h++)
         for (int i = 0; i < N; i++) {
-            for (int j = 0; j < Sk; j++) {
-                p[j] = 0;
-                for (int e = 0; e < Hd; e++) p[j] += (double)q[i * LD + h * Hd + e] * k[j * LD + h * Hd + e];
-                if (h == 2) near("full_scores", i * Sk + j, sc[i * Sk + j], p[j], 1e-5);
-            }
-            softmax_d(p, Sk);
-            for (int e = 0; e < Hd; e++) {
-                double ref = 0;
-                for (int j = 0; j < Sk; j++) ref += p[j] * v[j * LD + h * Hd + e];
-                near("full_attention", i * LD + h * Hd + e, out[i * LD + h * Hd + e], ref, 1e-5);
-            }
+            attn_ref(q + i * LD + h * Hd, k, v, Sk, LD, h * Hd, Hd, ref, p);
+            if (h == 2)
+                for (int j = 0; j < Sk; j++) near("full_scores", i * Sk + j, sc[i * Sk + j], p[j], 1e-5);
+            for (int e = 0; e < Hd; e++) near("full_attention", i * LD + h * Hd + e, out[i * LD + h * Hd + e], ref[e], 1e-5);
         }
     free(q), free(k), free(v), free(out), free(sc);
     be->free(dq), be->free(dk), be->free(dv), be->free(kh), be->free(vt), be->free(dout), be->free(dsc);
@@ -215,21 +226,15 @@ static void test_full_attention_fast(void **state) {
         float *out = down(dout, N * LD), *whole = down(dw, N * LD), *one = down(d1, LD);
         /* (the GPU's kernel promises it; the CPU's full attention takes queries 16 at a time, another order) */
         if (!strncmp(be->name, "cuda", 4)) assert_memory_equal(one, out + 137 * LD, sizeof(float) * LD);
-        double p[Sk];
+        double ref[64];
         for (int h = 0; h < H; h++)
             for (int i = 0; i < N; i++) {
-                for (int j = 0; j < Sk; j++) {
-                    p[j] = 0;
-                    for (int e = 0; e < Hd; e++) p[j] += (double)q[i * LD + h * Hd + e] * k[j * LD + h * Hd + e];
-                }
-                softmax_d(p, Sk);
+                attn_ref(q + i * LD + h * Hd, k, v, Sk, LD, h * Hd, Hd, ref, NULL);
                 for (int e = 0; e < Hd; e++) {
-                    double ref = 0;
-                    for (int j = 0; j < Sk; j++) ref += p[j] * v[j * LD + h * Hd + e];
                     const int64_t at = i * LD + h * Hd + e;
-                    if (!(fabs(out[at] - ref) <= 1e-2) || !(fabs(whole[at] - ref) <= 1e-2))
+                    if (!(fabs(out[at] - ref[e]) <= 1e-2) || !(fabs(whole[at] - ref[e]) <= 1e-2))
                         fail_msg("fast full_attention (hd %d) at %lld: %.6g (whole %.6g) vs %.6g", Hd, (long long)at,
-                                 out[at], whole[at], ref);
+                                 out[at], whole[at], ref[e]);
                 }
             }
         free(q), free(k), free(v), free(out), free(whole), free(one);
@@ -262,21 +267,13 @@ static void test_rows_attention(void **state) {
                                 .n = n[step], .ctx = CTX, .ld = LD, .heads = H, .hd = Hd};
         be->rows_attention(S, &a);
         float *out = down(dout, n[step] * LD);
-        double p[CTX];
+        double ref[Hd];
         for (int i = 0; i < n[step]; i++)
             for (int h = 0; h < H; h++) {
-                const int keys = pos[step][i] + 1;
                 const float *K = kc + rows[step][i] * CTX * LD, *V = vc + rows[step][i] * CTX * LD;
-                for (int j = 0; j < keys; j++) {
-                    p[j] = 0;
-                    for (int e = 0; e < Hd; e++) p[j] += (double)q[i * LD + h * Hd + e] * K[j * LD + h * Hd + e];
-                }
-                softmax_d(p, keys);
-                for (int e = 0; e < Hd; e++) {
-                    double ref = 0;
-                    for (int j = 0; j < keys; j++) ref += p[j] * V[j * LD + h * Hd + e];
-                    near("rows_attention", i * LD + h * Hd + e, out[i * LD + h * Hd + e], ref, 1e-5);
-                }
+                attn_ref(q + i * LD + h * Hd, K, V, pos[step][i] + 1, LD, h * Hd, Hd, ref, NULL);
+                for (int e = 0; e < Hd; e++)
+                    near("rows_attention", i * LD + h * Hd + e, out[i * LD + h * Hd + e], ref[e], 1e-5);
             }
         free(q), free(k), free(v), free(out);
         be->free(dq), be->free(dk), be->free(dv);

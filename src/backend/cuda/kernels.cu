@@ -956,8 +956,7 @@ static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
 // 4-bit codes with bf16 scales are converted in bf16x2 arithmetic (tc_sub): about 2.25 instructions a code
 // instead of 3.75; the same bits unless s * c and b lie far apart (tc_sub). Every tensor-core launch (few
 // tokens, many, grouped) converts alike, so batch invariance holds. OSP_CUDA_DQ2=0 (for measurements): the f32
-// conversion. On an H100 (Llama-1B shape, 4-bit, batch 1, two interleaved rounds): 643/647 -> 679/679 tok/s;
-// every 4-bit golden's production decode logits bitwise the same there.
+// conversion. Measured in docs/NOTES.md ("CUDA switches' figures").
 static int tc_dq2() {
     static const int on = env_digit("OSP_CUDA_DQ2", 1) != 0;
     return on;
@@ -1018,10 +1017,9 @@ static int tc_mts() {
 }
 
 // Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as
-// the register kernel). OSP_CUDA_ST=0 (for measurements): the register kernel. On an H100 (Llama-1B shape, batch
-// 1, two interleaved rounds) bf16 went 587/586 -> 609/613 tok/s and 4-bit 641/642 -> 649/653; three blocks a
-// multiprocessor (593-596 bf16) and bf16 rows too long for it split to fit (553, and 64 streams 17.7-17.8k ->
-// 16.7-16.9k: the down projection's 512 blocks of one round trip each) were slower, and are gone.
+// the register kernel). OSP_CUDA_ST=0 (for measurements): the register kernel. Three blocks a multiprocessor and
+// bf16 rows too long for it split to fit were slower and are gone; figures in docs/NOTES.md ("CUDA switches'
+// figures").
 static int tc_st() {
     static const int on = env_digit("OSP_CUDA_ST", 1) != 0;
     return on;
@@ -1071,10 +1069,8 @@ static size_t tc_rg_bytes(const tc_set &set, int sk, int ks) {
 // token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
 // (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
 // (16 for blocks of 16 warps) by 32 tokens a pass.
-// OSP_CUDA_TC_WIDE=1 (for measurements): many-token blocks of 4 row tiles (2 for 4-bit), not 2. On the H200
-// the 64-stream step ran bf16 at 16,662 tok/s with 4 row tiles (one block of 173 registers a thread a
-// multiprocessor), 19,229 with 2 (118 registers: two blocks); 2 row tiles by 64 tokens a pass: 18,548; 2 row
-// tiles with 2 steps of loads in flight: 16,777; 4-bit the same within 2% each way.
+// OSP_CUDA_TC_WIDE=1 (for measurements): many-token blocks of 4 row tiles (2 for 4-bit), not 2; slower at 64
+// streams on the H200 (docs/NOTES.md, "CUDA switches' figures").
 static int tc_wide() {
     static const int on = env_digit("OSP_CUDA_TC_WIDE", 0) == 1;
     return on;
@@ -1082,9 +1078,8 @@ static int tc_wide() {
 
 // OSP_CUDA_FEW=1..4 (for measurements; the numbers change with the split-K it implies): the few-token kernel
 // of every weight kind with 1, 2, 4 or 8 steps of loads in flight, and two blocks of 8 warps a multiprocessor
-// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps, 8-bit 2, 4-bit 1, two blocks each. (H200, Llama-1B shape,
-// batch 1: 4-bit 709 tok/s with 2 steps and one block, 763 with 1 step and two, 755 with 2 and two; bf16
-// 774/780/772 for its default/1/2, 702 and 604 for 4 and 8 steps with one block.)
+// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps, 8-bit 2, 4-bit 1, two blocks each (docs/NOTES.md, "CUDA
+// switches' figures").
 static int tc_few() {
     static int v = -1;
     if (v < 0) {
@@ -1201,8 +1196,8 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n, c
 }
 
 // The splits of a set of weights in one launch (q, k and v) from all their row tiles, so that together they
-// stay in one wave (from q's alone: 384 blocks, 1.45 waves; Llama-1B shape, batch 1 on the H200: bf16
-// 774 -> 814 tok/s). OSP_CUDA_SKSET=0 (for measurements): from the first weight's alone.
+// stay in one wave (from q's alone: 384 blocks, 1.45 waves at Llama-1B's shape; docs/NOTES.md, "CUDA switches'
+// figures"). OSP_CUDA_SKSET=0 (for measurements): from the first weight's alone.
 static int tc_sk_set(const tc_set &set) {
     static const int on = env_digit("OSP_CUDA_SKSET", 1) != 0;
     return on ? tc_sk_tiles(&set.w[0], tc_blocks(set, 1)) : tc_sk(&set.w[0]);

@@ -124,6 +124,7 @@ struct osp_whisper_state {
     osp_dbuf *f;        /* [rows_cap, max(ffn, 2d, A)]: MLP rows, conv1's output, captured scores */
     osp_dbuf *logits;   /* [logits_cap / vocab, vocab] */
     int64_t logits_cap;
+    float *logits_h;    /* host [logits_cap]: a step's logits read back at once when several runs want some */
     /* a view */
     osp_whisper_state *base;
     int32_t slot, row0;
@@ -691,6 +692,7 @@ void osp_whisper_state_free(osp_whisper_state *s) {
     osp_free(s->tok_pos);
     osp_free(s->tok_id);
     osp_free(s->xin);
+    osp_free(s->logits_h);
     osp_free(s->enc_host);
     osp_dbuf *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->a, s->enc_out, s->mel, s->col, s->f, s->logits};
     for (int i = 0; i < 11; i++)
@@ -994,8 +996,11 @@ static osp_status head(osp_whisper_state *s, const int32_t *sel, int32_t m_rows)
     const osp_backend *be = s->be;
     if (m_rows * V > s->logits_cap) {
         if (s->logits) be->free(s->logits);
+        osp_free(s->logits_h);
         s->logits_cap = 0;
-        if (!(s->logits = be->alloc((size_t)(m_rows * V)))) return osp_err(OSP_ERR_NOMEM, "out of memory for logits");
+        s->logits_h = osp_malloc(OSP_POOL_SCRATCH, sizeof(float) * (size_t)(m_rows * V));
+        if (!(s->logits = be->alloc((size_t)(m_rows * V))) || !s->logits_h)
+            return osp_err(OSP_ERR_NOMEM, "out of memory for logits");
         s->logits_cap = m_rows * V;
     }
     /* the selected rows gathered into k (free after the body), stretches at a time */
@@ -1060,13 +1065,19 @@ osp_status osp_whisper_step(osp_whisper_state *s, const osp_whisper_run *runs, i
     }
     if (m_rows) {
         OSP_TRY(head(s, sel, m_rows));
+        /* one read of every wanted row when several runs want some (a device's reads are a round trip each) */
+        const int once = n_runs > 1;
+        if (once) s->be->read(s->logits_h, s->logits, (int64_t)m_rows * V);
         for (int32_t r = 0; r < n_runs; r++) {
             const osp_whisper_run *u = &runs[r];
+            const int64_t at = (int64_t)first[r] * V;
             if (u->logits) {
-                s->be->read(u->logits, osp_dbuf_at(s->logits, (int64_t)first[r] * V), (int64_t)u->n * V);
+                if (once) memcpy(u->logits, s->logits_h + at, sizeof(float) * (size_t)(u->n * V));
+                else s->be->read(u->logits, osp_dbuf_at(s->logits, at), (int64_t)u->n * V);
                 if (u->last) memcpy(u->last, u->logits + (int64_t)(u->n - 1) * V, sizeof(float) * V);
             } else if (u->last) {
-                s->be->read(u->last, osp_dbuf_at(s->logits, (int64_t)first[r] * V), V);
+                if (once) memcpy(u->last, s->logits_h + at, sizeof(float) * V);
+                else s->be->read(u->last, osp_dbuf_at(s->logits, at), V);
             }
         }
     } else {

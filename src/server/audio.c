@@ -14,7 +14,9 @@
  * the connection's thread, and the batch's thread computes on the process
  * thread pool when the server has no chat model, else without it (serial):
  * the pool belongs to the chat batch thread, so chat requests keep their
- * cores. A request's text is the same alone or among others. Bad audio
+ * cores. It computes in the device's production precision, as chat does
+ * (`osprey transcribe --fast`: bf16 tensor cores on a GPU, the bf16 engine on
+ * an AMX or AVX512-BF16 CPU). A request's text is the same alone or among others. Bad audio
  * (not audio, truncated, empty) is a 400 naming the problem. */
 #include <math.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ int srv_audio_setup(srv *s) {
     osp_wbatch_opts bo;
     osp_wbatch_defaults(&bo);
     bo.serial = s->model != NULL; /* an audio-only server's thread pool has no other user */
+    bo.fast = 1; /* the device's production precision, as the chat model's (server/setup.c) */
     return osp_wbatch_new(s->audio, &bo, &s->audio_batch) == OSP_OK ? 0 : -1;
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include "kv/prefix.h"
 #include "server/server_internal.h"
+#include "speech/batch.h"
 
 typedef struct srv_counts {
     long long requests, ok, failed, cancelled, stalled, prompt_tokens, cached_tokens, gen_tokens, draft, draft_accepted;
@@ -54,6 +55,15 @@ json_t *srv_stats_json(srv *s) {
                                                atomic_load(&s->c_route_messages), "responses",
                                                atomic_load(&s->c_route_responses), "responses_tools_dropped",
                                                atomic_load(&s->c_tools_dropped)));
+    if (s->audio_batch) {
+        osp_wbatch_stats w;
+        osp_wbatch_get_stats(s->audio_batch, &w);
+        json_object_set_new(o, "transcription",
+                            json_pack("{s:I, s:I, s:I, s:I, s:I, s:f, s:f}", "steps", (json_int_t)w.steps,
+                                      "step_requests", (json_int_t)w.step_jobs, "step_tokens", (json_int_t)w.step_tokens,
+                                      "encodes", (json_int_t)w.encodes, "windows", (json_int_t)w.windows,
+                                      "compute_s", w.compute_s, "gather_s", w.gather_s));
+    }
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
         json_t *pc = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s}",
@@ -119,6 +129,34 @@ int srv_metrics_text(srv *s, srv_buf *b) {
     e |= metric(b, "kv_reserved_bytes", "gauge", "KV bytes reserved by running requests.", c.kv_reserved);
     e |= srv_buf_addf(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
                          "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %lld\n", c.resident);
+    if (s->audio_batch) {
+        osp_wbatch_stats w;
+        osp_wbatch_get_stats(s->audio_batch, &w);
+        e |= metric(b, "transcription_steps_total", "counter", "Decoder steps of the transcription batch.", w.steps);
+        e |= metric(b, "transcription_step_requests_total", "counter",
+                    "Transcriptions' steps those steps held (per step: how many shared it).", w.step_jobs);
+        e |= metric(b, "transcription_step_tokens_total", "counter", "Tokens those steps computed.", w.step_tokens);
+        e |= metric(b, "transcription_encodes_total", "counter", "Encoder calls of the transcription batch.", w.encodes);
+        e |= metric(b, "transcription_windows_total", "counter", "30 s windows those calls encoded.", w.windows);
+        e |= metric(b, "transcription_compute_microseconds_total", "counter",
+                    "Time the transcription batch spent computing.", (long long)(w.compute_s * 1e6));
+        e |= metric(b, "transcription_gather_microseconds_total", "counter",
+                    "Time it waited for other transcriptions' jobs to share a step.", (long long)(w.gather_s * 1e6));
+    }
+    if (s->audio_batch) {
+        osp_wbatch_stats w;
+        osp_wbatch_get_stats(s->audio_batch, &w);
+        e |= metric(b, "transcription_steps_total", "counter", "Decoder steps of the transcription batch.", w.steps);
+        e |= metric(b, "transcription_step_requests_total", "counter",
+                    "Transcriptions' steps those steps held (per step: how many shared it).", w.step_jobs);
+        e |= metric(b, "transcription_step_tokens_total", "counter", "Tokens those steps computed.", w.step_tokens);
+        e |= metric(b, "transcription_encodes_total", "counter", "Encoder calls of the transcription batch.", w.encodes);
+        e |= metric(b, "transcription_windows_total", "counter", "30 s windows those calls encoded.", w.windows);
+        e |= metric(b, "transcription_compute_microseconds_total", "counter",
+                    "Time the transcription batch spent computing.", (long long)(w.compute_s * 1e6));
+        e |= metric(b, "transcription_gather_microseconds_total", "counter",
+                    "Time it waited for other transcriptions' jobs to share a step.", (long long)(w.gather_s * 1e6));
+    }
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
         e |= metric(b, "prompt_cache_lookups_total", "counter", "Prefix cache lookups.", p->lookups);

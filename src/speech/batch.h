@@ -28,9 +28,22 @@ typedef struct osp_wbatch_opts {
     int serial;          /* 1: the batch thread computes alone, off the process thread pool (osp_whisper_state_set_serial) */
     int fast;            /* the device's production precision for every transcription (osp_whisper_state_set_fast) */
     double gather_ms;    /* how long the batch thread waits for the other transcriptions' jobs (2 ms) */
+    double hold_ms;      /* how long, at most, for those of the last round's transcriptions (20 ms) after it */
 } osp_wbatch_opts;
 
 void osp_wbatch_defaults(osp_wbatch_opts *o);
+
+/* What the batch thread did since the batch began (GET /metrics): how well concurrent transcriptions share steps. */
+typedef struct osp_wbatch_stats {
+    int64_t steps;          /* decoder steps run */
+    int64_t step_jobs;      /* transcriptions' steps they held (step_jobs / steps: transcriptions a step) */
+    int64_t step_tokens;    /* tokens they computed */
+    int64_t encodes;        /* encoder calls */
+    int64_t windows;        /* windows those calls encoded */
+    double compute_s;       /* seconds the batch thread spent computing */
+    double gather_s;        /* seconds it waited for other transcriptions' jobs with one queued */
+} osp_wbatch_stats;
+void osp_wbatch_get_stats(osp_wbatch *b, osp_wbatch_stats *out);
 osp_status osp_wbatch_new(const osp_whisper *m, const osp_wbatch_opts *o, osp_wbatch **out);
 /* No transcription may be running. */
 void osp_wbatch_free(osp_wbatch *b);

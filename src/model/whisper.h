@@ -21,7 +21,9 @@
  * → blocks (causal self-attention over the cache, cross-attention over the
  * window, MLP) → layer_norm → logits tied to embed_tokens (or proj_out when
  * stored). Every step is an osp_backend operation (backend/backend.h), so
- * the model runs on the device it was loaded on (the CPU, or a GPU).
+ * the model runs on the device it was loaded on (the CPU, or a GPU: every
+ * Whisper golden passes with --device cuda at the CPU's bound, and AUTO
+ * picks the GPU where there is one).
  */
 #ifndef OSP_WHISPER_H
 #define OSP_WHISPER_H
@@ -129,9 +131,10 @@ osp_status osp_whisper_copy_rows(osp_whisper_state *s, const int32_t *copies, in
  * for callers beside another user of the pool (the server's audio route). */
 void osp_whisper_state_set_serial(osp_whisper_state *s, int serial);
 /* fast = 1: the backend's production precision (on the GPU, the encoder's
- * and long chunks' matmuls on the tensor cores in bf16); reference
- * precision (f32, the goldens' bound) otherwise, the default. The CPU
- * computes both in reference precision. */
+ * and long chunks' matmuls on the tensor cores in bf16, and full attention
+ * in bf16; on a CPU with a bf16 engine, AMX or AVX512-BF16, bf16 linears on
+ * that engine); reference precision (f32, the goldens' bound) otherwise,
+ * the default. Other CPUs compute both in reference precision. */
 void osp_whisper_state_set_fast(osp_whisper_state *s, int fast);
 
 /* Word timestamps: while set, each decoded token's cross-attention scores

@@ -165,6 +165,14 @@ static void *batch_thread(void *p) {
         const int32_t n = b->n_queue;
         memcpy(b->take, b->queue, sizeof *b->take * n);
         b->n_queue = 0;
+        /* in slot order, whatever order they came in: the same transcriptions give the same step, which a
+         * device can then replay (a CUDA graph matches a step's operations and their arguments) */
+        for (int32_t i = 1; i < n; i++)
+            for (int32_t j = i; j > 0 && b->take[j - 1]->job->slot > b->take[j]->job->slot; j--) {
+                pending *t = b->take[j];
+                b->take[j] = b->take[j - 1];
+                b->take[j - 1] = t;
+            }
         memset(b->expect, 0, (size_t)b->o.slots);
         for (int32_t i = 0; i < n; i++) {
             b->queued[b->take[i]->job->slot] = 0;

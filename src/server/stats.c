@@ -143,20 +143,6 @@ int srv_metrics_text(srv *s, srv_buf *b) {
         e |= metric(b, "transcription_gather_microseconds_total", "counter",
                     "Time it waited for other transcriptions' jobs to share a step.", (long long)(w.gather_s * 1e6));
     }
-    if (s->audio_batch) {
-        osp_wbatch_stats w;
-        osp_wbatch_get_stats(s->audio_batch, &w);
-        e |= metric(b, "transcription_steps_total", "counter", "Decoder steps of the transcription batch.", w.steps);
-        e |= metric(b, "transcription_step_requests_total", "counter",
-                    "Transcriptions' steps those steps held (per step: how many shared it).", w.step_jobs);
-        e |= metric(b, "transcription_step_tokens_total", "counter", "Tokens those steps computed.", w.step_tokens);
-        e |= metric(b, "transcription_encodes_total", "counter", "Encoder calls of the transcription batch.", w.encodes);
-        e |= metric(b, "transcription_windows_total", "counter", "30 s windows those calls encoded.", w.windows);
-        e |= metric(b, "transcription_compute_microseconds_total", "counter",
-                    "Time the transcription batch spent computing.", (long long)(w.compute_s * 1e6));
-        e |= metric(b, "transcription_gather_microseconds_total", "counter",
-                    "Time it waited for other transcriptions' jobs to share a step.", (long long)(w.gather_s * 1e6));
-    }
     if (c.have_pc) {
         const osp_prefix_stats *p = &c.pc;
         e |= metric(b, "prompt_cache_lookups_total", "counter", "Prefix cache lookups.", p->lookups);

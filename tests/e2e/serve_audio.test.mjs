@@ -116,8 +116,17 @@ test('concurrent transcriptions share the batch and give the alone text', async 
     response_format: 'verbose_json', ...r });
   const alone = [];
   for (const r of reqs) alone.push(await one(r));
+  const counters = async () => (await (await fetch(`${srv.base}/stats`)).json()).transcription;
+  const before = await counters();
   const many = await Promise.all([...reqs, ...reqs].map(one));
   many.forEach((v, i) => assert.deepEqual(v, alone[i % reqs.length], `request ${i}`));
+  // the batch's counters: steps were shared (more than one request a step on average), each metric once
+  const after = await counters();
+  const steps = after.steps - before.steps, held = after.step_requests - before.step_requests;
+  assert.ok(steps > 0 && held > steps, `${held} requests' steps in ${steps} steps`);
+  const metrics = await (await fetch(`${srv.base}/metrics`)).text();
+  for (const m of ['steps_total', 'step_requests_total', 'compute_microseconds_total', 'gather_microseconds_total'])
+    assert.equal(metrics.split('\n').filter((l) => l.startsWith(`osprey_transcription_${m} `)).length, 1, m);
 });
 
 test('chat is served beside audio', async () => {

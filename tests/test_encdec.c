@@ -223,7 +223,22 @@ static void test_full_attention_fast(void **state) {
         osp_full_attn_args a1 = a;
         a1.q = osp_dbuf_at(dq, 137 * LD), a1.out = d1, a1.n = 1;
         be->full_attention(S, &a1);
+        /* K and V as rows, where the backend reads them so: bitwise the packed call's numbers, split and whole */
+        osp_dbuf *dr = be->alloc(N * LD), *drw = be->alloc(N * LD);
+        osp_full_attn_args ar = a, arw = aw;
+        ar.kh = dk, ar.vt = dv, ar.out = dr, arw.kh = dk, arw.vt = dv, arw.out = drw;
+        const int rows = be->full_attention_rows && be->full_attention_rows(S, &ar);
+        if (rows) assert_true(be->full_attention_rows(S, &arw));
         float *out = down(dout, N * LD), *whole = down(dw, N * LD), *one = down(d1, LD);
+        if (rows) {
+            float *r = down(dr, N * LD), *rw = down(drw, N * LD);
+            assert_memory_equal(r, out, sizeof(float) * N * LD);
+            assert_memory_equal(rw, whole, sizeof(float) * N * LD);
+            free(r), free(rw);
+        }
+        /* (the GPU can read them as rows) */
+        if (!strncmp(be->name, "cuda", 4)) assert_true(rows);
+        be->free(dr), be->free(drw);
         /* (the GPU's kernel promises it; the CPU's full attention takes queries 16 at a time, another order) */
         if (!strncmp(be->name, "cuda", 4)) assert_memory_equal(one, out + 137 * LD, sizeof(float) * LD);
         double ref[64];

@@ -268,6 +268,10 @@ typedef struct osp_backend {
     void (*pack_kv)(osp_be_session *s, osp_dbuf *kh, osp_dbuf *vt, const osp_dbuf *k, const osp_dbuf *v, int64_t S,
                     int64_t ld, int32_t heads, int32_t hd);
     void (*full_attention)(osp_be_session *s, const osp_full_attn_args *a);
+    /* Optional: full_attention with a->kh and a->vt being K and V as the projections wrote them ([S, ld], head h
+     * at columns [h·hd, (h+1)·hd)): the numbers of pack_kv then full_attention, without the packed copy. Returns
+     * 0, having done nothing, where the backend reads them packed (NULL: always); the caller then packs. */
+    int (*full_attention_rows)(osp_be_session *s, const osp_full_attn_args *a);
     /* out[i, j] = q[i, head's columns] · kh[head][j]: n rows of S scores
      * before the softmax (the alignment heads, for word timestamps) */
     void (*full_scores)(osp_be_session *s, osp_dbuf *out, const osp_dbuf *q, const osp_dbuf *kh, int64_t n, int64_t S,

@@ -737,12 +737,17 @@ static void mlp_block(const osp_whisper_state *s, const layer *L, int64_t wins, 
 }
 
 /* Attention of n queries (rows `first` on of q) over one window's packed K/V, into the same rows of a. */
+static osp_full_attn_args attn_args(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t first,
+                                     int64_t n, int heads, int whole) {
+    const int64_t d = s->m->cfg.d_model;
+    return (osp_full_attn_args){.q = osp_dbuf_at(s->q, first * d), .kh = kh, .vt = vt,
+                                .out = osp_dbuf_at(s->a, first * d), .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d,
+                                .heads = heads, .hd = (int32_t)(d / heads), .whole = whole};
+}
+
 static void full_attention(const osp_whisper_state *s, const osp_dbuf *kh, const osp_dbuf *vt, int64_t first,
                            int64_t n, int heads, int whole) {
-    const int64_t d = s->m->cfg.d_model;
-    osp_full_attn_args a = {.q = osp_dbuf_at(s->q, first * d), .kh = kh, .vt = vt, .out = osp_dbuf_at(s->a, first * d),
-                            .n = n, .S = s->m->cfg.n_audio_ctx, .ld = d, .heads = heads, .hd = (int32_t)(d / heads),
-                            .whole = whole};
+    osp_full_attn_args a = attn_args(s, kh, vt, first, n, heads, whole);
     s->be->full_attention(s->bs, &a);
 }
 
@@ -815,8 +820,10 @@ osp_status osp_whisper_encode_batch(osp_whisper_state *s, const float *const *me
         linear_w(s, &L->self.v, s->h, nw, A, L->self.bv, s->v);
         be->scale(bs, s->q, qs, nw * A * d);
         for (int32_t w = 0; w < nw; w++) {
-            be->pack_kv(bs, kh, vt, osp_dbuf_at(s->k, w * A * d), osp_dbuf_at(s->v, w * A * d), A, d, c->enc_heads,
-                        (int32_t)hd);
+            const osp_dbuf *k = osp_dbuf_at(s->k, w * A * d), *v = osp_dbuf_at(s->v, w * A * d);
+            osp_full_attn_args ra = attn_args(s, k, v, w * A, A, c->enc_heads, 1);
+            if (be->full_attention_rows && be->full_attention_rows(bs, &ra)) continue; /* no packed copy */
+            be->pack_kv(bs, kh, vt, k, v, A, d, c->enc_heads, (int32_t)hd);
             full_attention(s, kh, vt, w * A, A, c->enc_heads, 1);
         }
         linear_w(s, &L->self.o, s->a, nw, A, L->self.bo, s->h);

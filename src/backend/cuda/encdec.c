@@ -1,8 +1,7 @@
 /* backend/cuda/encdec: the encoder-decoder operations (model/whisper.c) on
- * the GPU: each a kernel of kernels_encdec.cu submitted through step.c
- * (Whisper's chunks run eagerly: it reads its logits itself, never through
- * `head`, so no step of it is captured as a graph). The linear is cuda.c's
- * matmul and bias. */
+ * the GPU: each a kernel of kernels_encdec.cu submitted through step.c (a
+ * decoder step ends with end_chunk, so it can be replayed as a graph). The
+ * linear is cuda.c's matmul and bias. */
 #include <string.h>
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels.h"
@@ -87,6 +86,7 @@ static void pack_kv(osp_be_session *s, osp_dbuf *kh, osp_dbuf *vt, const osp_dbu
 typedef struct fatt_args {
     osp_full_attn_args a;
     int32_t flash; /* the production path's tensor-core kernel */
+    int32_t rows;  /* a.kh, a.vt are K and V as rows [S, ld] (the flash kernel only) */
 } fatt_args;
 
 static void fatt_exec(osp_be_session *s, const void *p) {
@@ -99,7 +99,7 @@ static void fatt_exec(osp_be_session *s, const void *p) {
             return;
         }
         osp_cu_note(s, osp_cu_flash_attention(s->st, CD(a->q), CD(a->kh), CD(a->vt), D(a->out), s->part, a->n, a->S,
-                                              a->ld, a->heads, a->hd, a->whole),
+                                              a->ld, a->heads, a->hd, a->whole, f->rows ? a->ld : 0),
                     "full attention (tensor cores)");
         return;
     }
@@ -117,6 +117,17 @@ static void full_attention(osp_be_session *s, const osp_full_attn_args *in) {
     a->heads = in->heads, a->hd = in->hd, a->whole = in->whole;
     f.flash = s->fast && osp_cu_flash_ok(in->hd);
     SUBMIT(s, fatt_exec, f);
+}
+
+/* K and V read as the projections wrote them: the flash kernel takes them so; the f32 kernel reads them packed */
+static int full_attention_rows(osp_be_session *s, const osp_full_attn_args *in) {
+    if (!s->fast || !osp_cu_flash_ok(in->hd)) return 0;
+    osp_cu_flush(s);
+    ARGS(fatt_args, f);
+    f.a = *in;
+    f.flash = 1, f.rows = 1;
+    SUBMIT(s, fatt_exec, f);
+    return 1;
 }
 
 typedef struct scores_args {
@@ -191,6 +202,7 @@ void osp_cu_encdec_fill(osp_backend *b) {
     b->im2col = im2col;
     b->pack_kv = pack_kv;
     b->full_attention = full_attention;
+    b->full_attention_rows = full_attention_rows;
     b->full_scores = full_scores;
     b->rows_store = rows_store;
     b->rows_attention = rows_attention;

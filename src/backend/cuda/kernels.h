@@ -211,11 +211,13 @@ int osp_cu_full_attention(osp_cu_stream st, const float *q, const float *kh, con
                           int64_t S, int64_t ld, int heads, int hd);
 /* The production path's full attention (the tensor cores, bf16 operands): the same layouts, for heads of
  * hd in {16, 32, 64, 128} (osp_cu_flash_ok); whole: osp_full_attn_args' (the keys in one pass, else in fixed
- * splits merged after); scratch: device floats, osp_cu_flash_scratch of them (none when whole) */
+ * splits merged after); scratch: device floats, osp_cu_flash_scratch of them (none when whole); ldkv > 0: kh and
+ * vt are K and V as rows [S][ldkv] (head h at columns h·hd), not packed */
 int osp_cu_flash_ok(int hd);
 int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int heads, int whole);
 int osp_cu_flash_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out,
-                           float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd, int whole);
+                           float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd, int whole,
+                           int64_t ldkv);
 int osp_cu_full_scores(osp_cu_stream st, float *out, const float *q, const float *kh, int64_t n, int64_t S, int64_t ld,
                        int head, int hd);
 /* row, pos: device [n] */

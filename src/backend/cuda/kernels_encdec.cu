@@ -250,10 +250,10 @@ extern "C" int osp_cu_full_attention(osp_cu_stream st, const float *q, const flo
 #define FK 128                      // keys a split
 #define FT 256                      // threads a block
 
-template <int HD>
+template <int HD, bool ROWS>
 __global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const float *kh, const float *vt, float *out,
                                                         float *part, float *ml, int64_t n, int64_t S, int64_t ld,
-                                                        int64_t keys) {
+                                                        int64_t keys, int64_t ldkv) {
     constexpr int KP = HD + 8, VP = FB + 8;
     __shared__ uint4 ks4[FB * KP / 8], vs4[HD * VP / 8]; // (uint4: 16-byte aligned)
     uint16_t *ks = (uint16_t *)ks4, *vs = (uint16_t *)vs4;  // [key][e], [e][key]
@@ -261,7 +261,10 @@ __global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const fl
     const int64_t i0 = (int64_t)blockIdx.x * FQB, j_lo = (int64_t)split * keys;
     const int64_t j_hi = S < j_lo + keys ? S : j_lo + keys;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const float *K = kh + (int64_t)h * S * HD, *Vt = vt + (int64_t)h * HD * S;
+    // packed: K [heads][S][HD], V [heads][HD][S]; ROWS: K and V as the projections wrote them, [S][ldkv]
+    const float *K = ROWS ? kh + (int64_t)h * HD : kh + (int64_t)h * S * HD;
+    const float *Vt = ROWS ? vt + (int64_t)h * HD : vt + (int64_t)h * HD * S;
+    const int64_t kst = ROWS ? ldkv : HD;
     const int64_t r0 = i0 + warp * 16 + g, r1 = r0 + 8;
     const bool v4 = (S & 3) == 0; // V's rows of keys load 4 at a time
     uint32_t qa[HD / 16][4];
@@ -283,10 +286,19 @@ __global__ void __launch_bounds__(FT) flash_attn_kernel(const float *q, const fl
         for (int i = threadIdx.x; i < FB * HD / 4; i += FT) {
             const int key = i / (HD / 4), e = (i % (HD / 4)) * 4;
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (j0 + key < j_hi) v = *(const float4 *)(K + (j0 + key) * HD + e);
+            if (j0 + key < j_hi) v = *(const float4 *)(K + (j0 + key) * kst + e);
             uint32_t *d = (uint32_t *)(ks + key * KP + e);
             d[0] = bf16x2(v.x, v.y), d[1] = bf16x2(v.z, v.w);
         }
+        if (ROWS) // a key's row of V read 4 values at a time, stored down the tile's columns
+            for (int i = threadIdx.x; i < FB * HD / 4; i += FT) {
+                const int key = i / (HD / 4), e = (i % (HD / 4)) * 4;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (j0 + key < j_hi) v = *(const float4 *)(Vt + (j0 + key) * ldkv + e);
+                vs[e * VP + key] = f32_to_bf16(v.x), vs[(e + 1) * VP + key] = f32_to_bf16(v.y);
+                vs[(e + 2) * VP + key] = f32_to_bf16(v.z), vs[(e + 3) * VP + key] = f32_to_bf16(v.w);
+            }
+        else
         for (int i = threadIdx.x; i < HD * FB / 4; i += FT) {
             const int e = i / (FB / 4), j = (i % (FB / 4)) * 4;
             const float *src = Vt + (int64_t)e * S + j0 + j;
@@ -392,21 +404,30 @@ extern "C" int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int he
     return whole ? 0 : (S + FK - 1) / FK * n * (ld + 2 * heads);
 }
 
+template <bool ROWS>
+static int flash_launch(osp_cu_stream st, dim3 grid, const float *q, const float *kh, const float *vt, float *out,
+                        float *part, float *ml, int64_t n, int64_t S, int64_t ld, int hd, int64_t keys, int64_t ldkv) {
+    switch (hd) {
+    case 16: launch(flash_attn_kernel<16, ROWS>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys, ldkv); break;
+    case 32: launch(flash_attn_kernel<32, ROWS>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys, ldkv); break;
+    case 64: launch(flash_attn_kernel<64, ROWS>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys, ldkv); break;
+    case 128: launch(flash_attn_kernel<128, ROWS>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys, ldkv); break;
+    default: return (int)cudaErrorInvalidValue;
+    }
+    return 0;
+}
+
 extern "C" int osp_cu_flash_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out,
                                       float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd,
-                                      int whole) {
+                                      int whole, int64_t ldkv) {
     if (n <= 0 || S <= 0) return launch_status();
     const int splits = whole ? 1 : (int)((S + FK - 1) / FK);
     const int64_t keys = whole ? S : FK;
     float *part = whole ? NULL : scratch, *ml = whole ? NULL : scratch + (int64_t)splits * n * ld;
     const dim3 grid(blocks_for(n, FQB), (unsigned)heads, (unsigned)splits);
-    switch (hd) {
-    case 16: launch(flash_attn_kernel<16>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
-    case 32: launch(flash_attn_kernel<32>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
-    case 64: launch(flash_attn_kernel<64>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
-    case 128: launch(flash_attn_kernel<128>, grid, FT, 0, st, q, kh, vt, out, part, ml, n, S, ld, keys); break;
-    default: return (int)cudaErrorInvalidValue;
-    }
+    const int e = ldkv ? flash_launch<true>(st, grid, q, kh, vt, out, part, ml, n, S, ld, hd, keys, ldkv)
+                       : flash_launch<false>(st, grid, q, kh, vt, out, part, ml, n, S, ld, hd, keys, 0);
+    if (e) return e;
     if (!whole) launch(fa_combine_kernel, blocks_for(n * ld, EW), EW, 0, st, out, part, ml, n, ld, heads, hd, splits);
     return launch_status();
 }

@@ -235,7 +235,7 @@ static void test_tc(void **state) {
         {"q8 g32", 0, 8, 32, OSP_DT_BF16, 96},        {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
         {"bf16 wide", OSP_DT_BF16, 0, 0, 0, 4096},    {"q8 g64 wide", 0, 8, 64, OSP_DT_BF16, 8192},
         {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
-        {"bf16 2048 (split, staged)", OSP_DT_BF16, 0, 0, 0, 2048}, /* few tiles: split-K, and OSP_CUDA_ST stages it */
+        {"bf16 2048 (split, staged)", OSP_DT_BF16, 0, 0, 0, 2048}, /* few tiles: split-K, staged */
     };
     const int64_t ns[] = {1, 2, 7, 8, 9, 33, 64, 70};
     const int64_t nmax = 70;
@@ -321,10 +321,10 @@ static void test_tc(void **state) {
 }
 
 /* A few-token bf16 launch of one weight whose 16-row tile is too large to stage whole (8,192 columns: 256 KB)
- * in enough row tiles to need no split-K (the down projection of a Llama-1B shape): the register kernel, or under
- * OSP_CUDA_RING=1 the ring of bulk copies (scripts/test-gpu.sh runs both); each token bitwise as in a launch of 9
- * (the many-token kernel), all within the bound of the bf16-rounded reference; a partial last row tile. */
-static void test_tc_ring(void **state) {
+ * in enough row tiles to need no split-K (the down projection of a Llama-1B shape): the register kernel; each
+ * token bitwise as in a launch of 9 (the many-token kernel), all within the bound of the bf16-rounded reference;
+ * a partial last row tile. */
+static void test_tc_long_rows(void **state) {
     (void)state;
     osp_be_session *s;
     assert_int_equal(be->session_new(128, 8192, &s), OSP_OK);
@@ -1252,7 +1252,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_gemm),
         cmocka_unit_test(test_tc),
-        cmocka_unit_test(test_tc_ring),
+        cmocka_unit_test(test_tc_long_rows),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_head_ids),
         cmocka_unit_test(test_embed_prev),

@@ -474,15 +474,9 @@ struct tc_set {
     float teps;
     int tadd, tnth;
     unsigned *tcnt; // zero before and after
-    int dq;         // tc_sub's bf16x2 conversion where the codes are 4-bit with bf16 scales (tc_dq2)
     // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
     // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
     int pair;
-    // the staged kernel's tiles a block (tc_kernel's ST; one split, no tail): block b takes tiles b * tpb ...,
-    // each in one of two buffers st_stride bytes apart, the next one's copies issued before the block waits
-    // for the current one's
-    int tpb;
-    int64_t st_stride;
 };
 
 template <bool CG>
@@ -505,7 +499,7 @@ __device__ __forceinline__ float code_f(uint32_t word, int j) {
 }
 
 // sub-chunk v (8 columns) of a 16-byte chunk as 4 bf16 pairs
-// dq (tc_dq2; 4-bit codes whose scales and biases are bf16, so s and b are bf16 values): in bf16x2
+// dq (4-bit codes whose scales and biases are bf16, so s and b are bf16 values): in bf16x2
 // arithmetic, two codes an instruction: the pair's nibbles put into the mantissas of 128 + c (bf16 0x4300 | c),
 // 128 taken off (exact), then s * c + b rounded once to bf16 (the f32 path rounds s * c + b to f32 first:
 // the two differ where that first rounding lands on a bf16 tie, which the KL tier covers)
@@ -594,16 +588,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
 // the split's chunks of each row) come into shared memory by bulk copies issued as the block starts, before it waits for the kernel before it, and the
 // steps read them there: every byte of the tile in flight at once, in no registers. The same mma sequence on
 // the same operands: the same numbers.
-// RG (few-token bf16 tiles too large to stage whole, one weight; tc_rg_bytes): the tile comes through a ring of
-// RG_BUF stages in shared memory, each RG_SS steps of every warp (a warp's steps are consecutive: a stage is
-// KS * 16 pieces of RG_SS * 64 bytes, a bulk copy each, on the stage's mbarrier); the first RG_BUF are issued as
-// the block starts, and each later one once every warp has read the stage before it. The same steps in the
-// same order: the same numbers.
-#define RG_SS 4
-#define RG_BUF 3
-
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false, bool RG = false,
-          bool MTS = false>
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB, bool GR = false, bool ST = false>
 __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constant__ tc_set set,
                                                            const void *__restrict__ xv, int64_t n) {
     const float *__restrict__ x = (const float *)xv;
@@ -612,12 +597,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     constexpr int V = CH / 8;                               // sub-chunks per chunk
     __shared__ float red[KS][NT][4][WARP];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
-    const int tpb = MTS ? set.tpb : 1; // (MTS: ST with tiles a block, tc_mts)
-    __shared__ uint64_t st_bars[2]; // ST: the two buffers' barriers (8-byte aligned, as their type)
-    for (int ti = 0; ti < tpb; ti++) {
-    const int64_t gtile = (int64_t)blockIdx.x * tpb + ti; // (the launch's; tile: of its weight, below)
-    if (ti && gtile >= set.end[set.nw - 1]) break;     // (uniform)
-    int64_t tile = gtile;
+    __shared__ uint64_t st_bar; // ST: the tile's barrier
+    int64_t tile = blockIdx.x; // (the launch's; of its weight, below)
     [[maybe_unused]] int32_t slot = 0;
     if constexpr (GR) {
         slot = (int32_t)(tile / set.g_per);
@@ -648,16 +629,15 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     const int64_t ng = KIND == 2 ? 0 : cols / (w.group > 0 ? w.group : 1);
     const bool pair = !GR && MT == 1 && NT == 1 && set.pair; // (uniform)
     const int64_t row0 = pair ? tile * 8 : tile * 16 * MT;
-    const bool dq = KIND == 4 && set.dq && w.sdtype == 2;
+    const bool dq = KIND == 4 && w.sdtype == 2;
     static_assert(!ST || (MT == 1 && NT == 1 && !GR), "staged tiles: few-token, one row tile, not grouped");
-    static_assert(!MTS || ST, "tiles a block: staged");
     [[maybe_unused]] const unsigned char *st_sc = nullptr, *st_bi = nullptr; // ST: [16][ng] scales, biases
     [[maybe_unused]] const uint4 *st_rows = nullptr; // ST: [16][st_rb] codes: the split's chunks from st_c0 on
     [[maybe_unused]] int64_t st_c0 = 0, st_rb = row_bytes;
     if constexpr (ST) { // pieces: the 16 rows (pair: gate's 8, up's 8), each its codes, scales and biases
         OSP_DYN_SHARED(uint4, st_sm);
-        // a tile's copies into buffer bf (tile tl of this block: its weight, rows and sizes its own)
-        auto st_issue = [&](int64_t tl, int bf) {
+        // the tile's copies (tile tl of the launch: its weight, rows and sizes its own)
+        auto st_issue = [&](int64_t tl) {
             int wj = 0;
             while (wj < set.nw - 1 && tl >= set.end[wj]) wj++;
             if (wj) tl -= set.end[wj - 1];
@@ -667,9 +647,8 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             const int64_t r0 = pair ? tl * 8 : tl * 16, per = pair ? 8 : 16;
             const int64_t cnt = wq.rows - r0 < per ? wq.rows - r0 : per;
             const int64_t sb = KIND == 2 ? 0 : gq * (wq.sdtype == 0 ? 4 : 2); // a row's scales (tc_st_bytes: 16s)
-            unsigned char *codes = (unsigned char *)st_sm + bf * set.st_stride, *scs = codes + 16 * rb,
-                          *bis = scs + 16 * sb;
-            uint64_t *bar = &st_bars[bf];
+            unsigned char *codes = (unsigned char *)st_sm, *scs = codes + 16 * rb, *bis = scs + 16 * sb;
+            uint64_t *bar = &st_bar;
             constexpr int K3 = KIND == 2 ? 1 : 3;
             const int pieces = pair ? 2 : 1;
             if (SK > 1) { // (bf16, tc_st_bytes; one tile a block) each row's chunks of this split, a row every st_rb
@@ -697,33 +676,10 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             }
         };
         const int64_t sb = KIND == 2 ? 0 : ng * (w.sdtype == 0 ? 4 : 2);
-        const unsigned char *codes = (const unsigned char *)st_sm + (ti & 1) * set.st_stride;
+        const unsigned char *codes = (const unsigned char *)st_sm;
         st_rows = (const uint4 *)codes, st_sc = codes + 16 * row_bytes, st_bi = st_sc + 16 * sb;
         if (SK > 1) st_c0 = 4 * b_lo, st_rb = 64 * ((nsteps + SK - 1) / SK);
-        if (ti == 0) st_issue(gtile, 0);
-        if (MTS && ti + 1 < tpb && gtile + 1 < set.end[set.nw - 1]) st_issue(gtile + 1, (ti + 1) & 1); // the next's
-    }
-    static_assert(!RG || (KIND == 2 && MT == 1 && NT == 1 && !GR && !ST), "ring: few-token bf16 tiles");
-    __shared__ uint64_t rg_bar[RG_BUF];
-    [[maybe_unused]] const unsigned char *rg_sm = nullptr; // RG: [RG_BUF][KS][16] pieces of RG_SS * 64 bytes
-    [[maybe_unused]] int64_t rg_nst = 0;                   // RG: stages (the warps' steps / RG_SS)
-    [[maybe_unused]] auto rg_issue = [&](int64_t k) {      // stage k into its buffer (every thread calls it)
-        constexpr int64_t PB = RG_SS * 64;                  // a piece: a row's RG_SS steps of a warp
-        const int64_t cnt = rows - row0 < 16 ? rows - row0 : 16, per = b_n / KS;
-        uint64_t *bar = &rg_bar[k % RG_BUF];
-        if (threadIdx.x == 0) mbar_arm(bar, (uint32_t)(cnt * KS * PB));
-        __syncthreads();
-        const int pw = (int)threadIdx.x / 16, rr = (int)threadIdx.x % 16;
-        if (pw < KS && rr < cnt)
-            bulk_g2s((unsigned char *)rg_sm + (((k % RG_BUF) * KS + pw) * 16 + rr) * PB,
-                     (const unsigned char *)w.data + (row0 + rr) * row_bytes + (b_lo + pw * per + k * RG_SS) * 64,
-                     (uint32_t)PB, bar);
-    };
-    if constexpr (RG) {
-        OSP_DYN_SHARED(uint4, rg_dyn);
-        rg_sm = (const unsigned char *)rg_dyn;
-        rg_nst = b_n / KS / RG_SS;
-        for (int64_t k = 0; k < RG_BUF && k < rg_nst; k++) rg_issue(k);
+        st_issue(blockIdx.x);
     }
     const uint4 *rp[MT][2];
     bool rok[MT][2];
@@ -735,14 +691,12 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             rok[m][h] = r < rows;
             if constexpr (ST)
                 rp[m][h] = (const uint4 *)((const unsigned char *)st_rows + (int64_t)(g + 8 * h) * st_rb);
-            else if constexpr (RG) // (the warp's pieces of rows g, g + 8 in buffer 0; a stage's buffer adds on)
-                rp[m][h] = (const uint4 *)(rg_sm + ((int64_t)warp * 16 + g + 8 * h) * (RG_SS * 64));
             else
                 rp[m][h] = (const uint4 *)((const unsigned char *)(GR ? gdata : pair ? set.w[h].data : w.data) +
                                            (rok[m][h] ? r : 0) * row_bytes);
         }
     // the first steps' weights on their way before the previous kernel ends
-    for (int u = 0; !GR && !ST && !RG && u < U && s_lo + u < s_hi; u++) {
+    for (int u = 0; !GR && !ST && u < U && s_lo + u < s_hi; u++) {
         const int64_t ch = (s_lo + u) * 4 + t;
 #pragma unroll
         for (int m = 0; m < MT; m++)
@@ -752,7 +706,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     }
     pdl_wait();
     pdl_trigger();
-    if constexpr (ST) mbar_wait(&st_bars[ti & 1], 0);
+    if constexpr (ST) mbar_wait(&st_bar, 0);
     for (int64_t t0 = 0; t0 < n; t0 += 8 * NT) {
         float acc[MT][NT][4];
 #pragma unroll
@@ -762,18 +716,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
 #pragma unroll
                 for (int c = 0; c < 4; c++) acc[m][j][c] = 0.0f;
         for (int64_t s = s_lo; s < s_hi; s += U) {
-            [[maybe_unused]] int64_t rg_off = 0; // RG: uint4s from a chunk's index to its place in the stage
-            if constexpr (RG) { // (every warp has as many steps, a multiple of RG_SS: uniform)
-                const int64_t i = s - s_lo, k = i / RG_SS;
-                if (i % RG_SS == 0) {
-                    if (k >= 1 && k - 1 + RG_BUF < rg_nst) { // every warp read stage k - 1: its buffer takes another
-                        __syncthreads();
-                        rg_issue(k - 1 + RG_BUF);
-                    }
-                    mbar_wait(&rg_bar[k % RG_BUF], 0);
-                }
-                rg_off = (k % RG_BUF) * KS * 16 * (RG_SS * 4) + (s - k * RG_SS - s_lo) * 4 - s * 4;
-            }
             // U steps of weights and inputs in flight together
             uint4 a[U][MT][2];
             float sc[U][MT][2], bi[U][MT][2];
@@ -788,7 +730,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                     for (int h = 0; h < 2; h++) {
                         const bool ok = live && rok[m][h];
                         if constexpr (ST) a[u][m][h] = ok ? rp[m][h][ch - st_c0] : make_uint4(0, 0, 0, 0);
-                        else if constexpr (RG) a[u][m][h] = ok ? rp[m][h][ch + rg_off] : make_uint4(0, 0, 0, 0);
                         else a[u][m][h] = ok ? ld_stream(rp[m][h] + ch) : make_uint4(0, 0, 0, 0);
                         sc[u][m][h] = bi[u][m][h] = 0.0f;
                         if (KIND != 2 && ok) {
@@ -886,10 +827,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             __syncthreads();
         }
     }
-    if (MTS) { // (one split, no tail: tc_go) every warp is done with this tile's buffer
-        __syncthreads();
-        continue;
-    }
     if (SK > 1) { // the last block of a row tile adds the splits' sums in split order
         __shared__ int last;
         __threadfence();
@@ -923,7 +860,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                              set.tadd, tsh, set.tnth);
         if (threadIdx.x == 0) *set.tcnt = 0;
     }
-    } // (the block's tiles)
 }
 
 // a switch's value (its first digit), or dflt when unset or not a digit; callers keep it in a static
@@ -955,75 +891,27 @@ static void tc_layout(tc_set &set, int mt, int64_t n, int sk) {
 
 // 4-bit codes with bf16 scales are converted in bf16x2 arithmetic (tc_sub): about 2.25 instructions a code
 // instead of 3.75; the same bits unless s * c and b lie far apart (tc_sub). Every tensor-core launch (few
-// tokens, many, grouped) converts alike, so batch invariance holds. OSP_CUDA_DQ2=0 (for measurements): the f32
-// conversion. Measured in docs/NOTES.md ("CUDA switches' figures").
-static int tc_dq2() {
-    static const int on = env_digit("OSP_CUDA_DQ2", 1) != 0;
-    return on;
-}
+// tokens, many, grouped) converts alike, so batch invariance holds (docs/NOTES.md, "CUDA switches' figures").
 
-#define TC_ST_MAX (64 * 1024)                            // the staged tile's shared memory at most
-#define TC_SM_SHARED (227 * 1024)                        // a multiprocessor's shared memory for blocks (Hopper)
-#define TC_RG_MAX (RG_BUF * 16 * 16 * RG_SS * 64)         // the ring's, blocks of 16 warps
+#define TC_ST_MAX (64 * 1024) // the staged tile's shared memory at most
 
-static int tc_mts();
-static int sm_count(void);
-
-// ST: the staged kernel, shm its tile's bytes (tc_st_bytes); RG: the ring, shm its buffers' (tc_rg_bytes)
-template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false, bool RG = false>
+// ST: the staged kernel, shm its tile's bytes (tc_st_bytes)
+template <int KIND, int KS, int MT, int NT, int U, int MINB, bool XB = false, bool ST = false>
 static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk, size_t shm = 0) {
-    auto k = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, ST, RG>;
+    auto k = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, ST>;
     static int raised = 0; // (per instantiation) the shared memory a staged block may take, raised once
-    if ((ST || RG) && !raised) {
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, ST ? TC_ST_MAX : TC_RG_MAX);
+    if (ST && !raised) {
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, TC_ST_MAX);
         raised = 1;
     }
     tc_layout(set, MT, n, sk);
-    set.dq = tc_dq2();
     const int64_t tiles = set.end[set.nw - 1];
-    set.tpb = 1, set.st_stride = 0;
-    if (ST && tc_mts() && sk == 1 && !set.tx) { // a block takes several tiles, the next one's copies in flight
-        const int64_t stride = ((int64_t)shm + 255) & ~(int64_t)255, stat = KS == 16 ? 9 * 1024 : 5 * 1024;
-        int bps = 16 / KS; // blocks a multiprocessor: as many with two buffers, or (OSP_CUDA_MTS=2) one
-        if (bps * (2 * stride + stat) > TC_SM_SHARED) bps = tc_mts() == 2 && 2 * stride + stat <= TC_SM_SHARED ? 1 : 0;
-        const int64_t slots = (int64_t)sm_count() * bps;
-        if (bps && tiles > slots) {
-            set.tpb = (int)((tiles + slots - 1) / slots);
-            set.st_stride = stride;
-            if constexpr (ST) {
-                auto km = tc_kernel<KIND, KS, MT, NT, U, MINB, XB, false, true, false, true>;
-                static int raised_m = 0;
-                if (!raised_m) {
-                    cudaFuncSetAttribute(km, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * TC_ST_MAX + 256);
-                    raised_m = 1;
-                }
-                pdl_launch(km, dim3((unsigned)((tiles + set.tpb - 1) / set.tpb)), dim3(KS * WARP), (size_t)(2 * stride),
-                           st, set, x, n);
-                return;
-            }
-        }
-    }
     pdl_launch(k, dim3((unsigned)tiles, (unsigned)sk), dim3(KS * WARP), shm, st, set, x, n);
 }
 
-// OSP_CUDA_MTS=1 (off by default: not measured yet): a staged launch of more tiles than a wave of blocks holds (one
-// split, no tail) gives each block several consecutive tiles in two buffers, the next tile's bulk copies issued
-// before the block waits for the current one's, so a multiprocessor streams without a gap between tiles; where two
-// buffers would leave room for fewer blocks a multiprocessor it does not, unless OSP_CUDA_MTS=2. The same steps in
-// the same order: the same numbers.
-static int tc_mts() {
-    static const int v = env_digit("OSP_CUDA_MTS", 0);
-    return v == 1 || v == 2 ? v : 0;
-}
-
 // Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as
-// the register kernel). OSP_CUDA_ST=0 (for measurements): the register kernel. Three blocks a multiprocessor and
-// bf16 rows too long for it split to fit were slower and are gone; figures in docs/NOTES.md ("CUDA switches'
-// figures").
-static int tc_st() {
-    static const int on = env_digit("OSP_CUDA_ST", 1) != 0;
-    return on;
-}
+// the register kernel); the others the register kernel. Three blocks a multiprocessor and bf16 rows too long
+// for it split to fit were slower and are gone; figures in docs/NOTES.md ("CUDA switches' figures").
 
 // the staged tile's shared memory for a set, or 0 where it cannot take it: one split, not grouped, rows of
 // whole 16-byte chunks (codes, and the scales and biases of a row a multiple of 16 bytes, 16-byte aligned)
@@ -1046,59 +934,15 @@ static size_t tc_st_bytes(const tc_set &set, int sk) {
     return most <= TC_ST_MAX ? most : 0;
 }
 
-// OSP_CUDA_RING=1 (off by default: not measured yet): few-token bf16 launches of one weight whose tiles are too
-// large to stage whole (the down projection of a Llama-1B shape: 16 rows of 8,192 columns, 256 KB) take the ring
-// (tc_kernel's RG) instead of the register kernel; the same numbers.
-static int tc_ring() {
-    static const int on = env_digit("OSP_CUDA_RING", 0) == 1;
-    return on;
-}
-
-// the ring's shared memory for a set, or 0 where it cannot take it: one bf16 weight, rows of whole steps, each
-// warp of each split as many steps, a multiple of RG_SS
-static size_t tc_rg_bytes(const tc_set &set, int sk, int ks) {
-    if (set.nw != 1 || set.pair) return 0;
-    const osp_cu_weight &w = set.w[0];
-    if (w.qbits || w.dtype != 2 || w.cols % 32 || ((uintptr_t)w.data & 15)) return 0;
-    const int64_t steps = w.cols / 32;
-    if (steps % ((int64_t)sk * ks * RG_SS)) return 0;
-    return (size_t)RG_BUF * ks * 16 * RG_SS * 64;
-}
-
 // Tiles by the number of tokens (the numbers do not depend on them): a
 // token tile of 8 for up to 8 tokens, two blocks of 8 warps a multiprocessor
 // (bf16 with 4 steps of loads in flight, 8-bit 2, 4-bit 1); else 32 rows
 // (16 for blocks of 16 warps) by 32 tokens a pass.
-// OSP_CUDA_TC_WIDE=1 (for measurements): many-token blocks of 4 row tiles (2 for 4-bit), not 2; slower at 64
-// streams on the H200 (docs/NOTES.md, "CUDA switches' figures").
-static int tc_wide() {
-    static const int on = env_digit("OSP_CUDA_TC_WIDE", 0) == 1;
-    return on;
-}
-
-// OSP_CUDA_FEW=1..4 (for measurements; the numbers change with the split-K it implies): the few-token kernel
-// of every weight kind with 1, 2, 4 or 8 steps of loads in flight, and two blocks of 8 warps a multiprocessor
-// (1, 2) or one (4, 8); 0 or unset: bf16 4 steps, 8-bit 2, 4-bit 1, two blocks each (docs/NOTES.md, "CUDA
-// switches' figures").
-static int tc_few() {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSP_CUDA_FEW");
-        v = e ? atoi(e) : 0;
-        if (v < 0 || v > 4) v = 0;
-    }
-    return v;
-}
+// (the few-token kernel's steps of loads in flight and blocks a multiprocessor: measured in docs/NOTES.md,
+// "CUDA switches' figures")
 
 // blocks of the few-token kernel a multiprocessor holds (tc_sk's wave)
-static int tc_few_blocks(int ks) { return ks == 16 || tc_few() > 2 ? 1 : 2; }
-
-// OSP_CUDA_MT1=1 (for measurements): a many-token launch whose blocks of 2 row tiles would not give every
-// multiprocessor two (q/k/v and o of a small model) takes blocks of one row tile
-static int tc_mt1() {
-    static const int on = env_digit("OSP_CUDA_MT1", 0) == 1;
-    return on;
-}
+static int tc_few_blocks(int ks) { return ks == 16 ? 1 : 2; }
 
 static int sm_count(void);
 
@@ -1111,31 +955,18 @@ static int64_t tc_blocks(const tc_set &set, int mt) {
 
 template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
-    const size_t stb = n <= 8 && tc_st() ? tc_st_bytes(set, sk) : 0;
-    const size_t rgb = KIND == 2 && n <= 8 && !stb && tc_ring() ? tc_rg_bytes(set, sk, KS) : 0;
+    const size_t stb = n <= 8 ? tc_st_bytes(set, sk) : 0;
     if (stb) {
         tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, true>(st, set, x, n, sk, stb);
-    } else if (rgb) {
-        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, false, true>(st, set, x, n, sk, rgb);
-    } else if (n <= 8) {
-        switch (tc_few()) { // (U steps in flight, blocks of 8 warps a multiprocessor): see tc_few
-        case 1: tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk); break;
-        case 2: tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk); break;
-        case 3: tc_go<KIND, KS, 1, 1, 4, 1>(st, set, x, n, sk); break;
-        case 4: tc_go<KIND, KS, 1, 1, 8, 1>(st, set, x, n, sk); break;
-        default:
-            if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
-            else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
-            else tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk);
-        }
+    } else if (n <= 8) { // (U steps in flight: bf16 4, 8-bit 2, 4-bit 1; two blocks of 8 warps a multiprocessor)
+        if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
+        else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);
+        else tc_go<KIND, KS, 1, 1, 1, 16 / KS>(st, set, x, n, sk);
     } else if constexpr (KS == 16) { // 128 registers a thread at most
         if (xb) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
         else tc_go<KIND, KS, 1, 4, 1, 1>(st, set, x, n, sk);
-    } else if (xb && tc_wide()) { // every input value a block reads feeds 4 row tiles (2 for 4-bit: registers)
-        tc_go<KIND, KS, KIND == 4 ? 2 : 4, 4, 1, 1, true>(st, set, xb, n, sk);
     } else if (xb) {
-        if (tc_mt1() && tc_blocks(set, 2) * sk < 2 * sm_count()) tc_go<KIND, KS, 1, 4, 1, 1, true>(st, set, xb, n, sk);
-        else tc_go<KIND, KS, 2, 4, 1, 1, true>(st, set, xb, n, sk);
+        tc_go<KIND, KS, 2, 4, 1, 1, true>(st, set, xb, n, sk);
     } else {
         tc_go<KIND, KS, 2, 4, 1, 1>(st, set, x, n, sk);
     }
@@ -1197,11 +1028,8 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n, c
 
 // The splits of a set of weights in one launch (q, k and v) from all their row tiles, so that together they
 // stay in one wave (from q's alone: 384 blocks, 1.45 waves at Llama-1B's shape; docs/NOTES.md, "CUDA switches'
-// figures"). OSP_CUDA_SKSET=0 (for measurements): from the first weight's alone.
-static int tc_sk_set(const tc_set &set) {
-    static const int on = env_digit("OSP_CUDA_SKSET", 1) != 0;
-    return on ? tc_sk_tiles(&set.w[0], tc_blocks(set, 1)) : tc_sk(&set.w[0]);
-}
+// figures").
+static int tc_sk_set(const tc_set &set) { return tc_sk_tiles(&set.w[0], tc_blocks(set, 1)); }
 
 // xb_ready: ws->xb holds x rounded to bf16 already (the norm that wrote x wrote it too)
 template <int KIND>
@@ -1219,8 +1047,7 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     }
     // more than 8 tokens: the input rounded to bf16 once, not in every row tile's block
     const int64_t cols = set.w[0].cols;
-    static const int xb_on = env_digit("OSP_CUDA_XB", 1) != 0; // 0: every block rounds its f32 input itself
-    uint16_t *xb = xb_on && n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
+    uint16_t *xb = n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
     const float *xu0 = set.xu;
     float *tx0 = set.tx, *txn0 = set.txn;
     if (xb && !(xb_ready && !xu0))
@@ -1344,7 +1171,6 @@ static void tc_grouped_go(osp_cu_stream st, tc_set &set, const float *x, int64_t
         set.poff[i] = 0;
     }
     set.g_per = set.end[set.nw - 1];
-    set.dq = tc_dq2();
     pdl_launch(tc_kernel<KIND, KS, 1, 1, U, MINB, false, true>, dim3((unsigned)(slots * set.g_per)), dim3(KS * WARP),
                0, st, set, (const void *)x, (int64_t)0);
 }

@@ -40,8 +40,8 @@ run() {
         fails=$((fails + 1))
     fi
 }
-# OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the
-# OSP_CUDA_FUSE=2 checks, the other attention kernel), e2e (the server with the openai client)
+# OSP_GPU_PARTS: the parts to run (default all): core (kernels, suites, goldens, Whisper), fuse (the fused
+# launches against OSP_CUDA_FUSE=0), e2e (the server with the openai client)
 want() { case " ${OSP_GPU_PARTS:-core fuse e2e} " in *" $1 "*) return 0 ;; esac; return 1; }
 cd tests
 if want core; then
@@ -66,47 +66,19 @@ for g in data/goldens/*/; do
 done
 fi
 if want fuse; then
-# OSP_CUDA_FUSE=2 (launches joined in decode steps: the activation into the down matmul, the splits'
-# combine into attention, the KV store into the RoPE, ...) and the default (few-token steps: the KV store
-# into the RoPE or RoPE and store in attention, gate and up with their activation): every golden's
-# decode-mode logits bitwise the same as
-# with every launch on its own (OSP_CUDA_FEW_FUSE=0), in both precisions, and the batch, ids-out and
-# speculative suites with FUSE=2
+# The fused launches (the default: head norms into the RoPE, and in steps of up to 8 tokens the KV store into the RoPE launch or RoPE and store into attention, gate and up with their activation)
+# against every launch on its own (OSP_CUDA_FUSE=0): every golden's decode-mode logits bitwise the same, in both
+# precisions
 for g in data/goldens/*/; do
     g=${g%/}
     [ -f "$g/golden.safetensors" ] || continue
     case $g in *whisper*) continue ;; esac
     for prec in "" "--fast"; do
-        run "fuse=2 $(basename "$g") decode ${prec:-reference}" sh -c "for f in 0 1 2; do \
-            env OSP_CUDA_FUSE=\$((f > 1 ? 2 : 1)) \$([ \$f = 0 ] && echo OSP_CUDA_FEW_FUSE=0) \
+        run "fuse=0 $(basename "$g") decode ${prec:-reference}" sh -c "for f in 0 1; do \
+            env OSP_CUDA_FUSE=\$f \
             '$(bin osprey)' logits --device cuda $prec --model $g --input $g/golden.safetensors \
             --output '$tmp/fuse'\$f.safetensors --mode decode || exit 1; done; \
-            cmp '$tmp/fuse0.safetensors' '$tmp/fuse1.safetensors' && cmp '$tmp/fuse0.safetensors' '$tmp/fuse2.safetensors'"
-    done
-done
-for t in test_batch test_ids_out test_spec test_fast_path; do
-    OSP_CUDA_FUSE=2 run "$t (fuse=2)" "$(bin "$t")"
-done
-# The attention kernels (an f32 cache): the compact one in few-token steps by default; OSP_CUDA_ATTC=0 the
-# split kernel in every step, =2 the compact one in every step. They take every sum in the same order, so a
-# step's choice by its number of tokens leaves a row's numbers as they are: the suites with each, and every
-# golden's logits in every mode bitwise the same under the three (test_cuda's test_attn_compact checks the
-# two kernels against each other and a double reference)
-for t in test_batch test_fast_path test_spec; do
-    run "$t (OSP_CUDA_ATTC=0)" env OSP_CUDA_ATTC=0 "$(bin "$t")"
-done
-for t in test_batch test_shapes; do
-    run "$t (OSP_CUDA_ATTC=2)" env OSP_CUDA_ATTC=2 "$(bin "$t")"
-done
-for g in data/goldens/*/; do
-    g=${g%/}
-    [ -f "$g/golden.safetensors" ] || continue
-    case $g in *whisper*) continue ;; esac
-    for mode in decode prefill chunk:5; do
-        run "attc=0,1,2 $(basename "$g") $mode" sh -c "for f in 0 1 2; do env OSP_CUDA_ATTC=\$f '$(bin osprey)' \
-            logits --device cuda --model $g --input $g/golden.safetensors --output '$tmp/at'\$f.safetensors \
-            --mode $mode || exit 1; done; cmp '$tmp/at0.safetensors' '$tmp/at1.safetensors' && \
-            cmp '$tmp/at0.safetensors' '$tmp/at2.safetensors'"
+            cmp '$tmp/fuse0.safetensors' '$tmp/fuse1.safetensors'"
     done
 done
 fi

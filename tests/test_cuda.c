@@ -771,75 +771,21 @@ static void test_moe(void **state) {
     }
 }
 
-/* OSP_CUDA_FUSE=2's launches against the separate ones (the default), bitwise: an activation taken in the
- * matmul that reads it (every tensor-core kind, a few tokens and more than 8; the f32 kernel's kind keeps its
- * own launch), and a decode step's k and v stored by the launch that rotates k, with attention's splits
- * combined by the last of them (f32, bf16, 8-bit and 4-bit KV; a full layer and a sliding one; rows of 5 to
- * 600 positions: one split and several), plus a verification chunk of exact tokens. */
-/* fuse 1: every launch on its own (no part fused, in few-token steps either: OSP_CUDA_FEW_FUSE=0); 2: every
- * part of OSP_CUDA_FUSE=2 */
+/* The fused launches of a few-token step (the default) against every launch on its own (OSP_CUDA_FUSE=0),
+ * bitwise: a decode step's k and v stored by the launch that rotates k, or rotated and stored by attention (f32,
+ * bf16, 8-bit and 4-bit KV; a full layer and a sliding one; rows of 5 to 600 positions: one split and several),
+ * plus a verification chunk of exact tokens; gate and up with their activation in one launch. */
+/* fuse 1: every launch on its own (OSP_CUDA_FUSE=0); 2: the default */
 static osp_be_session *fuse_session(int fuse) {
-    setenv("OSP_CUDA_FUSE", fuse == 2 ? "2" : "1", 1);
-    setenv("OSP_CUDA_FEW_FUSE", "0", 1);
+    if (fuse == 1) setenv("OSP_CUDA_FUSE", "0", 1);
     osp_be_session *s;
     assert_int_equal(be->session_new(64, 8192, &s), OSP_OK);
     unsetenv("OSP_CUDA_FUSE");
-    unsetenv("OSP_CUDA_FEW_FUSE");
     be->set_fast(s, 1);
     return s;
 }
 
-static void test_fuse_act(void **state) {
-    (void)state;
-    const wkind FK[] = {
-        {"bf16", OSP_DT_BF16, 0, 0, 0, 2056},     {"bf16 small", OSP_DT_BF16, 0, 0, 0, 40},
-        {"q4 g64", 0, 4, 64, OSP_DT_BF16, 1024},  {"q4 g64 wide", 0, 4, 64, OSP_DT_BF16, 8192},
-        {"q8 g64", 0, 8, 64, OSP_DT_BF16, 960},   {"f16 (f32 kernel)", OSP_DT_F16, 0, 0, 0, 520},
-    };
-    const int64_t ns[] = {1, 3, 8, 9, 33};
-    osp_be_session *s1 = fuse_session(1), *s2 = fuse_session(2);
-    for (size_t k = 0; k < sizeof FK / sizeof *FK; k++) {
-        const wkind *K = &FK[k];
-        const int64_t R = 70, C = K->cols, nmax = 33;
-        const int tc = K->dt != OSP_DT_F16;
-        host_weight h;
-        make_weight(&h, R, C, K->dt, K->bits, K->group, K->sdt);
-        float *g = malloc(sizeof(float) * (size_t)(nmax * C)), *u = malloc(sizeof(float) * (size_t)(nmax * C));
-        float *y[2], *ga[2];
-        for (int f = 0; f < 2; f++)
-            y[f] = malloc(sizeof(float) * (size_t)(nmax * R)), ga[f] = malloc(sizeof(float) * (size_t)(nmax * C));
-        for (int64_t i = 0; i < nmax * C; i++) g[i] = 3.0f * uniform(), u[i] = uniform();
-        for (int act = 0; act < 2; act++)
-            for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
-                const int64_t n = ns[j];
-                for (int f = 0; f < 2; f++) {
-                    osp_be_session *s = f ? s2 : s1;
-                    osp_dbuf *dg = upload(g, n * C), *du = upload(u, n * C), *dy = be->alloc((size_t)(n * R));
-                    assert_non_null(dy);
-                    const osp_weight *ws[] = {&h.w};
-                    be->begin_chunk(s, (int32_t)n, 1);
-                    be->act_mul(s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, dg, dg, du, n, C, C);
-                    be->matmul(s, ws, 1, dg, n, &dy);
-                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
-                    be->read(y[f], dy, n * R), be->read(ga[f], dg, n * C);
-                    be->free(dg), be->free(du), be->free(dy);
-                }
-                if (memcmp(y[0], y[1], sizeof(float) * (size_t)(n * R)))
-                    fail_msg("%s, act %d, %lld tokens: the activation taken in differs from its own launch", K->name,
-                             act, (long long)n);
-                /* taken in: the activation was never written (the fused path ran); else written as without */
-                if (memcmp(ga[1], tc ? g : ga[0], sizeof(float) * (size_t)(n * C)))
-                    fail_msg("%s, act %d, %lld tokens: the activation's buffer is not what the %s path leaves",
-                             K->name, act, (long long)n, tc ? "fused" : "separate");
-            }
-        for (int f = 0; f < 2; f++) free(y[f]), free(ga[f]);
-        free(g), free(u);
-        free_weight(&h);
-    }
-    be->session_free(s1), be->session_free(s2);
-}
-
-/* Gate and up, then act_mul of their outputs (the MLP): with OSP_CUDA_FUSE=2 one launch for a few tokens
+/* Gate and up, then act_mul of their outputs (the MLP): by default one launch for a few tokens
  * (osp_cu_matmul_tc_pair: a tile's rows are 8 gate rows and the same 8 up rows, y = act(gate) * up written
  * once), the same numbers as the two weights' launch and act_mul; gate's and up's outputs are then never
  * written. Where that launch would split the columns (few rows), the pair is not taken: the same launches as
@@ -900,78 +846,6 @@ static void test_fuse_pair(void **state) {
             free_weight(&hg), free_weight(&hu);
         }
     be->session_free(s1), be->session_free(s2);
-}
-
-/* A decode step's matmul, the residual add of its output and the norm of the sum (o and the MLP's norm;
- * down and the next layer's): one launch with OSP_CUDA_FUSE=2 for few tokens (its last block adds and
- * norms), the same numbers as three; with the activation taken in as well (down after act_mul); for 9
- * tokens the norm writes its output rounded to bf16 too, which the next matmul (bf16 weights reading the
- * norm's output, as q/k/v do) takes instead of rounding it. Widths on the norm's vector path and off it,
- * split-K and not, w + 1 norms. */
-static void test_fuse_tail(void **state) {
-    (void)state;
-    const struct {
-        const char *name;
-        wkind k;
-        int64_t H;
-        int act;
-    } FT[] = {
-        {"bf16 o", {"bf16", OSP_DT_BF16, 0, 0, 0, 2048}, 2048, 0},
-        {"q4 down", {"q4", 0, 4, 64, OSP_DT_BF16, 8192}, 2048, 1},
-        {"q8 small", {"q8", 0, 8, 32, OSP_DT_BF16, 96}, 102, 0},
-        {"bf16 down", {"bf16", OSP_DT_BF16, 0, 0, 0, 512}, 1540, 1},
-        {"f16 (f32 kernel)", {"f16", OSP_DT_F16, 0, 0, 0, 520}, 256, 0},
-    };
-    const int64_t ns[] = {1, 2, 8, 9};
-    osp_be_session *ss[2] = {fuse_session(1), fuse_session(2)};
-    for (size_t k = 0; k < sizeof FT / sizeof *FT; k++) {
-        const int64_t H = FT[k].H, C = FT[k].k.cols, nmax = 9;
-        host_weight h, h2;
-        make_weight(&h, H, C, FT[k].k.dt, FT[k].k.bits, FT[k].k.group, FT[k].k.sdt);
-        make_weight(&h2, 48, H, OSP_DT_BF16, 0, 0, 0); /* the next matmul, reading the norm */
-        float *x = malloc(sizeof(float) * (size_t)(nmax * C)), *u = malloc(sizeof(float) * (size_t)(nmax * C)),
-              *res = malloc(sizeof(float) * (size_t)(nmax * H)), *nw = malloc(sizeof(float) * (size_t)H);
-        for (int64_t i = 0; i < nmax * C; i++) x[i] = uniform(), u[i] = uniform();
-        for (int64_t i = 0; i < nmax * H; i++) res[i] = 4.0f * uniform();
-        for (int64_t i = 0; i < H; i++) nw[i] = 0.5f * uniform();
-        osp_dbuf *dnw = upload(nw, H);
-        float *out[2][4];
-        for (int f = 0; f < 2; f++)
-            for (int j = 0; j < 4; j++) out[f][j] = malloc(sizeof(float) * (size_t)(nmax * H));
-        for (int add_one = 0; add_one < 2; add_one++)
-            for (size_t j = 0; j < sizeof ns / sizeof *ns; j++) {
-                const int64_t n = ns[j];
-                for (int f = 0; f < 2; f++) {
-                    osp_be_session *s = ss[f];
-                    osp_dbuf *dx = upload(x, n * C), *du = upload(u, n * C), *dr = upload(res, n * H),
-                             *dt = be->alloc((size_t)(n * H)), *dn = be->alloc((size_t)(n * H)),
-                             *dz = be->alloc((size_t)(n * 48));
-                    assert_non_null(dt), assert_non_null(dn), assert_non_null(dz);
-                    const osp_weight *ws[] = {&h.w}, *ws2[] = {&h2.w};
-                    be->begin_chunk(s, (int32_t)n, 1);
-                    if (FT[k].act) be->act_mul(s, OSP_ACT_SILU, dx, dx, du, n, C, C);
-                    be->matmul(s, ws, 1, dx, n, &dt);
-                    be->add(s, dr, dt, n * H);
-                    be->rmsnorm(s, dn, dr, dnw, n, H, 1e-6f, add_one);
-                    be->matmul(s, ws2, 1, dn, n, &dz);
-                    if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
-                    be->read(out[f][0], dt, n * H), be->read(out[f][1], dr, n * H), be->read(out[f][2], dn, n * H);
-                    be->read(out[f][3], dz, n * 48);
-                    be->free(dx), be->free(du), be->free(dr), be->free(dt), be->free(dn), be->free(dz);
-                }
-                static const char *const what[] = {"matmul output", "residual sum", "norm", "next matmul"};
-                for (int o = 0; o < 4; o++)
-                    if (memcmp(out[0][o], out[1][o], sizeof(float) * (size_t)(n * (o == 3 ? 48 : H))))
-                        fail_msg("%s, %lld tokens, add_one %d: the %s differs fused and separate", FT[k].name,
-                                 (long long)n, add_one, what[o]);
-            }
-        for (int f = 0; f < 2; f++)
-            for (int j = 0; j < 4; j++) free(out[f][j]);
-        free(x), free(u), free(res), free(nw);
-        be->free(dnw);
-        free_weight(&h), free_weight(&h2);
-    }
-    be->session_free(ss[0]), be->session_free(ss[1]);
 }
 
 enum { FB = 3, FHQ = 6, FHK = 2, FD = 64, FL = 2 }; /* 3 query heads a KV head: an odd G */
@@ -1258,9 +1132,7 @@ int main(void) {
         cmocka_unit_test(test_embed_prev),
         cmocka_unit_test(test_moe),
         cmocka_unit_test(test_norm_rope),
-        cmocka_unit_test(test_fuse_act),
         cmocka_unit_test(test_fuse_pair),
-        cmocka_unit_test(test_fuse_tail),
         cmocka_unit_test(test_fuse_attention),
         cmocka_unit_test(test_attn_compact),
         cmocka_unit_test(test_capture_beside_copies),

@@ -169,7 +169,6 @@ static void session_free(osp_be_session *s) {
     cudaFree(s->ids_d);
     cudaFreeHost(s->ids_h);
     cudaFree(s->part);
-    cudaFree(s->att_cnt);
     cudaFree(s->xb);
     cudaFree(s->wb);
     cudaFree(s->moe_i);
@@ -191,17 +190,8 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
         return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
     }
     const char *fz = getenv("OSP_CUDA_FUSE");
-    s->fuse = fz && !strcmp(fz, "0") ? 0 : fz && !strcmp(fz, "2") ? 2 : 1;
-    /* OSP_CUDA_FUSE=2's parts (all of them), or those OSP_CUDA_FUSE_MASK names (the FUSE_ bits): one can be
-     * left out if it fails */
-    const char *fm = getenv("OSP_CUDA_FUSE_MASK");
-    s->fuse2 = s->fuse == 2 ? (fm ? atoi(fm) & FUSE_ALL : FUSE_ALL) : 0;
-    /* OSP_CUDA_FEW_FUSE: the parts a few-token step takes under the default (unless set: the KV store in k's
-     * RoPE, or, a one-token step without q/k norms, the RoPE and store in attention; gate and up in one launch
-     * with their activation);
-     * OSP_CUDA_ATTC: the compact attention kernel in few-token steps (1, the default), every step (2), none (0) */
-    const char *ff = getenv("OSP_CUDA_FEW_FUSE");
-    s->fuse_few = ff ? atoi(ff) & FUSE_ALL : FUSE_KV | FUSE_ROPE_ATT | FUSE_PAIR;
+    s->fuse = !(fz && !strcmp(fz, "0"));
+    /* OSP_CUDA_ATTC: the compact attention kernel in few-token steps (1, the default), every step (2), none (0) */
     const char *ac = getenv("OSP_CUDA_ATTC");
     s->att_compact = ac && (ac[0] == '0' || ac[0] == '2') ? ac[0] - '0' : 1;
     /* the embedding rows of a full chunk and room for the small arrays */
@@ -228,13 +218,13 @@ static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
 
 /* A step of few tokens (a decode step of up to 8 rows, a short verification chunk): its launches are short and
- * many, so it takes the fused parts (fuse_few) and the compact attention kernel by default */
+ * many, so it takes the fused parts (FUSE_FEW) and the compact attention kernel. Measured in docs/NOTES.md
+ * (issue 18, the seventh session: the other parts, and the compact kernel in many-token steps, were slower) */
 #define FEW_TOKENS 8
 static int few(const osp_be_session *s) { return (int64_t)s->B * s->T <= FEW_TOKENS; }
 
-/* the FUSE_ parts on in this step: fuse2's under OSP_CUDA_FUSE=2, fuse_few's in a step of few tokens under
- * the default */
-static int fz(const osp_be_session *s) { return s->fuse == 2 ? s->fuse2 : s->fuse == 1 && few(s) ? s->fuse_few : 0; }
+/* the FUSE_ parts on in this step (none under OSP_CUDA_FUSE=0) */
+static int fz(const osp_be_session *s) { return s->fuse && few(s) ? FUSE_FEW : 0; }
 static void flush(osp_be_session *s);
 static osp_status status(osp_be_session *s) {
     flush(s);
@@ -279,27 +269,17 @@ typedef struct mm_args {
     float *y[4];
     int64_t ldy[4];
     const float *x;
-    const float *xu; /* the input is act(x) * xu (an activation taken in: one tensor-core weight) */
     int64_t n;
-    int32_t nw, act;
-    int32_t has_tail; /* the residual add and norm after it taken in (one tensor-core weight, n <= 8) */
-    osp_cu_tail tail;
+    int32_t nw;
 } mm_args;
 _Static_assert(sizeof(mm_args) <= OP_ARGS, "a matmul's arguments fit an operation's");
 
 static void mm_exec(osp_be_session *s, const void *p) {
     const mm_args *a = p;
-    if (a->xu || a->has_tail) {
-        note(s, osp_cu_matmul_tc_fused(s->st, a->d[0], a->x, a->xu, a->act, a->n, a->y[0], a->ldy[0], &s->tcws,
-                                       a->has_tail ? &a->tail : NULL),
-             "matmul (fused)");
-    } else if (use_gemm(s, a->n)) {
+    if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
-        /* the norm just before wrote this input rounded to bf16 (FUSE_XB) */
-        const int ready = s->xb_of && s->xb_seq + 1 == s->n_exec && s->xb_of == a->x && s->xb_of_n == a->n * a->d[0]->cols;
-        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, ready),
-             "matmul");
+        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, 0), "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     }
@@ -318,44 +298,9 @@ typedef struct act_args {
     int32_t act;
 } act_args;
 
-/* a held activation y = act(g) * u that this matmul's input is: taken in by the tensor-core kernel (the
- * production path's decode steps and verification chunks; a prefill GEMM reads a written input) */
-static int act_into(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, mm_args *a) {
-    if (s->pend != HELD_ACT) return 0;
-    const act_args *h = (const act_args *)s->pend_args;
-    if (h->y != x || h->n != n || h->d != d->cols || h->ld_u != h->d || !osp_cu_tc_ok(d) || use_gemm(s, n))
-        return 0;
-    a->x = h->g, a->xu = h->u, a->act = h->act;
-    s->pend = 0;
-    return 1;
-}
-
-/* A matmul of one tensor-core weight in a decode step (few tokens) is held back (OSP_CUDA_FUSE=2): the
- * residual add of its output and the norm of that sum, which usually follow, join its launch (add, norm). */
-static int hold_mm(osp_be_session *s, const osp_cu_weight *d, int64_t n) {
-    return (fz(s) & FUSE_TAIL) && s->fast && n <= 8 && osp_cu_tc_ok(d) && !use_gemm(s, n);
-}
-
 /* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
-    const osp_cu_weight *d0 = nw == 1 ? ws[0]->packed : NULL;
-    if (d0) {
-        ARGS(mm_args, a);
-        const int act = act_into(s, d0, CD(x), n, &a), hold = hold_mm(s, d0, n); /* act first: it takes a held
-                                                                                   activation, a flush would not */
-        if (act || hold) {
-            if (!act) flush(s), a.x = CD(x);
-            a.d[0] = d0, a.y[0] = D(ys[0]), a.ldy[0] = d0->rows, a.n = n, a.nw = 1;
-            if (hold) {
-                memcpy(s->pend_args, &a, sizeof a);
-                s->pend = HELD_MM;
-                return;
-            }
-            SUBMIT(s, mm_exec, a);
-            return;
-        }
-    }
     flush(s);
     if (nw == 2 && (fz(s) & FUSE_PAIR) && s->fast && ws[0]->packed && ws[1]->packed &&
         osp_cu_tc_pair_ok(ws[0]->packed, ws[1]->packed, n) && !use_gemm(s, n)) {
@@ -422,33 +367,13 @@ typedef struct norm_args {
 
 static void norm_exec(osp_be_session *s, const void *p) {
     const norm_args *a = p;
-    /* FUSE_XB: rows for a many-token tensor-core matmul also rounded to bf16 here, where it would round them */
-    uint16_t *yb = NULL;
-    if ((fz(s) & FUSE_XB) && s->fast && a->n > 8 && s->tcws.xb && a->n * a->d <= s->tcws.xb_elems)
-        yb = s->tcws.xb, s->xb_seq = s->n_exec, s->xb_of = a->y, s->xb_of_n = a->n * a->d;
-    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, yb), "rmsnorm");
+    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, NULL), "rmsnorm");
 }
 
 static void flush(osp_be_session *s);
 
 static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                  int add_one) {
-    if (s->pend == HELD_MM_ADD) { /* a matmul and the add of its output held: this norm of the sum joins them */
-        mm_args *h = (mm_args *)s->pend_args;
-        const ew_args *ad = (const ew_args *)s->pend_n2_args;
-        if ((const float *)ad->y == x && d == h->d[0]->rows && n == h->n) {
-            h->tail = (osp_cu_tail){ad->y, y, w, eps, add_one};
-            h->has_tail = 1;
-            s->pend = 0;
-            SUBMIT(s, mm_exec, *h);
-            return;
-        }
-        /* another norm: the matmul goes, the add stays held (and may join this norm, below) */
-        s->pend = 0;
-        osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
-        memcpy(s->pend_args, s->pend_n2_args, sizeof(ew_args));
-        s->pend = HELD_ADD;
-    }
     ARGS(norm_args, a);
     a.y = y, a.x = (float *)x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
     if (s->pend == HELD_ADD) { /* x += t held back: fused when this norm reads that sum */
@@ -500,19 +425,10 @@ static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n,
     SUBMIT(s, ew_exec, a);
 }
 
-/* y += x is held back: the norm that usually follows reads y and fuses it (and a held matmul whose output
- * x is, with both) */
+/* y += x is held back: the norm that usually follows reads y and fuses it */
 static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
     ARGS(ew_args, a);
     a.y = D(y), a.x = CD(x), a.n = n, a.kind = 0;
-    if (s->pend == HELD_MM) {
-        const mm_args *h = (const mm_args *)s->pend_args;
-        if ((const float *)h->y[0] == a.x && h->n * h->d[0]->rows == n && a.y != a.x) {
-            memcpy(s->pend_n2_args, &a, sizeof a);
-            s->pend = HELD_MM_ADD;
-            return;
-        }
-    }
     flush(s);
     memcpy(s->pend_args, &a, sizeof a);
     s->pend = HELD_ADD;
@@ -572,11 +488,6 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
-    if ((fz(s) & FUSE_ACT) && s->fast) { /* held: the matmul that reads y next may take it in (act_into) */
-        memcpy(s->pend_args, &a, sizeof a);
-        s->pend = HELD_ACT;
-        return;
-    }
     SUBMIT(s, act_exec, a);
 }
 
@@ -640,9 +551,7 @@ static void flush(osp_be_session *s) {
     if (k == HELD_ADD) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
     else if (k == HELD_ROPE || k == HELD_ROPE_ATT) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
     else if (k == HELD_NORM) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
-    else if (k == HELD_ACT) osp_cu_submit(s, act_exec, s->pend_args, sizeof(act_args));
-    else if (k == HELD_MM || k == HELD_MM_ADD || k == HELD_MM_PAIR) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
-    if (k == HELD_MM_ADD) osp_cu_submit(s, ew_exec, s->pend_n2_args, sizeof(ew_args));
+    else if (k == HELD_MM_PAIR) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
     if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
 }
 
@@ -707,17 +616,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
         note(s, cudaErrorMemoryAllocation, "attention scratch");
         return;
     }
-    /* the splits combined by the last of them (the same numbers): counters zeroed once when allocated */
-    unsigned *cnt = NULL;
-    size_t nc = (size_t)a->c.nb * (size_t)a->c.T * (size_t)a->c.L.n_kv_heads;
-    if ((fz(s) & FUSE_COMBINE) && a->nsplit > 1) {
-        size_t had = s->att_cnt_cap;
-        if (osp_cu_grow(s, (void **)&s->att_cnt, &s->att_cnt_cap, nc, sizeof(unsigned))) {
-            if (s->att_cnt_cap != had) note(s, cudaMemsetAsync(s->att_cnt, 0, nc * sizeof(unsigned), s->st), "counters");
-            cnt = s->att_cnt;
-        }
-    }
-    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit, cnt), "attention");
+    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit, NULL), "attention");
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {

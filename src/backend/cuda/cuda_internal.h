@@ -68,12 +68,8 @@ struct osp_be_session {
     _Alignas(16) unsigned char pend_n2_args[OP_ARGS];
     int att_compact;         /* the compact attention kernel: 1 in few-token steps, 2 in every step, 0 never
                                 (OSP_CUDA_ATTC) */
-    int fuse_few;            /* the FUSE_ parts of a few-token step under OSP_CUDA_FUSE=1 (OSP_CUDA_FEW_FUSE) */
-    int fuse2;               /* OSP_CUDA_FUSE=2's parts on (FUSE_ACT ...; OSP_CUDA_FUSE_MASK) */
-    int fuse;                /* norms fused into the RoPE that follows them (OSP_CUDA_FUSE=0: not); 2
-                                (OSP_CUDA_FUSE=2): also an activation into the matmul that reads it, a
-                                residual add and norm into the matmul before them, the KV store into the
-                                RoPE of k, attention's combine into its splits */
+    int fuse;                /* head norms fused into the RoPE that follows them, and in few-token steps the
+                                FUSE_FEW parts (OSP_CUDA_FUSE=0: none) */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */
@@ -95,13 +91,7 @@ struct osp_be_session {
     int staged_marked;       /* ev_staged was recorded after the last chunk's staging copies (a deferred head) */
     float *part;             /* attention's split partials */
     size_t part_cap;         /* floats */
-    unsigned *att_cnt;       /* attention's counters (OSP_CUDA_FUSE=2: zero between launches) */
-    size_t att_cnt_cap;
     uint64_t n_exec;         /* operations run (step.c counts them) */
-    uint64_t xb_seq;         /* FUSE_XB: the operation (n_exec) whose norm also wrote its output rounded to bf16
-                                into tcws.xb; the next operation, a many-token matmul of that output, reads it */
-    const float *xb_of;
-    int64_t xb_of_n;
     void *blas;              /* cuBLAS handle, or NULL */
     int blas_tried;
     uint16_t *xb, *wb;       /* bf16 activations and weights of a GEMM */
@@ -123,17 +113,14 @@ enum {
     HELD_ADD = 1,     /* a residual add (joins the norm of its sum) */
     HELD_ROPE,        /* a RoPE, maybe with its tensor's norm, maybe with k's after q's */
     HELD_NORM,        /* an in-place head norm (joins its RoPE) */
-    HELD_ACT,         /* an activation (the matmul reading it takes it in) */
-    HELD_MM,          /* a single-weight matmul of a decode step (its add and norm may join) */
-    HELD_MM_ADD,      /* that matmul and the add of its output (the add in pend_n2_args) */
     HELD_ROPE_ATT,    /* q's and k's RoPE with the KV store (the attention reading them may do both) */
     HELD_MM_PAIR,     /* two tensor-core weights of one shape in a decode step (gate, up: an activation of
                          their outputs may join: osp_cu_matmul_tc_pair) */
 };
 
-/* OSP_CUDA_FUSE=2's parts (osp_be_session.fuse2) */
-enum { FUSE_ACT = 1, FUSE_TAIL = 2, FUSE_KV = 4, FUSE_COMBINE = 8, FUSE_ROPE_ATT = 16, FUSE_XB = 32, FUSE_PAIR = 64,
-       FUSE_ALL = 127 };
+/* The fused parts a few-token step takes (cuda.c's fz): the KV store in k's RoPE launch; a one-token step's RoPE
+ * and store (no q/k norms) in attention; gate and up in one launch with their activation */
+enum { FUSE_KV = 4, FUSE_ROPE_ATT = 16, FUSE_PAIR = 64, FUSE_FEW = FUSE_KV | FUSE_ROPE_ATT | FUSE_PAIR };
 
 /* The sessions' streams are blocking streams, ordered with the legacy stream both ways, so legacy-stream work
  * (a synchronous copy, a KV block's copy or zeroing) or a free from one thread while another session captures a

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include "backend/backend.h"
 #include "core/core.h"
+#include "core/options.h"
 #include "kv/kv.h"
 #include "osprey.h"
 #include "tensor/tensor.h"
@@ -594,10 +595,10 @@ static void test_norm_rope(void **state) {
     for (int i = 0; i < NK; i++) k[i] = uniform(), v[i] = uniform();
     osp_dbuf *di = upload(inv, DH / 2), *dwq = upload(wq, DH), *dwk = upload(wk, DH);
     for (int fuse = 0; fuse < 2; fuse++) {
-        if (!fuse) setenv("OSP_CUDA_FUSE", "0", 1);
+        if (!fuse) osp_options_set("OSP_CUDA_FUSE", "0");
         osp_be_session *s;
         assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
-        unsetenv("OSP_CUDA_FUSE");
+        osp_options_set("OSP_CUDA_FUSE", NULL);
         for (int order = 0; order < 4; order++)
             for (int it = 0; it < 2; it++) { /* twice: nothing held leaks from one chunk into the next */
                 osp_dbuf *dq = upload(q, NQ), *dk = upload(k, NK), *dv = upload(v, NK);
@@ -725,9 +726,9 @@ static void test_moe(void **state) {
         for (size_t ni = 0; ni < sizeof Ns / sizeof *Ns; ni++) {
             const int64_t N = Ns[ni];
             moe_step(s, f, N, x, x2, dev, NULL);
-            setenv("OSP_CUDA_MOE", "host", 1);
+            osp_options_set("OSP_CUDA_MOE", "host");
             moe_step(s, f, N, x, x2, host, NULL);
-            unsetenv("OSP_CUDA_MOE");
+            osp_options_set("OSP_CUDA_MOE", NULL);
             for (int64_t i = 0; i < N; i++) {
                 double mx = 0;
                 for (int j = 0; j < MH; j++) mx = fmax(mx, fabs(host[i * MH + j]));
@@ -747,10 +748,10 @@ static void test_moe(void **state) {
         assert_int_equal(be->session_new(64, 4096, &s), OSP_OK);
         be->set_fast(s, 1);
         /* graphs: the same steps replayed as eagerly (a session without graphs) */
-        setenv("OSP_CUDA_GRAPHS", "0", 1);
+        osp_options_set("OSP_CUDA_GRAPHS", "0");
         osp_be_session *s0;
         assert_int_equal(be->session_new(64, 4096, &s0), OSP_OK);
-        unsetenv("OSP_CUDA_GRAPHS");
+        osp_options_set("OSP_CUDA_GRAPHS", NULL);
         be->set_fast(s0, 1);
         float lg[MN * MV], lg0[MN * MV], out0[MN * MH];
         for (int it = 0; it < 5; it++) {
@@ -777,10 +778,10 @@ static void test_moe(void **state) {
  * plus a verification chunk of exact tokens; gate and up with their activation in one launch. */
 /* fuse 1: every launch on its own (OSP_CUDA_FUSE=0); 2: the default */
 static osp_be_session *fuse_session(int fuse) {
-    if (fuse == 1) setenv("OSP_CUDA_FUSE", "0", 1);
+    if (fuse == 1) osp_options_set("OSP_CUDA_FUSE", "0");
     osp_be_session *s;
     assert_int_equal(be->session_new(64, 8192, &s), OSP_OK);
-    unsetenv("OSP_CUDA_FUSE");
+    osp_options_set("OSP_CUDA_FUSE", NULL);
     be->set_fast(s, 1);
     return s;
 }
@@ -938,7 +939,7 @@ static void test_fuse_attention(void **state) {
     be->free(di);
 }
 
-/* The compact attention kernel (OSP_CUDA_ATTC=2: in every step) against the split kernel (0) and a host
+/* The compact attention kernel (cuda_attention 2: in every step) against the split kernel (1) and a host
  * reference in double, f32 cache: head sizes 16 to 512, 1 to 16 query heads a KV head (7: not a power of
  * two), rows of 1 to 5 splits, a full and a sliding layer, two decode steps and a chunk of 3 exact tokens.
  * Both kernels must be within the goldens' bound of the reference, and bitwise the same (every sum is taken
@@ -961,9 +962,9 @@ static void test_attn_compact(void **state) {
         osp_kv *kv[2];
         osp_be_session *ss[2];
         for (int f = 0; f < 2; f++) {
-            setenv("OSP_CUDA_ATTC", f ? "2" : "0", 1); /* the compact kernel in every step, or in none */
+            osp_options_set("cuda_attention", f ? "2" : "1"); /* the compact kernel in every step, or in none */
             assert_int_equal(be->session_new(64, 8192, &ss[f]), OSP_OK);
-            unsetenv("OSP_CUDA_ATTC");
+            osp_options_set("cuda_attention", NULL);
             be->set_fast(ss[f], 1);
             assert_int_equal(osp_kv_new(NB, NL, sp, MAXP, 4, be->kv_mem, &kv[f]), OSP_OK);
             for (int32_t r = 0; r < NB; r++) {

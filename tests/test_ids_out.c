@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include "backend/ops.h"
+#include "core/options.h"
 #include "engine/sampler.h"
 #include "golden.h"
 #include "osprey.h"
@@ -220,7 +221,7 @@ static void chain_model(const char *name, int fast, int spare, int ahead) {
     snprintf(dir, sizeof dir, "data/goldens/%s", name);
     snprintf(what, sizeof what, "%s (%s, spare %d, %s)", name, fast ? "fast" : "reference", spare,
              ahead ? "ahead" : "from the host");
-    setenv("OSP_CHAIN", ahead ? "1" : "0", 1); /* (read by each session's first chain) */
+    osp_options_set("OSP_CHAIN", ahead ? "1" : "0"); /* (read by each session's first chain) */
     osp_model *m;
     golden g;
     assert_int_equal(osp_model_load(dir, &m), OSP_OK);
@@ -286,7 +287,7 @@ static void chain_model(const char *name, int fast, int spare, int ahead) {
     osp_session_free(sa), osp_session_free(sb);
     golden_free(&g);
     osp_model_free(m);
-    unsetenv("OSP_CHAIN");
+    osp_options_set("OSP_CHAIN", NULL);
 }
 
 static void test_chain(void **st) {

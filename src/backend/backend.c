@@ -6,6 +6,7 @@
 #include <string.h>
 #include <stdio.h>
 #include "backend/backend.h"
+#include "core/options.h"
 
 #ifndef OSP_HAVE_CUDA
 const osp_backend *osp_backend_cuda(void) {
@@ -16,7 +17,7 @@ const osp_backend *osp_backend_cuda(void) {
 
 const osp_backend *osp_backend_get(osp_device d) {
     if (d == OSP_DEVICE_AUTO) {
-        const char *e = getenv("OSP_DEVICE");
+        const char *e = osp_options_get()->device;
         if (e && !strcmp(e, "cpu")) d = OSP_DEVICE_CPU;
         else if (e && !strcmp(e, "cuda")) d = OSP_DEVICE_CUDA;
     }

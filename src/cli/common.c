@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include "cli.h"
 #include "core/core.h"
+#include "core/options.h"
 #include "osprey.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -18,8 +19,8 @@
  * source tree or install prefix. */
 const char *osp_cli_default_model(void) {
     static char path[4096];
-    const char *env = getenv("OSPREY_MODEL");
-    if (env && *env) return env;
+    const char *env = osp_options_get()->model;
+    if (env) return env;
     const char *cands[] = {OSP_SOURCE_DIR "/models/fortune", "models/fortune", "/usr/local/share/osprey/models/fortune"};
     struct stat sb;
     for (size_t i = 0; i < sizeof cands / sizeof *cands; i++) {

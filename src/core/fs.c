@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "fs.h"
+#include "options.h"
 
 int osp_is_file(const char *p) {
     struct stat sb;
@@ -56,9 +57,9 @@ osp_status osp_resolve_model_dir(const char *path, char *out, size_t n) {
 }
 
 int osp_cache_dir(char *out, size_t n) {
-    const char *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-    if (x && *x) snprintf(out, n, "%s/osprey", x);
-    else if (h && *h) snprintf(out, n, "%s/.cache/osprey", h);
+    const osp_options *o = osp_options_get();
+    if (o->cache_home) snprintf(out, n, "%s/osprey", o->cache_home);
+    else if (o->home) snprintf(out, n, "%s/.cache/osprey", o->home);
     else return 0;
     return 1;
 }

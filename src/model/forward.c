@@ -7,6 +7,7 @@
  * math is the backend's; reference precision is f32 throughout. */
 #include <stdlib.h>
 #include <string.h>
+#include "core/options.h"
 #include "core/threadpool.h"
 #include "model.h"
 
@@ -137,8 +138,7 @@ osp_status osp_forward_rows_chain(osp_session *s, const int32_t *rows, int32_t n
         s->chain_ids = malloc(sizeof(int32_t) * 2 * (size_t)kv->n_rows);
         s->chain_rows = malloc(sizeof(int32_t) * (size_t)kv->n_rows);
         if (!s->chain_ids || !s->chain_rows) return osp_err(OSP_ERR_NOMEM, "out of memory");
-        const char *e = getenv("OSP_CHAIN");
-        s->chain_ahead = !(e && !strcmp(e, "0"));
+        s->chain_ahead = osp_options_get()->chain;
     }
     if (ids) { /* a chain begins */
         NO_CHAIN(s);

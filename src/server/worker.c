@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "core/options.h"
 #include "engine/spec.h"
 #include "kv/prefix.h"
 #include "server/server_internal.h"
@@ -310,10 +311,8 @@ typedef struct wchain {
 } wchain;
 
 static int chain_wanted(srv *s) {
-    const char *e = getenv("OSP_SERVE_CHAIN");
-    if (e && !strcmp(e, "0")) return 0;
-    if (e && !strcmp(e, "1")) return 1;
-    return osp_session_chain_queues(s->session);
+    const int want = osp_options_get()->serve_chain;
+    return want >= 0 ? want : osp_session_chain_queues(s->session);
 }
 
 /* the chain ends before the batch changes (see wchain) */

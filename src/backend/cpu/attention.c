@@ -16,6 +16,7 @@
 #include <string.h>
 #include "backend/cpu/cpu.h"
 #include "backend/kvq.h"
+#include "core/options.h"
 #include "core/threadpool.h"
 #include "kv/kv.h"
 
@@ -260,8 +261,7 @@ void osp_cpu_attention(osp_be_session *s, const osp_attn_args *a) {
     }
     if (a->window > 0 && len > a->window) len = a->window;
     len = (len + 15) & ~(int64_t)15;
-    static int no_scratch = -1;
-    if (no_scratch < 0) no_scratch = getenv("OSP_ATT_NOSCRATCH") != NULL;
+    const int no_scratch = osp_options_get()->att_noscratch;
     int32_t tt = a->T < ATT_TT ? a->T : ATT_TT, ns = 1, nh_max = G;
     int64_t slot = 0;
     for (;; tt /= 2) {

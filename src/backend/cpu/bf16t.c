@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "backend/cpu/features.h"
+#include "core/options.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -31,9 +32,9 @@ static void detect(void) {
         (d & (1u << 22)) && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0)
         has_amx = 1;
 #endif
-    const char *e = getenv("OSP_BF16T"), *x = getenv("OSP_AMX");
-    if (e && e[0] == '0') return;
-    if (has_amx && !(x && x[0] == '0') && !(e && !strcmp(e, "dot"))) engine = OSP_BF16T_AMX;
+    const osp_options *o = osp_options_get();
+    if (o->bf16t == 0) return;
+    if (has_amx && o->amx && o->bf16t != 2) engine = OSP_BF16T_AMX;
     else if (has_dot) engine = OSP_BF16T_DOT;
 }
 

@@ -1,5 +1,6 @@
 /* backend/cpu/features: cpuid once (see features.h). */
 #include "backend/cpu/features.h"
+#include "core/options.h"
 #include <cpuid.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@ static void detect(void) {
     feats.avx512 = feats.avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     feats.vnni = feats.avx512 && __builtin_cpu_supports("avx512vnni");
-    const char *want = getenv("OSP_ISA");
+    const char *want = osp_options_get()->isa;
     feats.forced = want;
     if (want && !strcmp(want, "scalar")) feats.avx2 = feats.avx512 = feats.vnni = 0;
     else if (want && !strcmp(want, "avx2")) feats.avx512 = feats.vnni = 0;

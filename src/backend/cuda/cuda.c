@@ -19,6 +19,7 @@
 #include "backend/ops.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/kernels.h"
+#include "core/options.h"
 #include "kv/kv.h"
 
 #define D(p) ((float *)(p))
@@ -189,11 +190,9 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
         free(s);
         return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
     }
-    const char *fz = getenv("OSP_CUDA_FUSE");
-    s->fuse = !(fz && !strcmp(fz, "0"));
-    /* OSP_CUDA_ATTC: the compact attention kernel in few-token steps (1, the default), every step (2), none (0) */
-    const char *ac = getenv("OSP_CUDA_ATTC");
-    s->att_compact = ac && (ac[0] == '0' || ac[0] == '2') ? ac[0] - '0' : 1;
+    const osp_options *o = osp_options_get();
+    s->fuse = o->cuda_fuse;
+    s->att_kernel = o->cuda_attention; /* (a test hook: 0, by the step's tokens, unless a test sets it) */
     /* the embedding rows of a full chunk and room for the small arrays */
     size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
                  ((size_t)1 << 20);
@@ -634,7 +633,7 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
     c->rope = rope_inv != NULL, c->rope_inv = rope_inv;
-    c->compact = s->att_compact == 2 || (s->att_compact == 1 && few(s));
+    c->compact = s->att_kernel ? s->att_kernel == 2 : few(s);
     c->rows = kv_rows(s, a->kv, a->layer, a->rows, a->nb, &c->L);
     if (!c->rows) return;
     c->nb = a->nb, c->T = a->T, c->n_heads = a->n_heads, c->window = a->window;
@@ -1001,10 +1000,7 @@ static const osp_cu_weight *moe_table(osp_be_session *s, const osp_moe_args *a) 
     return d;
 }
 
-static int moe_host_forced(void) {
-    const char *e = getenv("OSP_CUDA_MOE");
-    return e && !strcmp(e, "host");
-}
+static int moe_host_forced(void) { return osp_options_get()->cuda_moe_host; }
 
 /* The whole layer's experts on the device; 0 (nothing submitted) when it cannot take them. */
 static int moe_device(osp_be_session *s, const osp_moe_args *a) {

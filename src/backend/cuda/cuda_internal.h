@@ -66,8 +66,9 @@ struct osp_be_session {
     const void *pend_host;   /* a held rope's host positions */
     int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
     _Alignas(16) unsigned char pend_n2_args[OP_ARGS];
-    int att_compact;         /* the compact attention kernel: 1 in few-token steps, 2 in every step, 0 never
-                                (OSP_CUDA_ATTC) */
+    int att_kernel;          /* an f32 cache's attention kernel: 0 the compact one in few-token steps, the split
+                                one in others; 1 the split one, 2 the compact one in every step (options.h's
+                                cuda_attention, a test hook) */
     int fuse;                /* head norms fused into the RoPE that follows them, and in few-token steps the
                                 FUSE_FEW parts (OSP_CUDA_FUSE=0: none) */
     /* device scratch */

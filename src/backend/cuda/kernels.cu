@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utility>
+#include "core/options.h"
 #include "kernels.h"
 #include "launch.cuh"
 #include "mma.cuh"
@@ -862,16 +863,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
     }
 }
 
-// a switch's value (its first digit), or dflt when unset or not a digit; callers keep it in a static
-static int env_digit(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && e[0] >= '0' && e[0] <= '9' ? e[0] - '0' : dflt;
-}
-
-static int pdl_on() {
-    static const int on = env_digit("OSP_CUDA_PDL", 1) != 0;
-    return on;
-}
+static int pdl_on() { return osp_options_get()->cuda_pdl; }
 
 // launch with programmatic dependent launch allowed (the kernel begins with pdl_wait)
 template <typename... K, typename... A>

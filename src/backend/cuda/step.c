@@ -28,6 +28,7 @@
 #include <string.h>
 #include <cuda_profiler_api.h>
 #include "backend/cuda/cuda_internal.h"
+#include "core/options.h"
 
 /* One lock for every session's capture and every thread's legacy-stream work and frees (osp_cu_legacy_lock):
  * recursive, so that a capturing thread may call what takes it. */
@@ -50,11 +51,8 @@ void osp_cu_legacy_unlock(void) { pthread_mutex_unlock(&legacy_mu); }
  * around the third decode step (one token a row) of N rows or more, so that
  * one step can be profiled without the prefills before it. */
 static void profile_window(int32_t B, int32_t T) {
-    static int rows = -1, seen = 0;
-    if (rows < 0) {
-        const char *e = getenv("OSP_CUDA_PROFILE_ROWS");
-        rows = e ? atoi(e) : 0;
-    }
+    static int seen = 0;
+    const int rows = osp_options_get()->cuda_profile_rows;
     if (rows <= 0 || B < rows || T != 1) return;
     if (seen == 2) cudaProfilerStart();
     if (seen == 3) cudaProfilerStop();
@@ -109,8 +107,7 @@ int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem)
 }
 
 osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes) {
-    const char *g = getenv("OSP_CUDA_GRAPHS");
-    s->use_graphs = !(g && !strcmp(g, "0"));
+    s->use_graphs = osp_options_get()->cuda_graphs;
     osp_cu_legacy_lock();
     int ok = cudaMallocHost((void **)&s->stage_h, stage_bytes) == cudaSuccess &&
              cudaMalloc((void **)&s->stage_d, stage_bytes) == cudaSuccess &&

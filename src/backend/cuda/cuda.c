@@ -278,7 +278,7 @@ static void mm_exec(osp_be_session *s, const void *p) {
     if (use_gemm(s, a->n)) {
         for (int i = 0; i < a->nw; i++) gemm(s, a->d[i], a->x, a->n, a->y[i], a->ldy[i]);
     } else if (s->fast) {
-        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws, 0), "matmul");
+        note(s, osp_cu_matmul_tc_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy, &s->tcws), "matmul");
     } else {
         note(s, osp_cu_matmul_multi(s->st, a->d, a->nw, a->x, a->n, a->y, a->ldy), "matmul");
     }
@@ -366,7 +366,7 @@ typedef struct norm_args {
 
 static void norm_exec(osp_be_session *s, const void *p) {
     const norm_args *a = p;
-    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one, NULL), "rmsnorm");
+    note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
 }
 
 static void flush(osp_be_session *s);
@@ -615,7 +615,7 @@ static void attn_exec(osp_be_session *s, const void *p) {
         note(s, cudaErrorMemoryAllocation, "attention scratch");
         return;
     }
-    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit, NULL), "attention");
+    note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit), "attention");
 }
 
 static void attention(osp_be_session *s, const osp_attn_args *a) {

@@ -49,8 +49,8 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// act(g) * u, act = SiLU (0) or GELU's tanh form (1): act_mul_kernel's arithmetic, and the matmuls' that
-// take the activation in their input (OSP_CUDA_FUSE=2); every rounding explicit, so that none is contracted
+// act(g) * u, act = SiLU (0) or GELU's tanh form (1): act_mul_kernel's arithmetic, and the gate + up pair's
+// epilogue (tc_set's pair); every rounding explicit, so that none is contracted
 // differently in one place than in another
 __device__ __forceinline__ float act_val(int act, float g, float u) {
     if (act == 0) return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
@@ -58,13 +58,6 @@ __device__ __forceinline__ float act_val(int act, float g, float u) {
     const float c = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
     const float th = tanhf(__fmul_rn(k, __fadd_rn(g, c)));
     return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, th)), u);
-}
-
-// act_val on 8 inputs (p, q) with their u (pu, qu): the tensor-core kernels' sub-chunk
-__device__ __forceinline__ void act8(int act, float4 &p, float4 &q, const float4 &pu, const float4 &qu) {
-    p.x = act_val(act, p.x, pu.x), p.y = act_val(act, p.y, pu.y), p.z = act_val(act, p.z, pu.z);
-    p.w = act_val(act, p.w, pu.w), q.x = act_val(act, q.x, qu.x), q.y = act_val(act, q.y, qu.y);
-    q.z = act_val(act, q.z, qu.z), q.w = act_val(act, q.w, qu.w);
 }
 
 // ---- matmul: a warp per weight row, tokens in tiles of TT held in registers ----
@@ -465,24 +458,11 @@ struct tc_set {
     const osp_cu_weight *gtab[MV_MAXW];
     const int32_t *g_e, *g_off, *g_cnt, *g_nact;
     int64_t g_per;
-    // the activation taken in the input (not grouped): the kernel's input is act(x) * xu, xu laid out as x
-    const float *xu;
-    int act;
-    // the residual add and norm that follow (one weight, not grouped): once every block has written y, the
-    // last one computes tx += y, txn = rmsnorm(tx) * tw per token (a norm launch's numbers: tnth threads)
-    float *tx, *txn;
-    const float *tw;
-    float teps;
-    int tadd, tnth;
-    unsigned *tcnt; // zero before and after
+    int act; // (pair) the activation: 0 SiLU, 1 GELU's tanh form
     // pair (few-token tiles, one split, nw 1): w[0] gate and w[1] up of one shape; tile t's rows g are gate's
     // rows 8t + g and its rows g + 8 up's same rows, and y[0] gets act(gate) * up (act_val) for those 8 features
     int pair;
 };
-
-template <bool CG>
-__device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
-                                           int add_one, float *sh, int nth, uint16_t *yb = nullptr);
 
 // fma.rn.bf16x2: a * b + c for each half, rounded once to bf16
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
@@ -757,12 +737,7 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
                                 b[u][v][j][0] = q.x, b[u][v][j][1] = q.y, b[u][v][j][2] = q.z, b[u][v][j][3] = q.w;
                             } else {
                                 const float *xp = x + tok * cols + ch * CH + 8 * v;
-                                float4 p = ld4(xp), q = ld4(xp + 4);
-                                if (!GR && set.xu) {
-                                    const float *up = set.xu + tok * cols + ch * CH + 8 * v;
-                                    const float4 pu = ld4(up), qu = ld4(up + 4);
-                                    act8(set.act, p, q, pu, qu);
-                                }
+                                const float4 p = ld4(xp), q = ld4(xp + 4);
                                 b[u][v][j][0] = bf16x2(p.x, p.y), b[u][v][j][1] = bf16x2(p.z, p.w);
                                 b[u][v][j][2] = bf16x2(q.x, q.y), b[u][v][j][3] = bf16x2(q.z, q.w);
                             }
@@ -844,22 +819,6 @@ __global__ void __launch_bounds__(KS *WARP, MINB) tc_kernel(const __grid_constan
             y[tok * ldy + row] = v;
         }
         if (threadIdx.x == 0) set.cnt[blockIdx.x] = 0;
-    }
-    // (few-token tiles only: the tail is for n <= 8)
-    if constexpr (!GR && NT == 1) if (set.tx) { // every row tile's y written (its block, or its splits' last):
-                                                 // the last one adds and norms
-        __shared__ int tlast;
-        __shared__ float tsh[32];
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) tlast = atomicAdd(set.tcnt, 1u) == gridDim.x - 1;
-        __syncthreads();
-        if (!tlast) return;
-        __threadfence();
-        for (int64_t tok = 0; tok < n; tok++)
-            rms_row_nt<true>(set.txn + tok * rows, set.tx + tok * rows, y + tok * ldy, set.tw, rows, set.teps,
-                             set.tadd, tsh, set.tnth);
-        if (threadIdx.x == 0) *set.tcnt = 0;
     }
 }
 
@@ -1010,12 +969,11 @@ static int tc_sk_tiles(const osp_cu_weight *w, int64_t tiles) {
 static int tc_sk(const osp_cu_weight *w) { return tc_sk_tiles(w, (w->rows + 15) / 16); }
 
 // the input rounded to bf16 for the tensor-core kernel (PDL: waits for its producer, lets the matmul start)
-// (u: act(src) * u rounded, the activation taken in the matmul's input)
-__global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n, const float *u, int act) {
+__global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n) {
     pdl_wait();
     pdl_trigger();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = f32_to_bf16(u ? act_val(act, src[i], u[i]) : src[i]);
+    if (i < n) dst[i] = f32_to_bf16(src[i]);
 }
 
 // The splits of a set of weights in one launch (q, k and v) from all their row tiles, so that together they
@@ -1023,10 +981,8 @@ __global__ void to_bf16_pdl_kernel(uint16_t *dst, const float *src, int64_t n, c
 // figures").
 static int tc_sk_set(const tc_set &set) { return tc_sk_tiles(&set.w[0], tc_blocks(set, 1)); }
 
-// xb_ready: ws->xb holds x rounded to bf16 already (the norm that wrote x wrote it too)
 template <int KIND>
-static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws,
-                      int xb_ready = 0) {
+static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, const osp_cu_tc_ws *ws) {
     const int sk = tc_sk_set(set);
     int64_t nc = n; // tokens a launch: the splits' partial sums fit the workspace
     if (sk > 1) {
@@ -1040,18 +996,12 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
     // more than 8 tokens: the input rounded to bf16 once, not in every row tile's block
     const int64_t cols = set.w[0].cols;
     uint16_t *xb = n > 8 && ws->xb && n * cols <= ws->xb_elems ? ws->xb : NULL;
-    const float *xu0 = set.xu;
-    float *tx0 = set.tx, *txn0 = set.txn;
-    if (xb && !(xb_ready && !xu0))
-        pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols, xu0, set.act);
-    if (xb) set.xu = nullptr; // the activation is in xb
+    if (xb) pdl_launch(to_bf16_pdl_kernel, dim3(blocks_for(n * cols, 256)), dim3(256), 0, st, xb, x, n * cols);
     float *y0[MV_MAXW];
     for (int i = 0; i < set.nw; i++) y0[i] = set.y[i];
     for (int64_t t = 0; t < n; t += nc) {
         const int64_t m = n - t < nc ? n - t : nc;
         for (int i = 0; i < set.nw; i++) set.y[i] = y0[i] + t * set.ldy[i];
-        if (set.xu) set.xu = xu0 + t * cols;
-        if (set.tx) set.tx = tx0 + t * set.w[0].rows, set.txn = txn0 + t * set.w[0].rows;
         const uint16_t *xbt = xb ? xb + t * cols : NULL;
         if (tc_ks(&set.w[0]) == 16) tc_tiles<KIND, 16>(st, set, x + t * cols, xbt, m, sk);
         else tc_tiles<KIND, 8>(st, set, x + t * cols, xbt, m, sk);
@@ -1059,7 +1009,7 @@ static void tc_launch(osp_cu_stream st, tc_set &set, const float *x, int64_t n, 
 }
 
 extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems) {
-    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL, ws->tail_cnt = NULL;
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
     ws->xb_elems = x_elems;
     ws->part_floats = (int64_t)MV_MAXW * 64 * 64 * sm_count(); // 64 tokens of 4 weights at the rows bound
     ws->n_cnt = (int64_t)MV_MAXW * 2 * sm_count();
@@ -1071,13 +1021,12 @@ extern "C" int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems) {
         osp_cu_tc_ws_free(ws);
         return 1;
     }
-    ws->tail_cnt = ws->cnt + ws->n_cnt;
     return 0;
 }
 
 extern "C" void osp_cu_tc_ws_free(osp_cu_tc_ws *ws) {
     cudaFree(ws->part), cudaFree(ws->cnt), cudaFree(ws->xb);
-    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL, ws->tail_cnt = NULL;
+    ws->part = NULL, ws->cnt = NULL, ws->xb = NULL;
 }
 
 // the tensor-core kernel's layout: 16-byte aligned rows of whole chunks, each chunk inside one group
@@ -1090,8 +1039,7 @@ static int tc_kind(const osp_cu_weight *w) {
 }
 
 extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x,
-                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw,
-                                      int xb_ready) {
+                                      int64_t n, float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw) {
     if (n <= 0) return 0;
     // the kernel is chosen by the weight alone; others take the f32 kernels
     for (int i0 = 0; i0 < nw;) {
@@ -1105,7 +1053,6 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         tc_set set;
         memset(&set, 0, sizeof set);
         set.nw = 0;
-        set.xu = nullptr, set.act = 0, set.tx = nullptr;
         int64_t rows = 0;
         int i = i0;
         for (; i < nw && set.nw < MV_MAXW && tc_kind(ws[i]) == kind && same_shape(ws[i], ws[i0]) &&
@@ -1118,41 +1065,15 @@ extern "C" int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *con
         i0 = i;
         if (rows <= 0) continue;
         switch (kind) {
-        case 2: tc_launch<2>(st, set, x, n, tw, xb_ready); break;
-        case 4: tc_launch<4>(st, set, x, n, tw, xb_ready); break;
-        default: tc_launch<8>(st, set, x, n, tw, xb_ready); break;
+        case 2: tc_launch<2>(st, set, x, n, tw); break;
+        case 4: tc_launch<4>(st, set, x, n, tw); break;
+        default: tc_launch<8>(st, set, x, n, tw); break;
         }
     }
     return launch_status();
 }
 
 extern "C" int osp_cu_tc_ok(const osp_cu_weight *w) { return tc_kind(w) >= 0; }
-
-static int norm_threads(int64_t d);
-
-extern "C" int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, const float *x, const float *u,
-                                      int act, int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw,
-                                      const osp_cu_tail *tail) {
-    const int kind = tc_kind(w);
-    if (kind < 0 || (u && act != 0 && act != 1) || (tail && (n > 8 || !tail->x || !tail->xn || !tw->tail_cnt)))
-        return (int)cudaErrorInvalidValue;
-    if (n <= 0 || w->rows <= 0) return 0;
-    tc_set set;
-    memset(&set, 0, sizeof set);
-    set.nw = 1;
-    set.w[0] = *w, set.y[0] = y, set.ldy[0] = ldy;
-    set.xu = u, set.act = act, set.tx = nullptr;
-    if (tail) {
-        set.tx = tail->x, set.txn = tail->xn, set.tw = tail->w, set.teps = tail->eps, set.tadd = tail->add_one;
-        set.tnth = norm_threads(w->rows), set.tcnt = tw->tail_cnt;
-    }
-    switch (kind) {
-    case 2: tc_launch<2>(st, set, x, n, tw); break;
-    case 4: tc_launch<4>(st, set, x, n, tw); break;
-    default: tc_launch<8>(st, set, x, n, tw); break;
-    }
-    return launch_status();
-}
 
 // the grouped launch: the few-token tiles (a slot has few tokens in decode), no split-K
 template <int KIND, int KS>
@@ -1290,18 +1211,10 @@ __device__ float block_max(float v, float *sh) {
 #define NORM_VEC 4
 // one row (the block's): yr = rmsnorm(xr (+= tr)) * w; every norm kernel's arithmetic. nth: the threads
 // that take part (the block's first; the others add zeros to the block's sum, which changes nothing), so
-// that a block of another size computes a norm launch's numbers bitwise; CG: xr and tr written by other
-// blocks of the running kernel (read from L2)
-template <bool CG> __device__ __forceinline__ float4 ld4x(const float *p) {
-    if (CG) return __ldcg(reinterpret_cast<const float4 *>(p));
-    return *reinterpret_cast<const float4 *>(p);
-}
-template <bool CG> __device__ __forceinline__ float ldx(const float *p) { return CG ? __ldcg(p) : *p; }
+// that a block of another size computes a norm launch's numbers bitwise
 
-// (yb: the result rounded to bf16 as well, the tensor-core matmul's input: osp_cu_to_bf16's values)
-template <bool CG>
 __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
-                                           int add_one, float *sh, int nth, uint16_t *yb) {
+                                           int add_one, float *sh, int nth) {
     const bool on = (int)threadIdx.x < nth;
     const int tid = on ? (int)threadIdx.x : 0;
     const bool vec = (d & 3) == 0 && d <= (int64_t)NORM_VEC * 4 * nth;
@@ -1327,9 +1240,9 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
             const int64_t i = tid + (int64_t)k * nth;
             xv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (on && i < d / 4) {
-                xv[k] = ld4x<CG>(xr + 4 * i);
+                xv[k] = ld4(xr + 4 * i);
                 if (tr) {
-                    const float4 u = ld4x<CG>(tr + 4 * i);
+                    const float4 u = ld4(tr + 4 * i);
                     xv[k].x = __fadd_rn(xv[k].x, u.x), xv[k].y = __fadd_rn(xv[k].y, u.y);
                     xv[k].z = __fadd_rn(xv[k].z, u.z), xv[k].w = __fadd_rn(xv[k].w, u.w);
                     reinterpret_cast<float4 *>(xr)[i] = xv[k];
@@ -1350,9 +1263,6 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
                 const float4 o = make_float4(xv[k].x * inv * wv[k].x, xv[k].y * inv * wv[k].y,
                                              xv[k].z * inv * wv[k].z, xv[k].w * inv * wv[k].w);
                 reinterpret_cast<float4 *>(yr)[i] = o;
-                if (yb)
-                    yb[4 * i] = f32_to_bf16(o.x), yb[4 * i + 1] = f32_to_bf16(o.y), yb[4 * i + 2] = f32_to_bf16(o.z),
-                    yb[4 * i + 3] = f32_to_bf16(o.w);
             }
         }
         return;
@@ -1360,9 +1270,9 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
     if ((d & 3) == 0) {
         const int64_t d4 = d / 4;
         for (int64_t i = tid; on && i < d4; i += nth) {
-            float4 v = ld4x<CG>(xr + 4 * i);
+            float4 v = ld4(xr + 4 * i);
             if (tr) {
-                const float4 u = ld4x<CG>(tr + 4 * i);
+                const float4 u = ld4(tr + 4 * i);
                 v.x = __fadd_rn(v.x, u.x), v.y = __fadd_rn(v.y, u.y), v.z = __fadd_rn(v.z, u.z), v.w = __fadd_rn(v.w, u.w);
                 reinterpret_cast<float4 *>(xr)[i] = v;
             }
@@ -1370,8 +1280,8 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
         }
     } else {
         for (int64_t i = tid; on && i < d; i += nth) {
-            float v = ldx<CG>(xr + i);
-            if (tr) v = __fadd_rn(v, ldx<CG>(tr + i)), xr[i] = v;
+            float v = xr[i];
+            if (tr) v = __fadd_rn(v, tr[i]), xr[i] = v;
             ss = __fmaf_rn(v, v, ss);
         }
     }
@@ -1380,40 +1290,38 @@ __device__ __forceinline__ void rms_row_nt(float *yr, float *xr, const float *tr
     for (int64_t i = tid; on && i < d; i += nth) {
         float m = w ? (add_one ? 1.0f + w[i] : w[i]) : 1.0f;
         yr[i] = xr[i] * inv * m;
-        if (yb) yb[i] = f32_to_bf16(yr[i]);
     }
 }
 
 __device__ __forceinline__ void rms_row(float *yr, float *xr, const float *tr, const float *w, int64_t d, float eps,
                                         int add_one, float *sh) {
-    rms_row_nt<false>(yr, xr, tr, w, d, eps, add_one, sh, (int)blockDim.x);
+    rms_row_nt(yr, xr, tr, w, d, eps, add_one, sh, (int)blockDim.x);
 }
 
-__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one,
-                               uint16_t *yb) {
+__global__ void rmsnorm_kernel(float *y, float *x, const float *t, const float *w, int64_t d, float eps, int add_one) {
     __shared__ float sh[32];
-    rms_row_nt<false>(y + blockIdx.x * d, x + blockIdx.x * d, t ? t + blockIdx.x * d : NULL, w, d, eps, add_one, sh,
-                      (int)blockDim.x, yb ? yb + blockIdx.x * d : nullptr);
+    rms_row_nt(y + blockIdx.x * d, x + blockIdx.x * d, t ? t + blockIdx.x * d : NULL, w, d, eps, add_one, sh,
+               (int)blockDim.x);
 }
 
 // threads of a norm's block for rows of d (the block sum's order depends on it)
 static int norm_threads(int64_t d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
 extern "C" int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n,
-                                  int64_t d, float eps, int add_one, uint16_t *yb) {
+                                  int64_t d, float eps, int add_one) {
     if (n <= 0) return 0;
     const int th = norm_threads(d);
     for (int64_t r0 = 0; r0 < n; r0 += 65535) {
         int64_t k = n - r0 < 65535 ? n - r0 : 65535;
         pdl_launch(rmsnorm_kernel, dim3((unsigned)k), dim3(th), 0, st, y + r0 * d, x + r0 * d,
-                   t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one, yb ? yb + r0 * d : (uint16_t *)NULL);
+                   t ? t + r0 * d : (const float *)NULL, w, d, eps, add_one);
     }
     return launch_status();
 }
 
 extern "C" int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d,
                               float eps, int add_one) {
-    return osp_cu_add_rmsnorm(st, y, (float *)x, NULL, w, n, d, eps, add_one, NULL);
+    return osp_cu_add_rmsnorm(st, y, (float *)x, NULL, w, n, d, eps, add_one);
 }
 
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
@@ -1563,7 +1471,7 @@ __device__ void kv_store(const osp_cu_kvlayer &L, const osp_cu_kvrow &R, int32_t
                          const float *x);
 __device__ __forceinline__ int32_t kv_slot(const osp_cu_kvlayer &L, int32_t p);
 
-// The cache store taken in by a norm + RoPE launch (OSP_CUDA_FUSE=2): x2's vectors (k) stored once rotated,
+// The cache store taken in by a norm + RoPE launch (a few-token step's FUSE_KV): x2's vectors (k) stored once rotated,
 // and those of v by blocks of their own; tokens t < t0 not stored (kv_write's rule for a long chunk of a ring)
 struct rope_store {
     osp_cu_kvlayer L;
@@ -1991,18 +1899,15 @@ __device__ __forceinline__ const float *k_row_f32(const osp_cu_attn &a, const os
 }
 
 // a query head's output value d from its nz splits' partials pp (max, sum, unnormalized output each):
-// out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), the splits in order. CG: the partials
-// were written by other blocks of the running kernel (read from L2).
-template <bool CG> __device__ __forceinline__ float part_at(const float *p) { return CG ? __ldcg(p) : *p; }
-
-template <bool CG> __device__ __forceinline__ float combine_one(const float *pp, int32_t nz, int32_t D, int d) {
+// out = sum_z w_z acc_z / sum_z w_z l_z, w_z = exp(m_z - max m), the splits in order.
+__device__ __forceinline__ float combine_one(const float *pp, int32_t nz, int32_t D, int d) {
     float m = -INFINITY;
-    for (int32_t z = 0; z < nz; z++) m = fmaxf(m, part_at<CG>(pp + (int64_t)z * (D + 2)));
+    for (int32_t z = 0; z < nz; z++) m = fmaxf(m, pp[(int64_t)z * (D + 2)]);
     float l = 0.0f, o = 0.0f;
     for (int32_t z = 0; z < nz; z++) {
-        const float w = expf(part_at<CG>(pp + (int64_t)z * (D + 2)) - m);
-        l = __fmaf_rn(w, part_at<CG>(pp + (int64_t)z * (D + 2) + 1), l);
-        o = __fmaf_rn(w, part_at<CG>(pp + (int64_t)z * (D + 2) + 2 + d), o);
+        const float w = expf(pp[(int64_t)z * (D + 2)] - m);
+        l = __fmaf_rn(w, pp[(int64_t)z * (D + 2) + 1], l);
+        o = __fmaf_rn(w, pp[(int64_t)z * (D + 2) + 2 + d], o);
     }
     return __fdiv_rn(o, l);
 }
@@ -2036,30 +1941,6 @@ __device__ __forceinline__ bool att_load(const osp_cu_attn &a, const att_blk &k,
         for (int d = threadIdx.x; d < D; d += blockDim.x) krot[d] = a.k[(((int64_t)k.b * a.T + k.t) * Hkv + k.hk) * D + d];
     __syncthreads();
     return own;
-}
-
-// cnt (several splits): a counter per (query, KV head), zero before and after; the last of a query's splits to
-// finish combines them (combine_one: attn_combine_kernel's numbers), and no combine kernel follows. Called by
-// every thread of a split's block once its partials are written.
-__device__ __forceinline__ void last_split_combines(const osp_cu_attn &a, const float *part, int32_t nsplit,
-                                                    unsigned *cnt, const att_blk &k) {
-    const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
-    const int64_t row = k.row;
-    __shared__ int last;
-    const int32_t nz = min((k.p - k.lo) / ATT_S + 1, nsplit); // the query's splits with positions: those that count
-    unsigned *c = cnt + row * Hkv + k.hk;
-    __threadfence(); // this block's partials, visible to the last block before it counts this one
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)(nz - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-        const int g = i / D, d = i % D;
-        const float *pp = part + (k.pbase - k.z + (int64_t)g * nsplit) * (D + 2);
-        a.out[(row * a.n_heads + (int64_t)k.hk * G + g) * D + d] = combine_one<true>(pp, nz, D, d);
-    }
-    if (threadIdx.x == 0) *c = 0;
 }
 
 // a.rope: the block rotates its q heads qs [G][D] and, holding the query's own position (own), that k row krot,
@@ -2097,8 +1978,8 @@ __device__ __forceinline__ void split_softmax(float *ps, float *stat, int G, int
 }
 
 // the output of one split (a.out), or the split's partials (max, sum, unnormalized output): the nsub subsets'
-// sums red [nsub][G][D] added in subset order; then, with counters, the last split combines
-__device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, int32_t nsplit, unsigned *cnt,
+// sums red [nsub][G][D] added in subset order
+__device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, int32_t nsplit,
                                             const float *red, const float *stat, int nsub, const att_blk &k) {
     const int32_t D = a.L.head_dim, G = a.n_heads / a.L.n_kv_heads;
     const int64_t row = k.row, pbase = k.pbase;
@@ -2116,14 +1997,11 @@ __device__ __forceinline__ void split_write(const osp_cu_attn &a, float *part, i
             po[2 + d] = o;
         }
     }
-    if (nsplit > 1 && cnt) last_split_combines(a, part, nsplit, cnt, k);
 }
 
-// GM: the query heads per KV head rounded up to a power of two (loops unroll to it). cnt (FUSE_COMBINE,
-// several splits): last_split_combines.
+// GM: the query heads per KV head rounded up to a power of two (loops unroll to it)
 template <int GM>
-__global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit,
-                                                           unsigned *cnt) {
+__global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
     OSP_DYN_SHARED(float, sm);
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv;
     float *qs = sm;                        // [G][D]
@@ -2241,7 +2119,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 #pragma unroll
                 for (int e = 0; e < 4; e++) red[((int64_t)sub * G + g) * D + d4 + e] = acc[g][e];
     __syncthreads();
-    split_write(a, part, nsplit, cnt, red, stat, nsub, k);
+    split_write(a, part, nsplit, red, stat, nsub, k);
 }
 
 // ---- attention, compact (osp_cu_attn.compact): the splits of attn_split_kernel and their partials (and its
@@ -2256,7 +2134,7 @@ __global__ void __launch_bounds__(ATT_S) attn_split_kernel(osp_cu_attn a, float 
 #define ATD_KC 16  // float4s of a K row a thread holds at once
 #define ATD_VU 16  // V rows a thread has in flight
 
-__global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *part, int32_t nsplit, unsigned *cnt) {
+__global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *part, int32_t nsplit) {
     OSP_DYN_SHARED(float, sm);
     const int32_t D = a.L.head_dim, Hkv = a.L.n_kv_heads, G = a.n_heads / Hkv, D4 = D / 4;
     const int nsub = ATT_S / D4; // the split kernel's subsets of positions
@@ -2344,7 +2222,7 @@ __global__ void __launch_bounds__(ATD_NT) attn_dec_kernel(osp_cu_attn a, float *
         r[0] = acc.x, r[1] = acc.y, r[2] = acc.z, r[3] = acc.w;
     }
     __syncthreads();
-    split_write(a, part, nsplit, cnt, qs, stat, nsub, k);
+    split_write(a, part, nsplit, qs, stat, nsub, k);
 }
 
 // a block per (query, head): combine_one over the query's own splits
@@ -2359,14 +2237,14 @@ __global__ void attn_combine_kernel(osp_cu_attn a, const float *part, int32_t ns
     const int32_t nz = min((p - lo) / ATT_S + 1, nsplit);
     const float *pp = part + ((row * a.n_heads) + h) * (int64_t)nsplit * (D + 2);
     float *out = a.out + (row * a.n_heads + h) * D;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = combine_one<false>(pp, nz, D, d);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = combine_one(pp, nz, D, d);
 }
 
 extern "C" int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit) {
     return nsplit > 1 ? (int64_t)a->nb * a->T * a->n_heads * nsplit * (a->L.head_dim + 2) : 0;
 }
 
-extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit, unsigned *cnt) {
+extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit) {
     const int32_t G = a->n_heads / a->L.n_kv_heads, D = a->L.head_dim;
     if (D > ATT_MAXD || G > ATT_MAXG || G * a->L.n_kv_heads != a->n_heads) return (int)cudaErrorInvalidValue;
     if (nsplit < 1) nsplit = 1;
@@ -2376,16 +2254,15 @@ extern "C" int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *p
     size_t qs = (size_t)G * D * (nsub > 1 ? nsub : 1); // q, then the subsets' sums
     size_t shm = sizeof(float) * (qs + (size_t)(G * ATT_S + ((2 * G + 3) & ~3) + D)); // (+ D: the own k row rotated)
     if (shm > 48 * 1024 - 64) return (int)cudaErrorInvalidValue; // (64: the kernel's own shared word)
-    if (nsplit == 1) cnt = nullptr;
     dim3 grid((unsigned)((int64_t)a->nb * a->T), (unsigned)a->L.n_kv_heads, (unsigned)nsplit);
     if (a->compact && a->L.bits == 0 && (!a->L.sliding || a->L.ring >= ATT_S)) // (the same shared memory)
-        pdl_launch(attn_dec_kernel, grid, dim3(ATD_NT), shm, st, *a, part, nsplit, cnt);
-    else if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
-    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
-    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
-    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
-    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit, cnt);
-    if (nsplit > 1 && !cnt) {
+        pdl_launch(attn_dec_kernel, grid, dim3(ATD_NT), shm, st, *a, part, nsplit);
+    else if (G <= 1) pdl_launch(attn_split_kernel<1>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 2) pdl_launch(attn_split_kernel<2>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 4) pdl_launch(attn_split_kernel<4>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else if (G <= 8) pdl_launch(attn_split_kernel<8>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    else pdl_launch(attn_split_kernel<16>, grid, dim3(ATT_S), shm, st, *a, part, nsplit);
+    if (nsplit > 1) {
         dim3 g2((unsigned)((int64_t)a->nb * a->T), (unsigned)a->n_heads);
         pdl_launch(attn_combine_kernel, g2, dim3(D < 128 ? 64 : 128), 0, st, *a, (const float *)part, nsplit);
     }

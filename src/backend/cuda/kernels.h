@@ -43,29 +43,13 @@ typedef struct osp_cu_tc_ws {
     int64_t n_cnt;
     uint16_t *xb; /* a call's input rounded to bf16 once (calls of more than 8 tokens) */
     int64_t xb_elems;
-    unsigned *tail_cnt; /* the fused matmul's tail counter (zero between launches) */
 } osp_cu_tc_ws;
 /* The production path's matmul: the same, with bf16 and 4-bit/8-bit weights
  * on the tensor cores (activations and dequantized weights rounded to bf16,
  * f32 accumulation), others as osp_cu_matmul_multi; a token's numbers do
- * not depend on n. xb_ready: tw->xb holds x rounded to bf16 already (calls
- * of more than 8 tokens read it instead of rounding x again). */
+ * not depend on n. */
 int osp_cu_matmul_tc_multi(osp_cu_stream st, const osp_cu_weight *const *ws, int nw, const float *x, int64_t n,
-                           float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw, int xb_ready);
-/* What the fused matmul does after it (osp_cu_matmul_tc_fused): x += y, then xn = rmsnorm(x) * w
- * (add_one: 1 + w), per token: osp_cu_add_rmsnorm's numbers on rows of the weight's rows. */
-typedef struct osp_cu_tail {
-    float *x, *xn;
-    const float *w;
-    float eps;
-    int add_one;
-} osp_cu_tail;
-/* The same for one weight of the tensor-core kernel's (osp_cu_tc_ok), with what would follow it in
- * launches of their own taken in: u non-NULL: the input is act(x) * u (act 0 SiLU, 1 GELU's tanh form; u
- * laid out as x), osp_cu_act_mul's values, never written; tail non-NULL (n <= 8): the residual add and
- * norm above, done by the last block to finish. */
-int osp_cu_matmul_tc_fused(osp_cu_stream st, const osp_cu_weight *w, const float *x, const float *u, int act,
-                           int64_t n, float *y, int64_t ldy, const osp_cu_tc_ws *tw, const osp_cu_tail *tail);
+                           float *const *ys, const int64_t *ldys, const osp_cu_tc_ws *tw);
 /* x_elems: the most input values a call has (tokens x columns); 0, or 1 when out of GPU memory */
 int osp_cu_tc_ws_init(osp_cu_tc_ws *ws, int64_t x_elems);
 void osp_cu_tc_ws_free(osp_cu_tc_ws *ws);
@@ -78,10 +62,9 @@ int osp_cu_read_probe(osp_cu_stream st, const void *buf, int64_t bytes, unsigned
 
 int osp_cu_rmsnorm(osp_cu_stream st, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
                    int add_one);
-/* x += t, then y = rmsnorm(x) (the residual add fused with the next norm); yb (or NULL): y rounded to
- * bf16 as well, as osp_cu_to_bf16 rounds it */
+/* x += t, then y = rmsnorm(x) (the residual add fused with the next norm) */
 int osp_cu_add_rmsnorm(osp_cu_stream st, float *y, float *x, const float *t, const float *w, int64_t n, int64_t d,
-                       float eps, int add_one, uint16_t *yb);
+                       float eps, int add_one);
 int osp_cu_add(osp_cu_stream st, float *y, const float *x, int64_t n);
 int osp_cu_add_bias(osp_cu_stream st, float *y, const float *b, int64_t n, int64_t d);
 int osp_cu_scale(osp_cu_stream st, float *y, float a, int64_t n);
@@ -179,12 +162,10 @@ typedef struct osp_cu_attn {
 
 /* Attention of a chunk's queries, positions cut into nsplit splits of 128
  * (at least enough for the longest row's range); part: device scratch of
- * osp_cu_attention_scratch floats (NULL when that is 0). cnt: NULL, or
- * nb * T * n_kv_heads counters, zero (and left zero): the last split of a
- * query to finish combines the splits, instead of a kernel of its own
- * (the same numbers). */
+ * osp_cu_attention_scratch floats (NULL when that is 0); several splits are
+ * combined by a kernel of their own. */
 int64_t osp_cu_attention_scratch(const osp_cu_attn *a, int32_t nsplit);
-int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit, unsigned *cnt);
+int osp_cu_attention(osp_cu_stream st, const osp_cu_attn *a, float *part, int32_t nsplit);
 #define OSP_CU_ATT_SPLIT 128
 /* Store k/v [nb*T, Hkv*D] of a chunk at positions rows[i].pos + t. */
 int osp_cu_kv_write(osp_cu_stream st, const osp_cu_kvlayer *L, const osp_cu_kvrow *rows, int32_t nb, int32_t T,

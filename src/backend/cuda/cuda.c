@@ -1,6 +1,6 @@
 /* backend/cuda: the CUDA backend. Activations, weight vectors, placed
  * matmul weights and KV blocks live in device memory; every operation is a
- * kernel (kernels.cu) on the session's stream, submitted through step.c
+ * kernel (kernels.h; the .cu files) on the session's stream, submitted through step.c
  * (staged host data, CUDA graphs for decode steps).
  *
  * Precisions: reference (f32 everywhere, the goldens' tier) and production

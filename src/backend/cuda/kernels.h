@@ -1,5 +1,6 @@
 /* backend/cuda/kernels: the CUDA backend's kernels behind a plain C
- * interface (kernels.cu), so that the backend itself (cuda.c) is C and the
+ * interface (a .cu file a job: matvec, matmul_tc, rows, rope_kv, moe,
+ * attention, convert, probe; kernels_encdec for Whisper), so that the backend itself (cuda.c) is C and the
  * project's headers never pass through nvcc. Every launcher enqueues on the
  * given stream and returns a cudaError_t as int (0 = fine).
  *
@@ -17,6 +18,9 @@ extern "C" {
 #endif
 
 typedef struct CUstream_st *osp_cu_stream;
+
+/* Whether launches may use programmatic dependent launch (step.c: OSP_CUDA_PDL, core/options) */
+int osp_cu_pdl_on(void);
 
 /* A matmul weight on the device: dense (qbits 0; dtype 0 f32, 1 f16, 2 bf16)
  * or MLX affine (codes u32 bitstream rows, scales/biases of sdtype). */

@@ -1,5 +1,5 @@
 // backend/cuda/launch.cuh: how the backend's kernels are launched and how a kernel names its dynamic shared memory,
-// in one place for kernels.cu and kernels_encdec.cu (tests/cuemu, the CUDA emulator on the CPU, supplies both
+// in one place for the kernel files (*.cu) (tests/cuemu, the CUDA emulator on the CPU, supplies both
 // through its cuda_runtime.h as well).
 #pragma once
 #include <cuda_runtime.h>

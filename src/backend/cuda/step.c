@@ -47,6 +47,8 @@ void osp_cu_legacy_lock(void) {
 }
 void osp_cu_legacy_unlock(void) { pthread_mutex_unlock(&legacy_mu); }
 
+int osp_cu_pdl_on(void) { return osp_options_get()->cuda_pdl; }
+
 /* OSP_CUDA_PROFILE_ROWS=N: a profiler's window (ncu --profile-from-start off)
  * around the third decode step (one token a row) of N rows or more, so that
  * one step can be profiled without the prefills before it. */

@@ -1,7 +1,9 @@
-/* backend/cuda: the CUDA backend. Activations, weight vectors, placed
- * matmul weights and KV blocks live in device memory; every operation is a
- * kernel (kernels.h; the .cu files) on the session's stream, submitted through step.c
- * (staged host data, CUDA graphs for decode steps).
+/* backend/cuda: the CUDA backend's operation table. Activations, weight
+ * vectors, placed matmul weights and KV blocks live in device memory
+ * (memory.c); every operation is a kernel (kernels.h; the .cu files) on the
+ * session's stream (step.c: sessions, staged host data, CUDA graphs for
+ * decode steps); the head and its ids are head.c's. Operations are held
+ * back a call to be fused with the next (flush, the HELD_ kinds).
  *
  * Precisions: reference (f32 everywhere, the goldens' tier) and production
  * (set_fast): prefill chunks of one row with 16 or more tokens multiply on
@@ -30,192 +32,6 @@
 #define SUBMIT(s, fn, a) (flush(s), osp_cu_submit((s), (fn), &(a), sizeof(a)))
 #define ARGS(type, a) type a; memset(&a, 0, sizeof a)
 
-/* ---- memory ---- */
-
-static osp_dbuf *cu_alloc(size_t n) {
-    void *p = NULL;
-    return cudaMalloc(&p, (n ? n : 1) * sizeof(float)) == cudaSuccess ? (osp_dbuf *)p : NULL;
-}
-
-/* every legacy-stream operation and free under osp_cu_legacy_lock (no other session is capturing) */
-#define LEGACY(stmt) (osp_cu_legacy_lock(), (stmt), osp_cu_legacy_unlock())
-
-static void cu_free(osp_dbuf *p) { LEGACY(cudaFree(p)); }
-
-static osp_dbuf *cu_adopt_vec(float *host, int64_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, (size_t)(n ? n : 1) * sizeof(float)) != cudaSuccess) return NULL;
-    LEGACY(cudaMemcpy(p, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
-    osp_free(host);
-    return (osp_dbuf *)p;
-}
-
-static void cu_write(osp_dbuf *dst, const float *host, int64_t n) {
-    LEGACY(cudaMemcpy(dst, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice));
-}
-
-static void cu_read(float *host, const osp_dbuf *src, int64_t n) {
-    LEGACY(cudaMemcpy(host, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
-}
-
-/* KV blocks are allocated, copied and freed between steps, on the legacy
- * stream, which the sessions' (blocking) streams are ordered with both
- * ways: no host synchronization is needed. */
-static void *kv_alloc(size_t n) {
-    void *p = NULL;
-    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    int e;
-    LEGACY(e = cudaMemsetAsync(p, 0, n, 0));
-    if (e != cudaSuccess) {
-        LEGACY(cudaFree(p));
-        return NULL;
-    }
-    return p;
-}
-
-static void kv_free(void *p, size_t n) {
-    (void)n;
-    LEGACY(cudaFree(p));
-}
-static void kv_copy(void *d, const void *s, size_t n) { LEGACY(cudaMemcpyAsync(d, s, n, cudaMemcpyDeviceToDevice, 0)); }
-static void kv_to_host(void *h, const void *s, size_t n) { LEGACY(cudaMemcpy(h, s, n, cudaMemcpyDeviceToHost)); }
-static void kv_from_host(void *d, const void *h, size_t n) { LEGACY(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
-static const osp_kv_mem KV_MEM = {kv_alloc, kv_free, kv_copy, kv_to_host, kv_from_host};
-
-/* ---- weights ---- */
-
-typedef struct placed {
-    void *arena;
-    osp_cu_weight *descs;
-} placed;
-
-static int dt_code(osp_dtype t) { return t == OSP_DT_BF16 ? 2 : t == OSP_DT_F16 ? 1 : 0; }
-
-static size_t r256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-static void weight_parts(const osp_weight *w, size_t part[3]) {
-    if (w->qbits) {
-        part[0] = (size_t)(w->rows * w->cols * w->qbits / 8);
-        part[1] = part[2] = (size_t)(w->rows * (w->cols / w->group)) * osp_dtype_size(w->sdtype);
-    } else {
-        part[0] = (size_t)(w->rows * w->cols) * osp_dtype_size(w->dtype);
-        part[1] = part[2] = 0;
-    }
-}
-
-static osp_status cu_place(osp_weight *const *ws, int n, const void *const *keep, int n_keep, const osp_region *maps,
-                           int n_maps, void **owned) {
-    (void)keep, (void)n_keep, (void)maps, (void)n_maps; /* the host copies stay mapped (embeddings gather from them) */
-    *owned = NULL;
-    size_t total = 0, part[3];
-    for (int i = 0; i < n; i++) {
-        weight_parts(ws[i], part);
-        total += r256(part[0]) + r256(part[1]) + r256(part[2]);
-    }
-    placed *pl = calloc(1, sizeof *pl);
-    if (!pl) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    pl->descs = calloc((size_t)(n ? n : 1), sizeof *pl->descs);
-    if (!pl->descs || cudaMalloc(&pl->arena, total ? total : 1) != cudaSuccess) {
-        free(pl->descs);
-        free(pl);
-        return osp_err(OSP_ERR_NOMEM, "out of GPU memory uploading %.1f MB of weights", total / 1e6);
-    }
-    char *next = pl->arena;
-    for (int i = 0; i < n; i++) {
-        osp_weight *w = ws[i];
-        weight_parts(w, part);
-        const void *src[3] = {w->data, w->scales, w->biases};
-        void *dst[3] = {NULL, NULL, NULL};
-        for (int k = 0; k < 3; k++) {
-            if (!part[k]) continue;
-            dst[k] = next;
-            int e;
-            LEGACY(e = cudaMemcpy(next, src[k], part[k], cudaMemcpyHostToDevice));
-            if (e != cudaSuccess) {
-                LEGACY(cudaFree(pl->arena));
-                free(pl->descs);
-                free(pl);
-                return osp_err(OSP_ERR_IO, "uploading weights to the GPU failed");
-            }
-            next += r256(part[k]);
-        }
-        pl->descs[i] = (osp_cu_weight){dt_code(w->dtype), w->qbits, w->group, dt_code(w->sdtype), w->rows, w->cols,
-                                       dst[0], dst[1], dst[2]};
-        w->packed = &pl->descs[i];
-    }
-    *owned = pl;
-    return OSP_OK;
-}
-
-static void cu_unplace(void *owned) {
-    placed *pl = owned;
-    if (!pl) return;
-    LEGACY(cudaFree(pl->arena));
-    free(pl->descs);
-    free(pl);
-}
-
-/* ---- sessions ---- */
-
-static void session_free(osp_be_session *s) {
-    if (!s) return;
-    cudaStreamSynchronize(s->st);
-    osp_cu_step_free(s);
-    osp_cu_legacy_lock(); /* (the frees below) */
-    osp_cublas_free(s->blas);
-    cudaFree(s->logits);
-    cudaFree(s->ids_d);
-    cudaFreeHost(s->ids_h);
-    cudaFree(s->part);
-    cudaFree(s->xb);
-    cudaFree(s->wb);
-    cudaFree(s->moe_i);
-    cudaFree(s->moe_f);
-    for (int i = 0; i < s->n_moe_tab; i++) cudaFree(s->moe_tab[i].dev);
-    osp_cu_tc_ws_free(&s->tcws);
-    cudaStreamDestroy(s->st);
-    osp_cu_legacy_unlock();
-    free(s);
-}
-
-static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session **out) {
-    *out = NULL;
-    osp_be_session *s = calloc(1, sizeof *s);
-    if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
-    if (cudaStreamCreate(&s->st) != cudaSuccess) {
-        cudaGetLastError();
-        free(s);
-        return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
-    }
-    const osp_options *o = osp_options_get();
-    s->fuse = o->cuda_fuse;
-    s->att_kernel = o->cuda_attention; /* (a test hook: 0, by the step's tokens, unless a test sets it) */
-    /* the embedding rows of a full chunk and room for the small arrays */
-    size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
-                 ((size_t)1 << 20);
-    osp_status rc = osp_cu_step_init(s, cap);
-    if (rc == OSP_OK && osp_cu_tc_ws_init(&s->tcws, (int64_t)(max_tok > 0 ? max_tok : 1) * (max_cols > 0 ? max_cols : 1)))
-        rc = osp_err(OSP_ERR_NOMEM, "out of GPU memory for a session's matmul workspace");
-    if (rc != OSP_OK) {
-        session_free(s);
-        return rc;
-    }
-    *out = s;
-    return OSP_OK;
-}
-
-static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
-
-/* Exact tokens: a chunk's tokens go through the decode kernels (which give a
- * row the same numbers among any number of rows), never cuBLAS, and its
- * attention reads earlier positions from the cache (the model stores the
- * chunk first). */
-static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
-static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
-
 /* A step of few tokens (a decode step of up to 8 rows, a short verification chunk): its launches are short and
  * many, so it takes the fused parts (FUSE_FEW) and the compact attention kernel. Measured in docs/NOTES.md
  * (issue 18, the seventh session: the other parts, and the compact kernel in many-token steps, were slower) */
@@ -225,10 +41,6 @@ static int few(const osp_be_session *s) { return (int64_t)s->B * s->T <= FEW_TOK
 /* the FUSE_ parts on in this step (none under OSP_CUDA_FUSE=0) */
 static int fz(const osp_be_session *s) { return s->fuse && few(s) ? FUSE_FEW : 0; }
 static void flush(osp_be_session *s);
-static osp_status status(osp_be_session *s) {
-    flush(s);
-    return osp_cu_step_status(s);
-}
 
 /* ---- operations ---- */
 
@@ -490,7 +302,6 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     SUBMIT(s, act_exec, a);
 }
 
-
 static void rope_exec(osp_be_session *s, const void *p) {
     const rope_args *a = p;
     if (a->norm1 || a->norm2 || a->kvrows) { /* a block a head vector: its norm, RoPE and (kvrows) store */
@@ -555,6 +366,15 @@ static void flush(osp_be_session *s) {
 }
 
 void osp_cu_flush(osp_be_session *s) { flush(s); }
+
+/* (head.c's calls of a norm and a matmul: the same held-operation rules as the table's) */
+void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                    int add_one) {
+    norm(s, y, x, w, n, d, eps, add_one);
+}
+void osp_cu_op_mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy) {
+    mm(s, d, x, n, y, ldy);
+}
 
 /* y = x · Wᵀ + bias: the matmul (cuBLAS for a long chunk in production precision) and the bias */
 static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, int64_t n, const osp_dbuf *bias,
@@ -703,202 +523,6 @@ static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const 
     a.k = CD(k), a.v = CD(v), a.nb = nb, a.T = T;
     SUBMIT(s, kvw_exec, a);
 }
-
-typedef struct softcap_args {
-    float *x;
-    int64_t n;
-    float cap;
-} softcap_args;
-
-static void softcap_exec(osp_be_session *s, const void *p) {
-    const softcap_args *a = p;
-    note(s, osp_cu_softcap(s->st, a->x, a->n, a->cap), "softcap");
-}
-
-typedef struct argmax_args {
-    const float *x;
-    int32_t *ids;
-    int64_t rows, n;
-} argmax_args;
-
-static void argmax_exec(osp_be_session *s, const void *p) {
-    const argmax_args *a = p;
-    note(s, osp_cu_argmax(s->st, a->x, a->rows, a->n, a->ids), "argmax");
-}
-
-static void dfr_pop(osp_be_session *s);
-
-/* Room for n ids: device (written by the step, so never moved under a graph) and pinned host (two slots). */
-static int ids_room(osp_be_session *s, size_t n) {
-    if (n <= s->ids_cap) return 1;
-    osp_cu_step_eager(s);
-    while (s->n_dfr) dfr_pop(s); /* (their ids are in the slots) */
-    if (n < MAX_GRAPH_ROWS) n = MAX_GRAPH_ROWS;
-    size_t cap = s->ids_cap;
-    s->ids_cap = 0;
-    if (!osp_cu_grow(s, (void **)&s->ids_d, &cap, n, sizeof(int32_t))) return 0;
-    int e;
-    osp_cu_legacy_lock();
-    cudaFreeHost(s->ids_h);
-    s->ids_h = NULL;
-    e = cudaMallocHost((void **)&s->ids_h, 2 * n * sizeof(int32_t));
-    osp_cu_legacy_unlock();
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    s->ids_cap = n;
-    return 1;
-}
-
-/* The rows of a step's logits that come back: all, or with ids out only the needed ones (runs of adjacent rows in
- * one copy each). */
-static void logits_back(osp_be_session *s, const osp_head_args *a, const float *lg) {
-    int64_t V = a->vocab;
-    if (a->all_logits) {
-        for (int32_t b = 0; b < a->B; b++)
-            note(s, cudaMemcpyAsync(a->logits + (int64_t)b * a->ld_rows * V, lg + (int64_t)b * a->T * V,
-                                    (size_t)(a->T * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
-                 "logits");
-        return;
-    }
-    if (!a->ids) {
-        note(s, cudaMemcpyAsync(a->logits, lg, (size_t)(a->B * V) * sizeof(float), cudaMemcpyDeviceToHost, s->st),
-             "logits");
-        return;
-    }
-    note(s, cudaMemcpyAsync(s->ids_h, s->ids_d, sizeof(int32_t) * (size_t)a->B, cudaMemcpyDeviceToHost, s->st), "ids");
-    /* (slot 0: no deferred head is waiting, the stream's synchronization below waits for them all) */
-    for (int32_t b = 0; a->need && b < a->B;) {
-        if (!a->need[b]) {
-            b++;
-            continue;
-        }
-        int32_t e = b + 1;
-        while (e < a->B && a->need[e]) e++;
-        note(s, cudaMemcpyAsync(a->logits + (int64_t)b * V, lg + (int64_t)b * V, (size_t)((e - b) * V) * sizeof(float),
-                                cudaMemcpyDeviceToHost, s->st),
-             "logits");
-        b = e;
-    }
-}
-
-static void head(osp_be_session *s, const osp_head_args *a) {
-    flush(s);
-    const osp_cu_weight *w = a->w->packed;
-    int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab, rows = a->all_logits ? N : a->B;
-    int ids = a->ids && !a->all_logits;
-    if (rows * V > (int64_t)s->logits_cap) {
-        osp_cu_step_eager(s); /* the logits buffer is never moved under a graph */
-        if (!osp_cu_grow(s, (void **)&s->logits, &s->logits_cap, (size_t)(rows * V), sizeof(float))) {
-            note(s, cudaErrorMemoryAllocation, "logits");
-            return;
-        }
-    }
-    if (ids && !ids_room(s, (size_t)a->B)) {
-        note(s, cudaErrorMemoryAllocation, "ids");
-        return;
-    }
-    int defer = ids && a->defer_ids && !a->need;
-    /* two deferred heads at most (the caller waits for one before the next); a head that is not deferred
-     * takes slot 0 */
-    while (s->n_dfr == 2 || (!defer && s->n_dfr)) dfr_pop(s);
-    if (!w) {
-        note(s, cudaErrorInvalidValue, "the head's weight is not on the GPU");
-        return;
-    }
-    float *lg = s->logits;
-    if (a->all_logits) {
-        norm(s, D(a->xn), CD(a->x), CD(a->norm), N, H, a->eps, a->add_one);
-        mm(s, w, CD(a->xn), N, lg, V);
-    } else {
-        if (a->T == 1) /* the rows' last tokens are contiguous */
-            norm(s, D(a->hlast), CD(a->x), CD(a->norm), a->B, H, a->eps, a->add_one);
-        else
-            for (int32_t b = 0; b < a->B; b++)
-                norm(s, D(a->hlast) + b * H, CD(a->x) + ((int64_t)b * a->T + a->T - 1) * H, CD(a->norm), 1, H,
-                     a->eps, a->add_one);
-        mm(s, w, CD(a->hlast), a->B, lg, V);
-    }
-    if (a->softcap > 0) {
-        ARGS(softcap_args, c);
-        c.x = lg, c.n = rows * V, c.cap = a->softcap;
-        SUBMIT(s, softcap_exec, c);
-    }
-    if (ids) { /* part of the step (and of its graph): the greedy tokens, on the soft-capped logits */
-        ARGS(argmax_args, m);
-        m.x = lg, m.ids = s->ids_d, m.rows = a->B, m.n = V;
-        SUBMIT(s, argmax_exec, m);
-    }
-    s->defer = defer, s->staged_marked = 0;
-    osp_cu_step_end(s);
-    s->defer = 0;
-    if (s->err) {
-        s->staged_marked = 0;
-        return;
-    }
-    if (!defer) s->staged_marked = 0;
-    if (defer) { /* the ids into a free slot, an event after them; the next step may be staged at ev_staged */
-        if (!s->staged_marked) note(s, cudaEventRecord(s->ev_staged, s->st), "staging"); /* (an eager step) */
-        s->staged_marked = 1;
-        int slot = s->n_dfr ? !s->dfr[0].slot : 0;
-        note(s, cudaMemcpyAsync(s->ids_h + (size_t)slot * s->ids_cap, s->ids_d, sizeof(int32_t) * (size_t)a->B,
-                                cudaMemcpyDeviceToHost, s->st),
-             "ids");
-        note(s, cudaEventRecord(s->dfr_ev[slot], s->st), "ids");
-        if (s->err) return;
-        s->dfr[s->n_dfr++] = (struct osp_cu_dfr){slot, a->B, a->ids};
-        s->pending = 1;
-        return;
-    }
-    logits_back(s, a, lg); /* after the step's graph, on its stream */
-    note(s, cudaStreamSynchronize(s->st), "logits");
-    s->pending = 0;
-    if (ids && !s->err) memcpy(a->ids, s->ids_h, sizeof(int32_t) * (size_t)a->B);
-}
-
-/* the oldest deferred head's ids, once copied, where it said (touches nothing of a step in progress) */
-static void dfr_pop(osp_be_session *s) {
-    struct osp_cu_dfr d = s->dfr[0];
-    s->dfr[0] = s->dfr[1];
-    s->n_dfr--;
-    note(s, cudaEventSynchronize(s->dfr_ev[d.slot]), "a step's ids");
-    if (!s->err) memcpy(d.dst, s->ids_h + (size_t)d.slot * s->ids_cap, sizeof(int32_t) * (size_t)d.nb);
-}
-
-static osp_status ids_wait(osp_be_session *s) {
-    if (!s->n_dfr) return OSP_OK;
-    dfr_pop(s);
-    return status(s);
-}
-
-/* ids on the device: a deferred (or any) head's ids_d, read by the next step's first kernel */
-typedef struct embp_args {
-    osp_cu_weight w;
-    const int32_t *ids;
-    int64_t n;
-    float scale;
-    float *x;
-} embp_args;
-
-static void embp_exec(osp_be_session *s, const void *p) {
-    const embp_args *a = p;
-    note(s, osp_cu_embed_ids(s->st, &a->w, a->ids, a->n, a->scale, a->x), "embedding");
-}
-
-static int can_embed_prev(const osp_weight *e) { return e->packed != NULL; }
-
-static void embed_prev(osp_be_session *s, const osp_weight *e, float sc, int64_t n, osp_dbuf *x) {
-    if (!e->packed || !s->ids_d || (size_t)n > s->ids_cap) {
-        note(s, cudaErrorInvalidValue, "an embedding of the previous step's ids, which are not on the GPU");
-        return;
-    }
-    ARGS(embp_args, a);
-    a.w = *(const osp_cu_weight *)e->packed;
-    a.ids = s->ids_d, a.n = n, a.scale = sc, a.x = D(x);
-    SUBMIT(s, embp_exec, a);
-}
-
 
 typedef struct moe_io_args {
     float *dst;
@@ -1126,69 +750,9 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
     }
 }
 
-/* ---- measuring ---- */
-
-/* the legacy stream's read of 2 GiB, timed (a bench's, between its steps) */
-static double bw_trial_locked(int release) {
-    static void *buf;
-    static unsigned *sink;
-    static int sms;
-    const int64_t bytes = (int64_t)2 << 30; /* 2 GiB: far beyond the L2 */
-    if (release) {
-        cudaFree(buf), cudaFree(sink);
-        buf = NULL, sink = NULL;
-        return 0;
-    }
-    if (!buf) {
-        int dev = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (cudaMalloc(&buf, (size_t)bytes) != cudaSuccess || cudaMalloc((void **)&sink, sizeof *sink) != cudaSuccess) {
-            cudaFree(buf);
-            buf = NULL;
-            return -1;
-        }
-        cudaMemset(buf, 0x5a, (size_t)bytes); /* written: a read of untouched pages measures nothing real */
-        osp_cu_read_probe(NULL, buf, bytes, sink, sms); /* warm-up */
-        cudaDeviceSynchronize();
-    }
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
-    cudaEventRecord(e0, NULL);
-    int rc = osp_cu_read_probe(NULL, buf, bytes, sink, sms);
-    cudaEventRecord(e1, NULL);
-    float ms = 0;
-    if (cudaEventSynchronize(e1) != cudaSuccess || rc) ms = -1;
-    else cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0), cudaEventDestroy(e1);
-    return ms > 0 ? (double)bytes / (ms * 1e-3) / 1e9 : -1;
-}
-
-static double bw_trial(int release) {
-    osp_cu_legacy_lock();
-    double r = bw_trial_locked(release);
-    osp_cu_legacy_unlock();
-    return r;
-}
-
 static osp_backend CUDA = {
     .device = OSP_DEVICE_CUDA,
     .needs_place = 1,
-    .alloc = cu_alloc,
-    .free = cu_free,
-    .adopt_vec = cu_adopt_vec,
-    .free_vec = cu_free,
-    .write = cu_write,
-    .read = cu_read,
-    .kv_mem = &KV_MEM,
-    .place = cu_place,
-    .unplace = cu_unplace,
-    .session_new = session_new,
-    .session_free = session_free,
-    .set_fast = set_fast,
-    .set_exact_tokens = set_exact_tokens,
-    .begin_chunk = begin_chunk,
-    .status = status,
     .upload = upload,
     .end_chunk = end_chunk,
     .matmul = matmul,
@@ -1200,14 +764,9 @@ static osp_backend CUDA = {
     .act_mul = act_mul,
     .rope = rope,
     .embed = embed,
-    .can_embed_prev = can_embed_prev,
-    .embed_prev = embed_prev,
-    .ids_wait = ids_wait,
     .attention = attention,
     .kv_write = kv_write,
-    .head = head,
     .moe = moe,
-    .bw_trial = bw_trial,
 };
 
 const osp_backend *osp_backend_cuda(void) {
@@ -1223,6 +782,9 @@ const osp_backend *osp_backend_cuda(void) {
         return NULL;
     }
     if (!CUDA.name) {
+        osp_cu_memory_fill(&CUDA);
+        osp_cu_session_fill(&CUDA);
+        osp_cu_head_fill(&CUDA);
         osp_cu_encdec_fill(&CUDA);
         CUDA.linear = linear;
         struct cudaDeviceProp p;

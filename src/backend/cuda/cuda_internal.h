@@ -129,6 +129,8 @@ enum { FUSE_KV = 4, FUSE_ROPE_ATT = 16, FUSE_PAIR = 64, FUSE_FEW = FUSE_KV | FUS
  * capture (osp_cu_step_begin to its end) take this lock, process-wide and recursive. */
 void osp_cu_legacy_lock(void);
 void osp_cu_legacy_unlock(void);
+/* every legacy-stream operation and free under osp_cu_legacy_lock (no other session is capturing) */
+#define LEGACY(stmt) (osp_cu_legacy_lock(), (stmt), osp_cu_legacy_unlock())
 
 /* Record the first failure (a cudaError_t) of the step. */
 void osp_cu_note(osp_be_session *s, int e, const char *where);
@@ -142,6 +144,15 @@ int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem)
 void osp_cu_flush(osp_be_session *s);
 /* The encoder-decoder operations (encdec.c) into the table. */
 void osp_cu_encdec_fill(osp_backend *b);
+/* The table's other parts: memory, placement and the bandwidth trial (memory.c), sessions (step.c), the head,
+ * its logits and ids, and the previous ids' embedding (head.c); cuda.c holds the operations. */
+void osp_cu_memory_fill(osp_backend *b);
+void osp_cu_session_fill(osp_backend *b);
+void osp_cu_head_fill(osp_backend *b);
+/* cuda.c's norm and matmul (with its held-operation rules), for head.c */
+void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
+                    int add_one);
+void osp_cu_op_mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy);
 
 /* ---- step.c ---- */
 osp_status osp_cu_step_init(osp_be_session *s, size_t stage_bytes);

@@ -1,4 +1,4 @@
-/* backend/cuda/step: how a chunk's operations reach the GPU.
+/* backend/cuda/step: sessions, and how a chunk's operations reach the GPU.
  *
  * Host data a step needs (embedding rows, positions, per-row KV
  * descriptors) is written into a pinned staging area at offsets that
@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_profiler_api.h>
+#include "backend/cuda/blas.h"
 #include "backend/cuda/cuda_internal.h"
 #include "core/options.h"
 
@@ -369,4 +370,73 @@ osp_status osp_cu_step_status(osp_be_session *s) {
     s->err = 0; /* reported once; the session stays usable */
     cudaGetLastError();
     return osp_err(OSP_ERR_IO, "CUDA: %s (%s)", cudaGetErrorString((cudaError_t)e), s->err_where);
+}
+
+/* ---- sessions ---- */
+
+static void session_free(osp_be_session *s) {
+    if (!s) return;
+    cudaStreamSynchronize(s->st);
+    osp_cu_step_free(s);
+    osp_cu_legacy_lock(); /* (the frees below) */
+    osp_cublas_free(s->blas);
+    cudaFree(s->logits);
+    cudaFree(s->ids_d);
+    cudaFreeHost(s->ids_h);
+    cudaFree(s->part);
+    cudaFree(s->xb);
+    cudaFree(s->wb);
+    cudaFree(s->moe_i);
+    cudaFree(s->moe_f);
+    for (int i = 0; i < s->n_moe_tab; i++) cudaFree(s->moe_tab[i].dev);
+    osp_cu_tc_ws_free(&s->tcws);
+    cudaStreamDestroy(s->st);
+    osp_cu_legacy_unlock();
+    free(s);
+}
+
+static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session **out) {
+    *out = NULL;
+    osp_be_session *s = calloc(1, sizeof *s);
+    if (!s) return osp_err(OSP_ERR_NOMEM, "out of memory");
+    if (cudaStreamCreate(&s->st) != cudaSuccess) {
+        cudaGetLastError();
+        free(s);
+        return osp_err(OSP_ERR_IO, "cannot create a CUDA stream");
+    }
+    const osp_options *o = osp_options_get();
+    s->fuse = o->cuda_fuse;
+    s->att_kernel = o->cuda_attention; /* (a test hook: 0, by the step's tokens, unless a test sets it) */
+    /* the embedding rows of a full chunk and room for the small arrays */
+    size_t cap = (size_t)(max_tok > 0 ? max_tok : 1) * (size_t)(max_cols > 0 ? max_cols : 1) * sizeof(float) +
+                 ((size_t)1 << 20);
+    osp_status rc = osp_cu_step_init(s, cap);
+    if (rc == OSP_OK && osp_cu_tc_ws_init(&s->tcws, (int64_t)(max_tok > 0 ? max_tok : 1) * (max_cols > 0 ? max_cols : 1)))
+        rc = osp_err(OSP_ERR_NOMEM, "out of GPU memory for a session's matmul workspace");
+    if (rc != OSP_OK) {
+        session_free(s);
+        return rc;
+    }
+    *out = s;
+    return OSP_OK;
+}
+
+static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
+
+/* Exact tokens: a chunk's tokens go through the decode kernels (which give a
+ * row the same numbers among any number of rows), never cuBLAS, and its
+ * attention reads earlier positions from the cache (the model stores the
+ * chunk first). */
+static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
+static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
+
+static osp_status status(osp_be_session *s) {
+    osp_cu_flush(s);
+    return osp_cu_step_status(s);
+}
+
+/* the table's session entries */
+void osp_cu_session_fill(osp_backend *b) {
+    b->session_new = session_new, b->session_free = session_free, b->set_fast = set_fast;
+    b->set_exact_tokens = set_exact_tokens, b->begin_chunk = begin_chunk, b->status = status;
 }

@@ -158,7 +158,7 @@ typedef struct rope_args {
     const float *w1, *w2;
     float eps1, eps2;
     int32_t norm1, norm2, add1, add2;
-    /* x2 (k) and v stored in the cache once rotated (OSP_CUDA_FUSE=2: kv_write joined the held RoPE), when
+    /* x2 (k) and v stored in the cache once rotated (a few-token step's FUSE_KV: kv_write joined the held RoPE), when
      * kvrows */
     osp_cu_kvlayer L;
     const osp_cu_kvrow *kvrows;
@@ -697,7 +697,7 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
         return;
     }
     float *pes = probs + N * E;
-    flush(s); /* the router's matmul may be held (OSP_CUDA_FUSE=2): it runs before its output is read */
+    flush(s); /* whatever is held runs before the router's output is read */
     note(s, cudaMemcpyAsync(probs, a->probs, (size_t)(N * E) * sizeof(float), cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaMemcpyAsync(pes, a->per_expert_scale, sizeof(float) * (size_t)E, cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaStreamSynchronize(s->st), "router");

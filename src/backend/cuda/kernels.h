@@ -160,7 +160,7 @@ typedef struct osp_cu_attn {
     int32_t rope;
     const float *rope_inv;
     /* attn_dec_kernel (an f32 cache, any rope and counters): the compact kernel, every sum in the split
-     * kernel's order, so the same numbers (OSP_CUDA_ATTC) */
+     * kernel's order, so the same numbers (cuda.c: steps of up to 8 tokens) */
     int32_t compact;
 } osp_cu_attn;
 

@@ -387,22 +387,13 @@ static int pick_tools(const json_t *b, const json_t **tools, int *force, const c
 /* The text a forced tool call's reply starts with, in the model family's
  * format (after closing an open reasoning block); NULL when the format has
  * no tool calls. */
-static char *forced_opening(osp_reply_format f, int in_reasoning, int force, const char *name) {
+static char *forced_opening(const osp_reply_spec *f, int in_reasoning, int force, const char *name) {
+    if (f->calls == OSP_REPLY_CALLS_NONE) return NULL;
     srv_buf b = {0};
-    if (f == OSP_REPLY_QWEN) {
-        if (in_reasoning) srv_buf_addf(&b, "%s", "\n</think>\n\n");
-        srv_buf_addf(&b, "%s", "<tool_call>\n");
-        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"arguments\": ", name);
-    } else if (f == OSP_REPLY_LLAMA3) {
-        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"parameters\": ", name);
-        else srv_buf_addf(&b, "%s", "{\"name\": \"");
-    } else if (f == OSP_REPLY_GEMMA4) {
-        if (in_reasoning) srv_buf_addf(&b, "%s", "<channel|>");
-        srv_buf_addf(&b, "%s", "<|tool_call>call:");
-        if (force == 2) srv_buf_addf(&b, "%s{", name);
-    } else {
-        return NULL;
-    }
+    if (in_reasoning && f->force.close_think) srv_buf_addf(&b, "%s", f->force.close_think);
+    srv_buf_addf(&b, "%s", f->force.open);
+    if (force == 2) srv_buf_addf(&b, "%s%s%s", f->force.name_pre, name, f->force.name_post);
+    else srv_buf_addf(&b, "%s", f->force.any);
     return b.p;
 }
 
@@ -499,12 +490,13 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
     int force = 0;
     const char *force_name = NULL;
     if (render(s, b, &text, &len, &tools, &force, &force_name, &e)) return fail_job(j, &e, status, err);
+    const osp_reply_spec *fmt = osp_reply_spec_of(s->fmt);
     j->fmt = s->fmt;
-    j->parse_tools = tools != NULL && s->fmt != OSP_REPLY_NONE;
-    j->parse_reasoning = s->fmt == OSP_REPLY_QWEN || s->fmt == OSP_REPLY_GEMMA4;
+    j->parse_tools = tools != NULL && fmt->calls != OSP_REPLY_CALLS_NONE;
+    j->parse_reasoning = fmt->think_open != NULL;
     j->start_in_reasoning = j->parse_reasoning && osp_reply_prompt_opens_reasoning(s->fmt, text, len);
     if (force) { /* the reply starts with the format's tool-call opening: the model goes on from there */
-        j->forced = forced_opening(s->fmt, j->start_in_reasoning, force, force_name);
+        j->forced = forced_opening(fmt, j->start_in_reasoning, force, force_name);
         if (!j->forced) {
             osp_free(text);
             e.status = 400, e.param = "tool_choice";
@@ -526,8 +518,8 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
     }
     size_t n = 0;
     osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
-    /* Gemma 4's markers are special tokens: keep them in the text for the parser */
-    if (s->fmt == OSP_REPLY_GEMMA4 && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
+    /* markers that are special tokens (Gemma 4's) stay in the text for the parser */
+    if (fmt->special_markers && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
     osp_free(text);
     if (rc != OSP_OK) {
         e.status = 400;

@@ -23,6 +23,7 @@ typedef struct perr {
     int status;
     char msg[512];
     const char *param;
+    srv_reject why; /* for the routes that word it their own way */
 } perr;
 
 #define FAIL(e, prm, ...)                                                                                    \
@@ -217,8 +218,10 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
 /* Tokens of the prompt fit the context; settle max_tokens. */
 static int fit_context(srv *s, srv_job *j, int32_t max_tokens, perr *e) {
     if (j->n_prompt <= 0) FAIL(e, NULL, "the prompt is empty");
-    if (j->n_prompt >= s->ctx)
+    if (j->n_prompt >= s->ctx) {
+        e->why = (srv_reject){SRV_REJECT_OVER_CONTEXT, j->n_prompt, s->ctx};
         FAIL(e, NULL, "the prompt has %d tokens; the context holds %d", j->n_prompt, s->ctx);
+    }
     if (max_tokens > 0 && (int64_t)j->n_prompt + max_tokens > s->ctx)
         FAIL(e, "max_tokens", "the prompt (%d tokens) plus max_tokens (%d) exceeds the context of %d tokens",
              j->n_prompt, max_tokens, s->ctx);
@@ -465,8 +468,9 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
 }
 
 /* count_only: the prompt is tokenized and counted, and may be longer than the
- * context (a count, not a generation: count_tokens). */
-static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err) {
+ * context (a count, not a generation: count_tokens). *why (not NULL): why
+ * the prompt did not fit. */
+static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err, srv_reject *why) {
     perr e = {0};
     int32_t max_tokens;
     srv_job *j = begin_job(s, b, SRV_CHAT, &max_tokens, status, err);
@@ -527,21 +531,26 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
         return fail_job(j, &e, status, err);
     }
     j->n_prompt = (int32_t)n;
-    if (!count_only && fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    if (!count_only && fit_context(s, j, max_tokens, &e)) {
+        if (why) *why = e.why;
+        return fail_job(j, &e, status, err);
+    }
     srv_make_id(j->id, sizeof j->id, "chatcmpl");
     return j;
 }
 
-srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) { return parse_chat(s, b, 0, status, err); }
+srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+    return parse_chat(s, b, 0, status, err, NULL);
+}
 
 srv_job *srv_parse_count(srv *s, json_t *chat, int *status, json_t **err) {
-    srv_job *j = parse_chat(s, chat, 1, status, err);
+    srv_job *j = parse_chat(s, chat, 1, status, err, NULL);
     json_decref(chat);
     return j;
 }
 
-srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err) {
-    srv_job *j = srv_parse_chat(s, chat, status, err);
+srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err, srv_reject *why) {
+    srv_job *j = parse_chat(s, chat, 0, status, err, why);
     json_decref(chat);
     int32_t room = j ? s->ctx - j->n_prompt : 0; /* fit_context left at least one token */
     if (j && max_tokens > 0) j->gp.max_tokens = max_tokens < room ? max_tokens : room;

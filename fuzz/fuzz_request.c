@@ -2,7 +2,9 @@
  * and /v1/completions parse it, over the bundled model with its own chat
  * template and with a Qwen-style tool template (FUZZ_TOOL_TEMPLATE, default
  * tests/e2e/tools_template.jinja), so that tools, tool_choice and forced
- * tool calls are reached. Run from the repository root. */
+ * tool calls are reached. The first byte: bit 0 the template; bit 1
+ * completions, else bit 2 the translated chat of the other routes, whose
+ * refusal's reason is checked. Run from the repository root. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,7 +42,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     srv *s = servers[data[0] & 1];
     int status = 0;
     json_t *err = NULL;
-    srv_job *j = (data[0] & 2) ? srv_parse_completion(s, body, &status, &err) : srv_parse_chat(s, body, &status, &err);
+    srv_reject why = {0};
+    srv_job *j = (data[0] & 2)   ? srv_parse_completion(s, body, &status, &err)
+                 : (data[0] & 4) ? srv_parse_translated(s, json_incref(body), 0, &status, &err, &why)
+                                 : srv_parse_chat(s, body, &status, &err);
+    if (why.reason == SRV_REJECT_OVER_CONTEXT && (j || status != 400 || why.ctx != s->ctx || why.n_prompt < why.ctx))
+        __builtin_trap(); /* the reason a route words its own way matches the refusal */
     if (j) {
         if (j->n_prompt <= 0 || j->n_prompt >= s->ctx || j->gp.max_tokens <= 0 ||
             j->n_prompt + j->gp.max_tokens > s->ctx)

@@ -150,10 +150,13 @@ static void test_translate_refusals(void **st) {
 static void test_error_message(void **st) {
     (void)st;
     char buf[128];
-    assert_string_equal(srv_msg_error_message("the prompt has 5000 tokens; the context holds 2048", buf, sizeof buf),
+    srv_reject over = {SRV_REJECT_OVER_CONTEXT, 5000, 2048}, other = {0};
+    assert_string_equal(srv_msg_error_message("the prompt has 5000 tokens; the context holds 2048", &over, buf,
+                                              sizeof buf),
                         "prompt is too long: 5000 tokens > 2047 maximum");
-    assert_string_equal(srv_msg_error_message("the prompt is empty", buf, sizeof buf), "the prompt is empty");
-    assert_null(srv_msg_error_message(NULL, buf, sizeof buf));
+    assert_string_equal(srv_msg_error_message("the prompt is empty", &other, buf, sizeof buf), "the prompt is empty");
+    assert_string_equal(srv_msg_error_message("the prompt is empty", NULL, buf, sizeof buf), "the prompt is empty");
+    assert_null(srv_msg_error_message(NULL, &other, buf, sizeof buf));
 }
 
 static void test_stop(void **st) {

@@ -455,6 +455,30 @@ static void test_prompt_opens_reasoning(void **st) {
     assert_int_equal(osp_reply_prompt_opens_reasoning(OSP_REPLY_QWEN, NULL, 0), 0);
 }
 
+/* The formats' table: a row per enum value, each complete for what it has,
+ * and each row's own detection markers detecting it (no earlier row shadows it). */
+static void test_table(void **st) {
+    (void)st;
+    for (int f = OSP_REPLY_NONE; f <= OSP_REPLY_GEMMA4; f++) {
+        const osp_reply_spec *sp = osp_reply_spec_of((osp_reply_format)f);
+        assert_non_null(sp);
+        assert_int_equal(sp->format, f);
+        assert_string_equal(sp->name, osp_reply_format_name((osp_reply_format)f));
+        assert_int_equal(sp->think_open != NULL, sp->think_close != NULL);
+        assert_true(!sp->think_label || sp->think_open);
+        int block = sp->calls == OSP_REPLY_CALLS_JSON_BLOCK || sp->calls == OSP_REPLY_CALLS_GEMMA_BLOCK;
+        assert_int_equal(block, sp->tool_open && sp->tool_close);
+        assert_int_equal(sp->calls == OSP_REPLY_CALLS_JSON_REPLY, sp->call_tag != NULL);
+        if (sp->calls != OSP_REPLY_CALLS_NONE)
+            assert_true(sp->force.open && sp->force.any && sp->force.name_pre && sp->force.name_post);
+        assert_true(!sp->force.close_think || sp->think_open);
+        for (int k = 0; k < 2; k++)
+            if (sp->detect[k]) assert_int_equal(osp_reply_format_detect(sp->detect[k]), f);
+    }
+    assert_null(osp_reply_spec_of((osp_reply_format)42));
+    assert_string_equal(osp_reply_format_name((osp_reply_format)42), "unknown");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qwen_reasoning),
@@ -471,6 +495,7 @@ int main(void) {
         cmocka_unit_test(test_bad_args),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_prompt_opens_reasoning),
+        cmocka_unit_test(test_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

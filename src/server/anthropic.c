@@ -347,10 +347,10 @@ json_t *srv_msg_error_json(int status, const char *message) {
     return o;
 }
 
-const char *srv_msg_error_message(const char *m, char *buf, size_t cap) {
-    int n = 0, ctx = 0;
-    if (m && sscanf(m, "the prompt has %d tokens; the context holds %d", &n, &ctx) == 2 && ctx > 0) {
-        snprintf(buf, cap, "prompt is too long: %d tokens > %d maximum", n, ctx - 1); /* one is left to generate */
+const char *srv_msg_error_message(const char *m, const srv_reject *why, char *buf, size_t cap) {
+    if (why && why->reason == SRV_REJECT_OVER_CONTEXT && why->ctx > 0) {
+        /* one is left to generate */
+        snprintf(buf, cap, "prompt is too long: %d tokens > %d maximum", why->n_prompt, why->ctx - 1);
         return buf;
     }
     return m;
@@ -526,12 +526,13 @@ void srv_messages(srv *s, srv_req *c, const json_t *body, int count_only) {
     }
     int status = 400;
     json_t *err = NULL;
+    srv_reject why = {0};
     srv_job *j = count_only ? srv_parse_count(s, chat, &status, &err)
-                            : srv_parse_translated(s, chat, max_tokens, &status, &err);
+                            : srv_parse_translated(s, chat, max_tokens, &status, &err, &why);
     if (!j) {
         char buf[128];
         const char *m = srv_msg_error_message(
-            json_string_value(json_object_get(json_object_get(err, "error"), "message")), buf, sizeof buf);
+            json_string_value(json_object_get(json_object_get(err, "error"), "message")), &why, buf, sizeof buf);
         send_msg_error(s, c, status, m ? m : "invalid request");
         json_decref(err);
         return;

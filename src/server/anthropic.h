@@ -38,11 +38,11 @@
  * count_only; 0 when absent); else the HTTP status (400) with msg. */
 int srv_msg_translate(const json_t *body, int count_only, json_t **chat, int32_t *max_tokens, char *msg, size_t cap);
 
-/* An error message of the chat machinery in Anthropic's words where a client
- * looks for them: a prompt over the context is "prompt is too long: N tokens
- * > M maximum", which Claude Code parses (it reports "Prompt is too long"
- * with both sizes). Returns buf when rewritten, else m. */
-const char *srv_msg_error_message(const char *m, char *buf, size_t cap);
+/* An error message m of the chat machinery in Anthropic's words where a
+ * client looks for them: a prompt over the context (why) is "prompt is too
+ * long: N tokens > M maximum", which Claude Code parses (it reports "Prompt
+ * is too long" with both sizes). Returns buf when rewritten, else m. */
+const char *srv_msg_error_message(const char *m, const srv_reject *why, char *buf, size_t cap);
 
 /* {"type":"error","error":{"type","message"}} */
 json_t *srv_msg_error_json(int status, const char *message);

@@ -2,7 +2,8 @@
  * stream (in.p[off .. in.len)).
  *
  *   START      waiting for the reasoning opener (only whitespace so far); for
- *              LLAMA3 with tools, deciding whether the reply is a JSON call
+ *              JSON_REPLY (LLAMA3) with tools, deciding whether the reply is
+ *              a JSON call
  *   CONTENT    content; with tool markers, a trailing whitespace run is held
  *              (it is dropped if a tool block follows)
  *   REASONING  reasoning; a trailing whitespace run is held (dropped before
@@ -10,8 +11,9 @@
  *   TOOL       a tool block, kept raw in the buffer (from tool_ws bytes of
  *              whitespace before it) until its closer: parsed, or emitted as
  *              content verbatim if it does not parse
- *   HOLD       LLAMA3: the whole reply is held and decided at the end
- *   DONE       the reply is over (GEMMA4 <turn|> after a call); rest dropped
+ *   HOLD       JSON_REPLY: the whole reply is held and decided at the end
+ *   DONE       the reply is over (an end marker after a call: GEMMA4's
+ *              <turn|>); the rest is dropped
  *
  * In every state, a tail that is a proper prefix of a marker the state
  * looks for is held back. Decisions depend only on the text, never on where
@@ -29,7 +31,6 @@
 
 #define NOT_FOUND ((size_t)-1)
 #define MAX_DEPTH 64 /* nesting of tool arguments (recursion bound) */
-#define PYTHON_TAG "<|python_tag|>"
 #define GEMMA_STR "<|\"|>" /* Gemma 4's string delimiter token */
 
 /* ---- growable buffer (counting allocator); oom is sticky ---- */
@@ -123,38 +124,65 @@ static size_t partial_tail(const char *s, size_t n, const char *const *ms, int n
     return n;
 }
 
-/* ---- formats ---- */
+/* ---- formats: one row each, in detection order (a template holding
+ * markers of two rows is the earlier one's) ---- */
 
-typedef struct markers {
-    const char *think_open, *think_label, *think_close;
-    const char *tool_open, *tool_close;
-    const char *end[2]; /* after a tool call: the reply is over */
-} markers;
-
-static const markers FORMATS[] = {
-    [OSP_REPLY_NONE] = {0},
-    [OSP_REPLY_QWEN] = {"<think>", NULL, "</think>", "<tool_call>", "</tool_call>", {NULL, NULL}},
-    [OSP_REPLY_LLAMA3] = {0},
-    [OSP_REPLY_GEMMA4] = {"<|channel>", "thought", "<channel|>", "<|tool_call>", "<tool_call|>",
-                          {"<turn|>", "<|tool_response>"}},
+static const osp_reply_spec FORMATS[] = {
+    {.format = OSP_REPLY_GEMMA4,
+     .name = "gemma4",
+     .detect = {"<|tool_call>", "<|channel>"},
+     .think_open = "<|channel>",
+     .think_label = "thought",
+     .think_close = "<channel|>",
+     .calls = OSP_REPLY_CALLS_GEMMA_BLOCK,
+     .tool_open = "<|tool_call>",
+     .tool_close = "<tool_call|>",
+     .tool_quote = GEMMA_STR,
+     .end = {"<turn|>", "<|tool_response>"},
+     .special_markers = 1,
+     .force = {.close_think = "<channel|>", .open = "<|tool_call>call:", .any = "", .name_pre = "", .name_post = "{"}},
+    {.format = OSP_REPLY_QWEN,
+     .name = "qwen",
+     .detect = {"<tool_call>", "<think>"},
+     .think_open = "<think>",
+     .think_close = "</think>",
+     .calls = OSP_REPLY_CALLS_JSON_BLOCK,
+     .tool_open = "<tool_call>",
+     .tool_close = "</tool_call>",
+     .force = {.close_think = "\n</think>\n\n",
+               .open = "<tool_call>\n",
+               .any = "",
+               .name_pre = "{\"name\": \"",
+               .name_post = "\", \"arguments\": "}},
+    {.format = OSP_REPLY_LLAMA3,
+     .name = "llama3",
+     .detect = {"<|start_header_id|>", "<|python_tag|>"},
+     .calls = OSP_REPLY_CALLS_JSON_REPLY,
+     .call_tag = "<|python_tag|>",
+     /* the opening commits the reply to being a call */
+     .force = {.open = "", .any = "{\"name\": \"", .name_pre = "{\"name\": \"", .name_post = "\", \"parameters\": "}},
+    {.format = OSP_REPLY_NONE, .name = "none"},
 };
+
+#define N_FORMATS (sizeof FORMATS / sizeof *FORMATS)
+
+const osp_reply_spec *osp_reply_spec_of(osp_reply_format f) {
+    for (size_t i = 0; i < N_FORMATS; i++)
+        if (FORMATS[i].format == f) return &FORMATS[i];
+    return NULL;
+}
 
 osp_reply_format osp_reply_format_detect(const char *src) {
     if (!src) return OSP_REPLY_NONE;
-    if (strstr(src, "<|tool_call>") || strstr(src, "<|channel>")) return OSP_REPLY_GEMMA4;
-    if (strstr(src, "<tool_call>") || strstr(src, "<think>")) return OSP_REPLY_QWEN;
-    if (strstr(src, "<|start_header_id|>") || strstr(src, PYTHON_TAG)) return OSP_REPLY_LLAMA3;
+    for (size_t i = 0; i < N_FORMATS; i++)
+        for (int k = 0; k < 2; k++)
+            if (FORMATS[i].detect[k] && strstr(src, FORMATS[i].detect[k])) return FORMATS[i].format;
     return OSP_REPLY_NONE;
 }
 
 const char *osp_reply_format_name(osp_reply_format f) {
-    switch (f) {
-    case OSP_REPLY_NONE: return "none";
-    case OSP_REPLY_QWEN: return "qwen";
-    case OSP_REPLY_LLAMA3: return "llama3";
-    case OSP_REPLY_GEMMA4: return "gemma4";
-    }
-    return "unknown";
+    const osp_reply_spec *sp = osp_reply_spec_of(f);
+    return sp ? sp->name : "unknown";
 }
 
 static int ends_with(const char *s, size_t n, const char *m) {
@@ -163,11 +191,14 @@ static int ends_with(const char *s, size_t n, const char *m) {
 }
 
 int osp_reply_prompt_opens_reasoning(osp_reply_format f, const char *prompt, size_t len) {
-    if (!prompt) return 0;
+    const osp_reply_spec *sp = osp_reply_spec_of(f);
+    if (!prompt || !sp || !sp->think_open) return 0;
     len = rtrim_len(prompt, len);
-    if (f == OSP_REPLY_QWEN) return ends_with(prompt, len, "<think>");
-    if (f == OSP_REPLY_GEMMA4) return ends_with(prompt, len, "<|channel>thought");
-    return 0;
+    if (sp->think_label) {
+        if (!ends_with(prompt, len, sp->think_label)) return 0;
+        len -= strlen(sp->think_label);
+    }
+    return ends_with(prompt, len, sp->think_open);
 }
 
 /* ---- tool call ids: "call_" + 16 characters ---- */
@@ -377,11 +408,11 @@ static osp_status json_call(const char *s, size_t n, json_t *arr) {
     return st;
 }
 
-/* LLAMA3: the whole reply as calls separated by ';' or whitespace; all or
- * nothing. */
-static osp_status llama_calls(json_t *calls, const char *s, size_t n) {
+/* JSON_REPLY (LLAMA3): the whole reply, after an optional tag, as calls
+ * separated by ';' or whitespace; all or nothing. */
+static osp_status json_reply_calls(json_t *calls, const char *s, size_t n, const char *tag) {
     size_t i = skip_ws(s, n, 0);
-    if (starts(s + i, n - i, PYTHON_TAG)) i += strlen(PYTHON_TAG);
+    if (starts(s + i, n - i, tag)) i += strlen(tag);
     json_t *tmp = json_array();
     if (!tmp) return osp_err(OSP_ERR_NOMEM, "reply: out of memory");
     osp_status st = OSP_OK;
@@ -578,15 +609,14 @@ static osp_status gemma_call(const char *s, size_t n, json_t *arr) {
 enum { ST_START, ST_CONTENT, ST_REASONING, ST_TOOL, ST_HOLD, ST_DONE };
 
 struct osp_reply {
-    osp_reply_format fmt;
-    const markers *mk;
+    const osp_reply_spec *mk; /* the format's row */
     int tools;        /* tool calls are parsed */
     int state;
     int skip_ws;      /* drop whitespace at the head (after a marker) */
-    int strip_label;  /* GEMMA4: drop "thought" after <|channel> */
+    int strip_label;  /* drop think_label after think_open (GEMMA4's "thought") */
     size_t tool_ws;   /* TOOL: whitespace before the block, kept in case it fails */
     size_t tool_scan; /* TOOL: body bytes searched for the closer so far */
-    int tool_in_str;  /* TOOL, GEMMA4: the scan is inside a <|"|> string */
+    int tool_in_str;  /* TOOL: the scan is inside a tool_quote string (GEMMA4) */
     sbuf in;          /* unprocessed text: in.p[off .. in.len) */
     size_t off;
     json_t *calls;
@@ -597,24 +627,21 @@ osp_status osp_reply_new(osp_reply_format f, int parse_reasoning, int parse_tool
                          osp_reply **out) {
     if (!out) return osp_err(OSP_ERR_INVALID, "reply: out is NULL");
     *out = NULL;
-    if ((unsigned)f > OSP_REPLY_GEMMA4) return osp_err(OSP_ERR_INVALID, "reply: unknown format %d", (int)f);
+    const osp_reply_spec *mk = osp_reply_spec_of(f);
+    if (!mk) return osp_err(OSP_ERR_INVALID, "reply: unknown format %d", (int)f);
     osp_reply *r = osp_calloc(OSP_POOL_MISC, sizeof *r);
     if (!r || !(r->calls = json_array())) {
         osp_free(r);
         return osp_err(OSP_ERR_NOMEM, "reply: out of memory");
     }
-    r->fmt = f;
-    r->mk = &FORMATS[f];
+    r->mk = mk;
+    r->tools = parse_tools && mk->calls != OSP_REPLY_CALLS_NONE;
     r->state = ST_CONTENT;
-    if (f == OSP_REPLY_LLAMA3) {
-        r->tools = parse_tools != 0;
-        if (r->tools) r->state = ST_START;
-    } else {
-        r->tools = parse_tools && r->mk->tool_open;
-        if (parse_reasoning && r->mk->think_open) {
-            r->state = start_in_reasoning ? ST_REASONING : ST_START;
-            r->skip_ws = start_in_reasoning != 0;
-        }
+    if (r->tools && mk->calls == OSP_REPLY_CALLS_JSON_REPLY) {
+        r->state = ST_START; /* is the reply a call? */
+    } else if (parse_reasoning && mk->think_open) {
+        r->state = start_in_reasoning ? ST_REASONING : ST_START;
+        r->skip_ws = start_in_reasoning != 0;
     }
     *out = r;
     return OSP_OK;
@@ -640,13 +667,14 @@ static osp_status step_start(osp_reply *r, const char *s, size_t n, int eos) {
     size_t w = skip_ws(s, n, 0);
     const char *p = s + w;
     size_t m = n - w;
-    if (r->fmt == OSP_REPLY_LLAMA3) { /* is the reply a JSON call? */
-        if (starts(p, m, PYTHON_TAG)) {
-            size_t t = strlen(PYTHON_TAG), w2 = skip_ws(p + t, m - t, 0);
+    if (r->mk->calls == OSP_REPLY_CALLS_JSON_REPLY) { /* is the reply a JSON call? */
+        const char *tag = r->mk->call_tag;
+        if (starts(p, m, tag)) {
+            size_t t = strlen(tag), w2 = skip_ws(p + t, m - t, 0);
             p += t + w2;
             m -= t + w2;
             if (!m && !eos) return OSP_OK;
-        } else if (is_partial(p, m, PYTHON_TAG) && !eos) {
+        } else if (is_partial(p, m, tag) && !eos) {
             return OSP_OK;
         }
         r->state = m && p[0] == '{' ? ST_HOLD : ST_CONTENT;
@@ -712,13 +740,14 @@ static osp_status step_reasoning(osp_reply *r, const char *s, size_t n, int eos,
     return OSP_OK;
 }
 
-/* End of the tool block body (relative to body), or NOT_FOUND. GEMMA4
- * strings may hold anything, the closer included: skip them. The scan
+/* End of the tool block body (relative to body), or NOT_FOUND. Strings
+ * between tool_quote delimiters (GEMMA4's) may hold anything, the closer
+ * included: skip them. The scan
  * resumes where the last call stopped (before a possible partial marker),
  * so a long block costs linear time however it is fed. */
 static size_t tool_end(osp_reply *r, const char *b, size_t n) {
     const char *close = r->mk->tool_close;
-    const char *str = r->fmt == OSP_REPLY_GEMMA4 ? GEMMA_STR : NULL;
+    const char *str = r->mk->tool_quote;
     size_t i = r->tool_scan;
     while (i < n) {
         if (is_partial(b + i, n - i, close) || (str && is_partial(b + i, n - i, str))) break;
@@ -749,7 +778,7 @@ static osp_status step_tool(osp_reply *r, const char *s, size_t n, int eos, osp_
     }
     size_t whole = r->tool_ws + ol + e + cl;
     size_t lead = skip_ws(body, e, 0), tail = rtrim_len(body, e);
-    osp_status st = r->fmt == OSP_REPLY_GEMMA4 ? gemma_call(body, e, r->calls)
+    osp_status st = r->mk->calls == OSP_REPLY_CALLS_GEMMA_BLOCK ? gemma_call(body, e, r->calls)
                                                : json_call(body + lead, tail > lead ? tail - lead : 0, r->calls);
     if (st == OSP_OK) {
         r->skip_ws = 1;
@@ -794,7 +823,7 @@ static osp_status step(osp_reply *r, osp_reply_emit emit, void *user, int eos) {
         case ST_TOOL: OSP_TRY(step_tool(r, s, n, eos, emit, user)); break;
         case ST_HOLD: {
             if (!eos) return OSP_OK;
-            osp_status st = llama_calls(r->calls, s, n);
+            osp_status st = json_reply_calls(r->calls, s, n, r->mk->call_tag);
             if (st == OSP_ERR_FORMAT) OSP_TRY(put(r, emit, user, OSP_REPLY_CONTENT, s, n));
             else if (st != OSP_OK) return st;
             r->off += n;

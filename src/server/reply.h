@@ -2,7 +2,8 @@
  * tool calls, the way an OpenAI-compatible server returns them
  * (reasoning_content, content, tool_calls).
  *
- * Formats (the model family's markers):
+ * Formats (the model family's markers; each is one row of the table in
+ * reply.c, osp_reply_spec below):
  *   QWEN    reasoning <think> ... </think>; tool calls
  *           <tool_call>{"name": N, "arguments": {...}}</tool_call>, any number.
  *   LLAMA3  no reasoning; with tools, a reply that is (after whitespace and an
@@ -53,14 +54,49 @@ typedef enum osp_reply_format {
     OSP_REPLY_GEMMA4
 } osp_reply_format;
 
-/* From a chat template's source (NULL -> NONE): <|tool_call> or <|channel>
- * -> GEMMA4; <tool_call> or <think> -> QWEN; <|start_header_id|> or
- * <|python_tag|> -> LLAMA3; otherwise NONE. */
+/* How a format's replies call tools. */
+typedef enum osp_reply_calls {
+    OSP_REPLY_CALLS_NONE = 0,
+    OSP_REPLY_CALLS_JSON_BLOCK,  /* {"name", "arguments"} between tool_open and tool_close */
+    OSP_REPLY_CALLS_JSON_REPLY,  /* the whole reply is {"name", "parameters"} objects, after an optional call_tag */
+    OSP_REPLY_CALLS_GEMMA_BLOCK  /* call:NAME{...} in Gemma 4's notation between tool_open and tool_close */
+} osp_reply_calls;
+
+/* One format, as one row of the formats' table (reply.c): what the reply
+ * parser, the format's detection and the request's forced opening read.
+ * A NULL marker is one the format does not have. */
+typedef struct osp_reply_spec {
+    osp_reply_format format;
+    const char *name;
+    const char *detect[2];   /* a chat template holding either is this format; rows are tried in table order */
+    /* reasoning: think_open, then think_label (dropped), the reasoning, think_close */
+    const char *think_open, *think_label, *think_close;
+    osp_reply_calls calls;
+    const char *tool_open, *tool_close; /* the *_BLOCK formats */
+    const char *tool_quote;  /* delimits strings in a block: a tool_close inside one does not close it */
+    const char *call_tag;    /* JSON_REPLY: may come before the calls */
+    const char *end[2];      /* after a tool call, either ends the reply */
+    int special_markers;     /* the markers are special tokens: they must be decoded, not skipped */
+    /* A forced tool call's reply starts with: close_think (when the prompt
+     * opened reasoning), open, then for tool_choice "required" any, for a
+     * named function name_pre NAME name_post. */
+    struct {
+        const char *close_think, *open, *any, *name_pre, *name_post;
+    } force;
+} osp_reply_spec;
+
+/* The row of format f; NULL for a value outside the enum. */
+const osp_reply_spec *osp_reply_spec_of(osp_reply_format f);
+
+/* From a chat template's source (NULL -> NONE): the first row whose detect
+ * markers it holds (<|tool_call> or <|channel> -> GEMMA4; <tool_call> or
+ * <think> -> QWEN; <|start_header_id|> or <|python_tag|> -> LLAMA3);
+ * otherwise NONE. */
 osp_reply_format osp_reply_format_detect(const char *template_source);
 
 /* 1 when a rendered prompt (len bytes) ends inside an open reasoning block,
- * so the reply starts in reasoning: QWEN "<think>" then only whitespace;
- * GEMMA4 "<|channel>thought" then only whitespace (no <channel|>). */
+ * so the reply starts in reasoning: think_open and think_label, then only
+ * whitespace (QWEN "<think>", GEMMA4 "<|channel>thought"). */
 int osp_reply_prompt_opens_reasoning(osp_reply_format f, const char *prompt, size_t len);
 
 const char *osp_reply_format_name(osp_reply_format f); /* "none", "qwen", "llama3", "gemma4" */

@@ -23,6 +23,7 @@ typedef struct perr {
     int status;
     char msg[512];
     const char *param;
+    srv_reject why; /* for the routes that word it their own way */
 } perr;
 
 #define FAIL(e, prm, ...)                                                                                    \
@@ -217,8 +218,10 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
 /* Tokens of the prompt fit the context; settle max_tokens. */
 static int fit_context(srv *s, srv_job *j, int32_t max_tokens, perr *e) {
     if (j->n_prompt <= 0) FAIL(e, NULL, "the prompt is empty");
-    if (j->n_prompt >= s->ctx)
+    if (j->n_prompt >= s->ctx) {
+        e->why = (srv_reject){SRV_REJECT_OVER_CONTEXT, j->n_prompt, s->ctx};
         FAIL(e, NULL, "the prompt has %d tokens; the context holds %d", j->n_prompt, s->ctx);
+    }
     if (max_tokens > 0 && (int64_t)j->n_prompt + max_tokens > s->ctx)
         FAIL(e, "max_tokens", "the prompt (%d tokens) plus max_tokens (%d) exceeds the context of %d tokens",
              j->n_prompt, max_tokens, s->ctx);
@@ -387,22 +390,13 @@ static int pick_tools(const json_t *b, const json_t **tools, int *force, const c
 /* The text a forced tool call's reply starts with, in the model family's
  * format (after closing an open reasoning block); NULL when the format has
  * no tool calls. */
-static char *forced_opening(osp_reply_format f, int in_reasoning, int force, const char *name) {
+static char *forced_opening(const osp_reply_spec *f, int in_reasoning, int force, const char *name) {
+    if (f->calls == OSP_REPLY_CALLS_NONE) return NULL;
     srv_buf b = {0};
-    if (f == OSP_REPLY_QWEN) {
-        if (in_reasoning) srv_buf_addf(&b, "%s", "\n</think>\n\n");
-        srv_buf_addf(&b, "%s", "<tool_call>\n");
-        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"arguments\": ", name);
-    } else if (f == OSP_REPLY_LLAMA3) {
-        if (force == 2) srv_buf_addf(&b, "{\"name\": \"%s\", \"parameters\": ", name);
-        else srv_buf_addf(&b, "%s", "{\"name\": \"");
-    } else if (f == OSP_REPLY_GEMMA4) {
-        if (in_reasoning) srv_buf_addf(&b, "%s", "<channel|>");
-        srv_buf_addf(&b, "%s", "<|tool_call>call:");
-        if (force == 2) srv_buf_addf(&b, "%s{", name);
-    } else {
-        return NULL;
-    }
+    if (in_reasoning && f->force.close_think) srv_buf_addf(&b, "%s", f->force.close_think);
+    srv_buf_addf(&b, "%s", f->force.open);
+    if (force == 2) srv_buf_addf(&b, "%s%s%s", f->force.name_pre, name, f->force.name_post);
+    else srv_buf_addf(&b, "%s", f->force.any);
     return b.p;
 }
 
@@ -474,8 +468,9 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
 }
 
 /* count_only: the prompt is tokenized and counted, and may be longer than the
- * context (a count, not a generation: count_tokens). */
-static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err) {
+ * context (a count, not a generation: count_tokens). *why (not NULL): why
+ * the prompt did not fit. */
+static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err, srv_reject *why) {
     perr e = {0};
     int32_t max_tokens;
     srv_job *j = begin_job(s, b, SRV_CHAT, &max_tokens, status, err);
@@ -499,12 +494,13 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
     int force = 0;
     const char *force_name = NULL;
     if (render(s, b, &text, &len, &tools, &force, &force_name, &e)) return fail_job(j, &e, status, err);
+    const osp_reply_spec *fmt = osp_reply_spec_of(s->fmt);
     j->fmt = s->fmt;
-    j->parse_tools = tools != NULL && s->fmt != OSP_REPLY_NONE;
-    j->parse_reasoning = s->fmt == OSP_REPLY_QWEN || s->fmt == OSP_REPLY_GEMMA4;
+    j->parse_tools = tools != NULL && fmt->calls != OSP_REPLY_CALLS_NONE;
+    j->parse_reasoning = fmt->think_open != NULL;
     j->start_in_reasoning = j->parse_reasoning && osp_reply_prompt_opens_reasoning(s->fmt, text, len);
     if (force) { /* the reply starts with the format's tool-call opening: the model goes on from there */
-        j->forced = forced_opening(s->fmt, j->start_in_reasoning, force, force_name);
+        j->forced = forced_opening(fmt, j->start_in_reasoning, force, force_name);
         if (!j->forced) {
             osp_free(text);
             e.status = 400, e.param = "tool_choice";
@@ -526,8 +522,8 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
     }
     size_t n = 0;
     osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
-    /* Gemma 4's markers are special tokens: keep them in the text for the parser */
-    if (s->fmt == OSP_REPLY_GEMMA4 && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
+    /* markers that are special tokens (Gemma 4's) stay in the text for the parser */
+    if (fmt->special_markers && (j->parse_tools || j->parse_reasoning)) j->gp.skip_special = 0;
     osp_free(text);
     if (rc != OSP_OK) {
         e.status = 400;
@@ -535,21 +531,26 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
         return fail_job(j, &e, status, err);
     }
     j->n_prompt = (int32_t)n;
-    if (!count_only && fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    if (!count_only && fit_context(s, j, max_tokens, &e)) {
+        if (why) *why = e.why;
+        return fail_job(j, &e, status, err);
+    }
     srv_make_id(j->id, sizeof j->id, "chatcmpl");
     return j;
 }
 
-srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) { return parse_chat(s, b, 0, status, err); }
+srv_job *srv_parse_chat(srv *s, const json_t *b, int *status, json_t **err) {
+    return parse_chat(s, b, 0, status, err, NULL);
+}
 
 srv_job *srv_parse_count(srv *s, json_t *chat, int *status, json_t **err) {
-    srv_job *j = parse_chat(s, chat, 1, status, err);
+    srv_job *j = parse_chat(s, chat, 1, status, err, NULL);
     json_decref(chat);
     return j;
 }
 
-srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err) {
-    srv_job *j = srv_parse_chat(s, chat, status, err);
+srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err, srv_reject *why) {
+    srv_job *j = parse_chat(s, chat, 0, status, err, why);
     json_decref(chat);
     int32_t room = j ? s->ctx - j->n_prompt : 0; /* fit_context left at least one token */
     if (j && max_tokens > 0) j->gp.max_tokens = max_tokens < room ? max_tokens : room;

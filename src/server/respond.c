@@ -96,9 +96,7 @@ static void chat_chunk(srv_resp *r, json_t *delta, const char *finish, int with_
     json_object_set_new(c, "delta", delta);
     json_object_set_new(c, "logprobs", with_logprobs && r->j->logprobs ? take_chat_logprobs(r) : json_null());
     json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
-    json_t *arr = json_array();
-    json_array_append_new(arr, c);
-    json_object_set_new(o, "choices", arr);
+    json_object_set_new(o, "choices", json_pack("[o]", c));
     send_event(r, o);
 }
 
@@ -113,9 +111,7 @@ static void completion_chunk(srv_resp *r, const char *text, size_t len, const ch
         json_object_set_new(c, "tokens", r->ids);
         r->ids = json_array();
     }
-    json_t *arr = json_array();
-    json_array_append_new(arr, c);
-    json_object_set_new(o, "choices", arr);
+    json_object_set_new(o, "choices", json_pack("[o]", c));
     send_event(r, o);
 }
 
@@ -303,9 +299,7 @@ static void end_ok_openai(srv_resp *r, const srv_event *e, json_t *tool_calls) {
         }
         json_object_set_new(c, "finish_reason", json_string(finish));
         if (j->return_tokens) json_object_set(c, "tokens", r->ids);
-        json_t *arr = json_array();
-        json_array_append_new(arr, c);
-        json_object_set_new(o, "choices", arr);
+        json_object_set_new(o, "choices", json_pack("[o]", c));
         json_object_set_new(o, "usage", usage_json(&e->stats));
         json_object_set_new(o, "timings", timings_json(&e->stats, e->batch_max));
         if (srv_buf_add_json(&r->out, o) || srv_buf_add(&r->out, "\n", 1)) r->failed = 1;

@@ -686,13 +686,13 @@ void srv_responses(srv *s, srv_req *c, const json_t *body) {
     }
     int status = 400;
     json_t *err = NULL;
+    srv_reject why = {0};
     /* no max_output_tokens: --max-tokens when given, else what the context leaves, as OpenAI's only bound is the
      * model's (Codex never sends one, and takes a reply cut at the chat route's 512 for a failed turn) */
     int32_t max_tokens = rj.q.max_tokens > 0 ? rj.q.max_tokens : s->cfg.max_tokens > 0 ? s->cfg.max_tokens : 1 << 30;
-    srv_job *j = srv_parse_translated(s, chat, max_tokens, &status, &err);
+    srv_job *j = srv_parse_translated(s, chat, max_tokens, &status, &err, &why);
     if (!j) {
-        const char *m = json_string_value(json_object_get(json_object_get(err, "error"), "message"));
-        if (m && !strncmp(m, "the prompt has", 14))
+        if (why.reason == SRV_REJECT_OVER_CONTEXT)
             json_object_set_new(json_object_get(err, "error"), "code", json_string("context_length_exceeded"));
         srv_send_json(s, c, status, err);
         srv_rsp_req_free(&rj.q);

@@ -243,13 +243,27 @@ int srv_submit(srv *s, srv_req *q, srv_job *j);
  * stream, or the body once it is done); takes the caller's reference. */
 int srv_respond(srv *s, srv_req *q, srv_job *j);
 
+/* Why request.c refused a request, for the routes that word a reason in
+ * their API's own terms (Anthropic's "prompt is too long", the Responses
+ * API's context_length_exceeded). */
+typedef enum srv_reject_reason {
+    SRV_REJECT_OTHER = 0,      /* the error's message says it all */
+    SRV_REJECT_OVER_CONTEXT    /* the prompt alone does not fit the context */
+} srv_reject_reason;
+
+typedef struct srv_reject {
+    srv_reject_reason reason;
+    int32_t n_prompt, ctx;     /* OVER_CONTEXT: the prompt's tokens, the context's (n_prompt >= ctx) */
+} srv_reject;
+
 /* request.c: build a job from a request body. On failure returns NULL with
  * *status (4xx) and *err (a new JSON error object). */
 srv_job *srv_parse_chat(srv *s, const json_t *body, int *status, json_t **err);
 srv_job *srv_parse_completion(srv *s, const json_t *body, int *status, json_t **err);
 /* A chat body another API's route translated (taken): max_tokens > 0 is cut
- * to what the context leaves after the prompt, where the chat route refuses it. */
-srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err);
+ * to what the context leaves after the prompt, where the chat route refuses it.
+ * On failure *why (when not NULL) also says why, in a route's terms. */
+srv_job *srv_parse_translated(srv *s, json_t *chat, int32_t max_tokens, int *status, json_t **err, srv_reject *why);
 /* A translated chat body (consumed) → a job only for its n_prompt, which may exceed the context (count_tokens). */
 srv_job *srv_parse_count(srv *s, json_t *chat, int *status, json_t **err);
 /* The chat template rendering of {messages, tools, ...} (for /apply-template). */

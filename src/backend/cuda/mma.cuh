@@ -1,5 +1,6 @@
 // backend/cuda/mma.cuh: bf16 rounding and the tensor cores' mma.sync m16n8k16 (bf16 operands, f32 accumulation),
-// shared by the kernel files (matmul_tc.cu, ...) and kernels_encdec.cu (the emulator, tests/cuemu, supplies its own mma and rounding).
+// shared by the kernel files (matmul_tc.cu, ...) and kernels_encdec.cu (the emulator, tests/cuemu, supplies its
+// own mma and rounding).
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>

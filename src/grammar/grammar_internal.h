@@ -41,7 +41,7 @@ struct osp_grammar {
     uint8_t *nullable;   /* [n_nt] */
     gr_dfa *terms;       /* [n_terms] */
     int32_t start;       /* the augmented start production */
-    gr_cache *cache;     /* per-vocab lexeme masks (matcher.c) */
+    int32_t *term_vid;   /* [n_terms]: the vocab's id of each DFA (its mask cache), -1: none */
     const osp_grammar_vocab *cache_vocab;
 };
 
@@ -129,6 +129,11 @@ struct osp_grammar_vocab {
     char **tok_bytes;  /* [n_tokens] (NULL: none) */
     uint32_t *tok_len;
     int32_t max_len;
+    /* Lexeme masks from the root, by (interned DFA, state), shared by every
+     * grammar on this vocab: a JSON string's lexeme is one DFA whatever the
+     * schema. Mutable behind the const vocab; not thread-safe yet. */
+    gr_cache *cache;
 };
+void gr_cache_free(gr_cache *c);
 
 #endif

@@ -33,7 +33,14 @@ struct gr_cache {
     gr_centry *e;
     uint32_t mask, n;
     size_t bytes;
+    /* interned DFAs (copies), by content */
+    gr_dfa *dfa;
+    uint64_t *dhash;
+    int32_t n_dfa, cap_dfa;
+    int32_t *dslot; /* hash of dhash -> index, -1 */
+    uint32_t dmask;
 };
+#define GR_INTERN_MAX_CELLS (1u << 20) /* larger DFAs get no cache: walked plainly */
 #define GR_CACHE_MAX_BYTES (512u << 20)
 
 struct osp_grammar_matcher {
@@ -161,13 +168,81 @@ static void cache_dfs(cbuild *cb, uint32_t node, int32_t st) {
     }
 }
 
+static void cache_clear(gr_cache *C) {
+    for (uint32_t i = 0; i <= C->mask; i++) {
+        gr_centry *e = &C->e[i];
+        if (!e->key) continue;
+        osp_free(e->toks), osp_free(e->bits), osp_free(e->fnode), osp_free(e->fstate);
+        memset(e, 0, sizeof *e);
+    }
+    C->n = 0, C->bytes = 0;
+}
+
+static uint64_t dfa_hash(const gr_dfa *d) {
+    uint64_t h = 1469598103934665603ull;
+    const uint8_t *parts[3] = {d->cls, (const uint8_t *)d->next, d->accept};
+    size_t lens[3] = {256, sizeof(int32_t) * (size_t)d->nstates * d->ncls, (size_t)d->nstates};
+    for (int k = 0; k < 3; k++)
+        for (size_t i = 0; i < lens[k]; i++) h = (h ^ parts[k][i]) * 1099511628211ull;
+    return h ^ (uint64_t)d->nstates << 40 ^ (uint64_t)d->ncls;
+}
+static int dfa_same(const gr_dfa *a, const gr_dfa *b) {
+    return a->nstates == b->nstates && a->ncls == b->ncls && !memcmp(a->cls, b->cls, 256) &&
+           !memcmp(a->accept, b->accept, a->nstates) &&
+           !memcmp(a->next, b->next, sizeof(int32_t) * (size_t)a->nstates * a->ncls);
+}
+static int32_t intern(gr_cache *C, const gr_dfa *d) {
+    if ((size_t)d->nstates * d->ncls > GR_INTERN_MAX_CELLS) return -1;
+    uint64_t h = dfa_hash(d);
+    if ((uint32_t)(C->n_dfa + 1) * 2 > C->dmask) {
+        uint32_t nm = C->dmask ? C->dmask * 2 + 1 : 1023;
+        osp_free(C->dslot);
+        C->dslot = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
+        memset(C->dslot, -1, sizeof(int32_t) * (nm + 1));
+        C->dmask = nm;
+        for (int32_t i = 0; i < C->n_dfa; i++) {
+            uint32_t k = (uint32_t)C->dhash[i] & nm;
+            while (C->dslot[k] >= 0) k = (k + 1) & nm;
+            C->dslot[k] = i;
+        }
+    }
+    uint32_t slot = (uint32_t)h & C->dmask;
+    for (; C->dslot[slot] >= 0; slot = (slot + 1) & C->dmask) {
+        int32_t i = C->dslot[slot];
+        if (C->dhash[i] == h && dfa_same(&C->dfa[i], d)) return i;
+    }
+    if (C->n_dfa >= 1000000) return -1;
+    C->dslot[slot] = C->n_dfa;
+    if (C->n_dfa == C->cap_dfa) {
+        int32_t nc = C->cap_dfa ? C->cap_dfa * 2 : 64;
+        gr_dfa *a = osp_malloc(OSP_POOL_MISC, sizeof(gr_dfa) * nc);
+        uint64_t *b = osp_malloc(OSP_POOL_MISC, sizeof(uint64_t) * nc);
+        if (C->n_dfa) memcpy(a, C->dfa, sizeof(gr_dfa) * C->n_dfa), memcpy(b, C->dhash, 8 * (size_t)C->n_dfa);
+        osp_free(C->dfa), osp_free(C->dhash);
+        C->dfa = a, C->dhash = b, C->cap_dfa = nc;
+    }
+    gr_dfa *x = &C->dfa[C->n_dfa];
+    *x = *d;
+    x->next = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
+    memcpy(x->next, d->next, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
+    x->accept = osp_malloc(OSP_POOL_MISC, d->nstates);
+    memcpy(x->accept, d->accept, d->nstates);
+    C->dhash[C->n_dfa] = h;
+    return C->n_dfa++;
+}
+
 static gr_centry *cache_get(osp_grammar_matcher *m, int32_t term, int32_t st) {
-    gr_cache *C = m->g->cache;
-    uint64_t key = (uint64_t)term << 32 | (uint32_t)st;
+    gr_cache *C = m->v->cache;
+    int32_t vid = m->g->term_vid[term];
+    if (vid < 0) return NULL;
+    uint64_t key = (uint64_t)vid << 32 | (uint32_t)st;
     uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask;
     for (; C->e[h].key; h = (h + 1) & C->mask)
         if (C->e[h].key == key) return &C->e[h];
-    if (C->bytes > GR_CACHE_MAX_BYTES) return NULL;
+    if (C->bytes > GR_CACHE_MAX_BYTES) {
+        cache_clear(C);
+        h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask;
+    }
     if ((C->n + 1) * 2 > C->mask) { /* grow */
         uint32_t nm = C->mask * 2 + 1;
         gr_centry *ne = osp_calloc(OSP_POOL_MISC, sizeof(gr_centry) * (nm + 1));
@@ -203,19 +278,17 @@ static gr_centry *cache_get(osp_grammar_matcher *m, int32_t term, int32_t st) {
     return e;
 }
 
-static void cache_free(gr_cache *C) {
+void gr_cache_free(gr_cache *C) {
     if (!C) return;
-    for (uint32_t i = 0; i <= C->mask; i++) {
-        gr_centry *e = &C->e[i];
-        if (!e->key) continue;
-        osp_free(e->toks), osp_free(e->bits), osp_free(e->fnode), osp_free(e->fstate);
-    }
+    cache_clear(C);
+    for (int32_t i = 0; i < C->n_dfa; i++) gr_dfa_free(&C->dfa[i]);
+    osp_free(C->dfa), osp_free(C->dhash), osp_free(C->dslot);
     osp_free(C->e), osp_free(C);
 }
 
 void osp_grammar_free(osp_grammar *g) {
     if (!g) return;
-    cache_free(g->cache);
+    osp_free(g->term_vid);
     for (int32_t i = 0; i < g->n_terms; i++) gr_dfa_free(&g->terms[i]);
     osp_free(g->terms), osp_free(g->prods), osp_free(g->syms), osp_free(g->nt_first), osp_free(g->nullable);
     osp_free(g);
@@ -225,10 +298,15 @@ void osp_grammar_free(osp_grammar *g) {
 osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, osp_grammar_matcher **out) {
     if (g->cache_vocab && g->cache_vocab != v)
         return osp_err(OSP_ERR_INVALID, "grammar: a grammar's matchers must share one vocab");
-    if (!g->cache) {
-        g->cache = osp_calloc(OSP_POOL_MISC, sizeof(gr_cache));
-        g->cache->mask = 63;
-        g->cache->e = osp_calloc(OSP_POOL_MISC, sizeof(gr_centry) * 64);
+    osp_grammar_vocab *vm = (osp_grammar_vocab *)v; /* its cache is the one mutable part */
+    if (!vm->cache) {
+        vm->cache = osp_calloc(OSP_POOL_MISC, sizeof(gr_cache));
+        vm->cache->mask = 63;
+        vm->cache->e = osp_calloc(OSP_POOL_MISC, sizeof(gr_centry) * 64);
+    }
+    if (!g->cache_vocab) {
+        g->term_vid = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (g->n_terms + 1));
+        for (int32_t t = 0; t < g->n_terms; t++) g->term_vid[t] = intern(vm->cache, &g->terms[t]);
         g->cache_vocab = v;
     }
     osp_grammar_matcher *m = osp_calloc(OSP_POOL_MISC, sizeof *m);

@@ -571,7 +571,11 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     rparse p = {re, len, 0, mode, NULL, 0, 0, OSP_OK};
     int anch_s = 0, anch_e = 0;
     if (p.n && re[0] == '^') anch_s = 1, p.i = 1;
-    if (p.n > p.i && re[p.n - 1] == '$' && (p.n < 2 || re[p.n - 2] != '\\')) anch_e = 1, p.n--;
+    if (p.n > p.i && re[p.n - 1] == '$') { /* not an escaped '$': an even run of backslashes before it */
+        size_t k = 0;
+        while (k + 1 < p.n && re[p.n - 2 - k] == '\\') k++;
+        if (k % 2 == 0) anch_e = 1, p.n--;
+    }
     int32_t root = parse_alt(&p);
     if (!p.st && p.i < p.n) fail(&p, "unbalanced )");
     if (!p.st && mode == GR_RE_JSONSTR) {

@@ -166,6 +166,7 @@ osp_status osp_grammar_vocab_from_tokenizer(const osp_tokenizer *t, osp_grammar_
 void osp_grammar_vocab_free(osp_grammar_vocab *v) {
     if (!v) return;
     for (int32_t i = 0; i < v->n_tokens; i++) osp_free(v->tok_bytes[i]);
+    gr_cache_free(v->cache);
     osp_free(v->tok_bytes), osp_free(v->tok_len), osp_free(v->dup_next), osp_free(v->nodes);
     osp_free(v);
 }

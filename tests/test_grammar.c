@@ -202,7 +202,9 @@ static void random_paths(osp_grammar *g, const osp_grammar_vocab *v, int paths, 
             for (int32_t t = 0; t < n && na < 4096; t++)
                 if (((a[t >> 5] >> (t & 31)) & 1) && t != osp_grammar_vocab_eos(v)) allowed[na++] = t;
             if (!na) break;
-            assert_true(osp_grammar_matcher_commit(m, allowed[rand() % na]));
+            int32_t pick = allowed[rand() % na];
+            if (getenv("GRAMMAR_TEST_TRACE")) fprintf(stderr, "[%.*s]", (int)v->tok_len[pick], v->tok_bytes[pick]);
+            assert_true(osp_grammar_matcher_commit(m, pick));
         }
         osp_grammar_matcher_free(m);
     }

@@ -12,6 +12,12 @@ typedef struct gr_dfa {
     int32_t ncls, nstates;
     int32_t *next;      /* [nstates * ncls] */
     uint8_t *accept;    /* [nstates] */
+    /* A DFA minus words (gr_dfa_minus_words) keeps its base: state s acts as
+     * base state base_st[s] except while on_trie[s] (a prefix of a word), so
+     * masks reuse the base's cache and correct only the words' paths. */
+    struct gr_dfa *base;
+    int32_t *base_st;
+    uint8_t *on_trie;
 } gr_dfa;
 
 static inline int32_t gr_dfa_next(const gr_dfa *d, int32_t s, uint8_t b) { return d->next[s * d->ncls + d->cls[b]]; }
@@ -113,12 +119,13 @@ static inline int32_t gr_next_sym(const osp_grammar *g, const gr_item *it) {
     return it->dot < pr->len ? g->syms[pr->off + it->dot] : INT32_MAX;
 }
 
-/* Vocab trie: nodes in BFS order, children of a node contiguous. */
+/* Vocab trie in preorder: node n's subtree is [n, end), its first child
+ * n + 1, a child's next sibling at the child's end. A whole-trie walk then
+ * reads memory in order. */
 typedef struct gr_node {
-    uint32_t child;  /* first child */
-    uint16_t nchild;
-    uint8_t byte;
+    uint32_t end;
     int32_t tok;     /* a token ending here, -1; more in dup_next */
+    uint8_t byte;
 } gr_node;
 
 struct osp_grammar_vocab {

@@ -53,7 +53,9 @@ struct osp_grammar_matcher {
     /* walk scratch: active lexemes (item index, terminal, state) */
     int32_t *act;
     size_t act_top, act_cap;
-    int32_t *tmp_list; /* inside-list building */
+    uint32_t *tmp;     /* [words]: one item's share of a mask */
+    uint32_t *ex_node; /* trie nodes a word exclusion kills */
+    int32_t n_ex, cap_ex;
 };
 
 static inline void mark(const osp_grammar_vocab *v, int32_t tok, uint32_t *bits) {
@@ -108,11 +110,11 @@ static void frontier(osp_grammar_matcher *m, uint32_t it, uint32_t node, uint32_
 static void walk(osp_grammar_matcher *m, uint32_t node, size_t a_off, int na, uint32_t *bits) {
     const osp_grammar_vocab *v = m->v;
     const gr_dfa *terms = m->g->terms;
-    const gr_node *nd = &v->nodes[node];
+    const gr_node *nodes = v->nodes;
     size_t save = m->act_top;
     size_t n_off = (size_t)(act_alloc(m, (size_t)na * 3) - m->act);
-    for (uint32_t c = nd->child; c < nd->child + nd->nchild; c++) {
-        uint8_t b = v->nodes[c].byte;
+    for (uint32_t c = node + 1, end = nodes[node].end; c < end; c = nodes[c].end) {
+        uint8_t b = nodes[c].byte;
         int k = 0;
         for (int j = 0; j < na; j++) {
             const int32_t *aj = m->act + a_off + j * 3;
@@ -123,8 +125,8 @@ static void walk(osp_grammar_matcher *m, uint32_t node, size_t a_off, int na, ui
             k++;
         }
         if (!k) continue;
-        mark(v, v->nodes[c].tok, bits);
-        if (!v->nodes[c].nchild) continue;
+        mark(v, nodes[c].tok, bits);
+        if (nodes[c].end == c + 1) continue;
         for (int j = 0; j < k; j++) {
             const int32_t *o = m->act + n_off + j * 3;
             if (terms[o[1]].accept[o[2]]) frontier(m, (uint32_t)o[0], c, bits);
@@ -146,13 +148,13 @@ typedef struct cbuild {
 } cbuild;
 
 static void cache_dfs(cbuild *cb, uint32_t node, int32_t st) {
-    const gr_node *nd = &cb->v->nodes[node];
-    for (uint32_t c = nd->child; c < nd->child + nd->nchild; c++) {
-        const gr_node *cn = &cb->v->nodes[c];
+    const gr_node *nodes = cb->v->nodes;
+    for (uint32_t c = node + 1, end = nodes[node].end; c < end; c = nodes[c].end) {
+        const gr_node *cn = &nodes[c];
         int32_t s2 = gr_dfa_next(cb->d, st, cn->byte);
         if (!s2) continue;
         for (int32_t t = cn->tok; t >= 0; t = cb->v->dup_next[t]) cb->bits[t >> 5] |= 1u << (t & 31), cb->n_tok++;
-        if (!cn->nchild) continue;
+        if (cn->end == c + 1) continue;
         if (cb->d->accept[s2]) {
             if (cb->n_front == cb->cap_front) {
                 int32_t nc = cb->cap_front ? cb->cap_front * 2 : 16;
@@ -223,6 +225,7 @@ static int32_t intern(gr_cache *C, const gr_dfa *d) {
     }
     gr_dfa *x = &C->dfa[C->n_dfa];
     *x = *d;
+    x->base = NULL, x->base_st = NULL, x->on_trie = NULL;
     x->next = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
     memcpy(x->next, d->next, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
     x->accept = osp_malloc(OSP_POOL_MISC, d->nstates);
@@ -257,7 +260,7 @@ static gr_centry *cache_get(osp_grammar_matcher *m, int32_t term, int32_t st) {
         for (h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask; C->e[h].key; h = (h + 1) & C->mask) {}
     }
     cbuild cb = {0};
-    cb.v = m->v, cb.d = &m->g->terms[term];
+    cb.v = m->v, cb.d = m->g->terms[term].base ? m->g->terms[term].base : &m->g->terms[term];
     cb.bits = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * m->words);
     cache_dfs(&cb, 0, st);
     gr_centry *e = &C->e[h];
@@ -306,7 +309,8 @@ osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, o
     }
     if (!g->cache_vocab) {
         g->term_vid = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (g->n_terms + 1));
-        for (int32_t t = 0; t < g->n_terms; t++) g->term_vid[t] = intern(vm->cache, &g->terms[t]);
+        for (int32_t t = 0; t < g->n_terms; t++)
+            g->term_vid[t] = intern(vm->cache, g->terms[t].base ? g->terms[t].base : &g->terms[t]);
         g->cache_vocab = v;
     }
     osp_grammar_matcher *m = osp_calloc(OSP_POOL_MISC, sizeof *m);
@@ -315,6 +319,7 @@ osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, o
     OSP_TRY(gr_parser_init(&m->p, g));
     m->act_cap = 4096;
     m->act = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * m->act_cap);
+    m->tmp = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * m->words);
     m->cap_saved = 64;
     m->saved = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * m->cap_saved);
     *out = m;
@@ -324,7 +329,7 @@ osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, o
 void osp_grammar_matcher_free(osp_grammar_matcher *m) {
     if (!m) return;
     gr_parser_free(&m->p);
-    osp_free(m->act), osp_free(m->saved), osp_free(m);
+    osp_free(m->act), osp_free(m->saved), osp_free(m->tmp), osp_free(m->ex_node), osp_free(m);
 }
 
 static void eos_bit(osp_grammar_matcher *m, uint32_t *bits) {
@@ -350,6 +355,31 @@ void osp_grammar_matcher_mask_reference(osp_grammar_matcher *m, uint32_t *bits) 
     eos_bit(m, bits);
 }
 
+/* Where a DFA minus words differs from its base from state st: the trie
+ * nodes at which the base lives and it dies (a word's closing byte). It can
+ * only differ while on a word's path, so the walk follows those paths. */
+static void ex_walk(osp_grammar_matcher *m, const gr_dfa *d, uint32_t node, int32_t st) {
+    const gr_node *nodes = m->v->nodes;
+    for (uint32_t c = node + 1, end = nodes[node].end; c < end; c = nodes[c].end) {
+        int32_t s2 = gr_dfa_next(d, st, nodes[c].byte);
+        int32_t b2 = gr_dfa_next(d->base, d->base_st[st], nodes[c].byte);
+        if (b2 && !s2) {
+            if (m->n_ex == m->cap_ex) {
+                int32_t nc = m->cap_ex ? m->cap_ex * 2 : 16;
+                uint32_t *a = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * nc);
+                if (m->n_ex) memcpy(a, m->ex_node, sizeof(uint32_t) * m->n_ex);
+                osp_free(m->ex_node);
+                m->ex_node = a, m->cap_ex = nc;
+            }
+            m->ex_node[m->n_ex++] = c;
+        } else if (s2 && d->on_trie[s2]) ex_walk(m, d, c, s2);
+    }
+}
+static void exclusions(osp_grammar_matcher *m, const gr_dfa *d, int32_t st) {
+    m->n_ex = 0;
+    if (d->on_trie[st]) ex_walk(m, d, 0, st);
+}
+
 void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
     memset(bits, 0, sizeof(uint32_t) * m->words);
     gr_parser *p = &m->p;
@@ -358,12 +388,33 @@ void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
         const gr_item *y = &p->items[i];
         if (y->st <= 0) continue;
         int32_t term = -gr_next_sym(p->g, y) - 1, st = y->st;
-        gr_centry *ce = cache_get(m, term, st);
+        const gr_dfa *d = &p->g->terms[term];
+        gr_centry *ce = cache_get(m, term, d->base ? d->base_st[st] : st);
         if (!ce) { /* cache full: this item by the plain walk */
             int32_t *o = act_alloc(m, 3);
             o[0] = (int32_t)i, o[1] = term, o[2] = st;
             walk(m, 0, (size_t)(o - m->act), 1, bits);
             m->act_top = 0;
+            continue;
+        }
+        if (d->base) { /* the base's share, less the excluded words' tokens and frontier nodes */
+            exclusions(m, d, st);
+            uint32_t *t = m->tmp;
+            if (ce->toks) {
+                memset(t, 0, sizeof(uint32_t) * m->words);
+                for (int32_t k = 0; k < ce->n_tok; k++) t[ce->toks[k] >> 5] |= 1u << (ce->toks[k] & 31);
+            } else memcpy(t, ce->bits, sizeof(uint32_t) * m->words);
+            for (int32_t x = 0; x < m->n_ex; x++)
+                for (int32_t tk = m->v->nodes[m->ex_node[x]].tok; tk >= 0; tk = m->v->dup_next[tk])
+                    t[tk >> 5] &= ~(1u << (tk & 31));
+            for (int32_t w = 0; w < m->words; w++) bits[w] |= t[w];
+            for (int32_t f = 0; f < ce->n_front; f++) {
+                int skip = 0;
+                for (int32_t x = 0; x < m->n_ex && !skip; x++) skip = m->ex_node[x] == ce->fnode[f];
+                if (skip) continue;
+                frontier(m, i, ce->fnode[f], bits);
+                m->act_top = 0;
+            }
             continue;
         }
         /* the same (terminal, state) on an earlier item: inside already ORed */

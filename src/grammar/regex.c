@@ -562,8 +562,9 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
 
 void gr_dfa_free(gr_dfa *d) {
     if (!d) return;
-    osp_free(d->next), osp_free(d->accept);
-    d->next = NULL, d->accept = NULL;
+    osp_free(d->next), osp_free(d->accept), osp_free(d->base_st), osp_free(d->on_trie);
+    if (d->base) gr_dfa_free(d->base), osp_free(d->base);
+    d->next = NULL, d->accept = NULL, d->base = NULL, d->base_st = NULL, d->on_trie = NULL;
 }
 
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
@@ -689,7 +690,12 @@ osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens,
             for (int c = 0; c < 256; c++)
                 if (!live[r.next[s * 256 + c]]) r.next[s * 256 + c] = 0;
         osp_free(live);
-        gr_dfa_free(d);
+        r.base_st = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * ns);
+        r.on_trie = osp_calloc(OSP_POOL_MISC, ns);
+        for (int32_t s = 0; s < ns; s++) r.base_st[s] = ps[s], r.on_trie[s] = pk[s] >= 0;
+        if (d->base) st = osp_err(OSP_ERR_INTERNAL, "minus words twice");
+        r.base = osp_malloc(OSP_POOL_MISC, sizeof(gr_dfa));
+        *r.base = *d;
         *d = r;
     }
     osp_free(next), osp_free(hs), osp_free(ps), osp_free(pk), osp_free(kid), osp_free(end);

@@ -42,8 +42,41 @@ static int by_bytes(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* BFS over ranges of the sorted tokens: a node is (depth, range [lo, hi)) of
- * tokens sharing its prefix. */
+/* Preorder over ranges of the sorted tokens: a node is the range [lo, hi)
+ * of tokens sharing its prefix of d bytes. */
+typedef struct tbuild {
+    osp_grammar_vocab *v;
+    const int32_t *ord;
+    gr_node *nodes;
+    uint32_t n, cap;
+} tbuild;
+
+static void emit(tbuild *t, int32_t lo, int32_t hi, uint32_t d, uint8_t byte) {
+    osp_grammar_vocab *v = t->v;
+    if (t->n == t->cap) {
+        gr_node *a = osp_malloc(OSP_POOL_MISC, sizeof(gr_node) * t->cap * 2);
+        memcpy(a, t->nodes, sizeof(gr_node) * t->n);
+        osp_free(t->nodes);
+        t->nodes = a, t->cap *= 2;
+    }
+    uint32_t me = t->n++;
+    t->nodes[me] = (gr_node){0, -1, byte};
+    int32_t i = lo, last = -1;
+    while (i < hi && v->tok_len[t->ord[i]] == d) { /* tokens ending here come first */
+        if (last < 0) t->nodes[me].tok = t->ord[i];
+        else v->dup_next[last] = t->ord[i];
+        last = t->ord[i++];
+    }
+    while (i < hi) {
+        uint8_t c = (uint8_t)v->tok_bytes[t->ord[i]][d];
+        int32_t j = i;
+        while (j < hi && (uint8_t)v->tok_bytes[t->ord[j]][d] == c) j++;
+        emit(t, i, j, d + 1, c);
+        i = j;
+    }
+    t->nodes[me].end = t->n;
+}
+
 static osp_status build_trie(osp_grammar_vocab *v) {
     int32_t n = 0;
     int32_t *ord = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (v->n_tokens + 1));
@@ -52,45 +85,10 @@ static osp_status build_trie(osp_grammar_vocab *v) {
     sort_v = v;
     qsort(ord, n, sizeof(int32_t), by_bytes);
     for (int32_t i = 0; i < v->n_tokens; i++) v->dup_next[i] = -1;
-    size_t cap = 1024;
-    gr_node *nodes = osp_malloc(OSP_POOL_MISC, sizeof(gr_node) * cap);
-    int32_t *lo = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap), *hi = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap);
-    uint32_t *dep = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * cap);
-    uint32_t nn = 1;
-    nodes[0] = (gr_node){0, 0, 0, -1};
-    lo[0] = 0, hi[0] = n, dep[0] = 0;
-    for (uint32_t q = 0; q < nn; q++) {
-        /* tokens ending exactly here come first in the range */
-        int32_t i = lo[q], d = (int32_t)dep[q];
-        int32_t last = -1;
-        while (i < hi[q] && v->tok_len[ord[i]] == (uint32_t)d) {
-            if (last < 0) nodes[q].tok = ord[i];
-            else v->dup_next[last] = ord[i];
-            last = ord[i++];
-        }
-        nodes[q].child = nn;
-        while (i < hi[q]) {
-            uint8_t c = (uint8_t)v->tok_bytes[ord[i]][d];
-            int32_t j = i;
-            while (j < hi[q] && (uint8_t)v->tok_bytes[ord[j]][d] == c) j++;
-            if (nn == cap) {
-                cap *= 2;
-                gr_node *a = osp_malloc(OSP_POOL_MISC, sizeof(gr_node) * cap);
-                int32_t *b = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap), *c2 = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap);
-                uint32_t *e = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * cap);
-                memcpy(a, nodes, sizeof(gr_node) * nn), memcpy(b, lo, 4 * nn), memcpy(c2, hi, 4 * nn), memcpy(e, dep, 4 * nn);
-                osp_free(nodes), osp_free(lo), osp_free(hi), osp_free(dep);
-                nodes = a, lo = b, hi = c2, dep = e;
-            }
-            nodes[nn] = (gr_node){0, 0, c, -1};
-            lo[nn] = i, hi[nn] = j, dep[nn] = (uint32_t)d + 1;
-            nn++;
-            nodes[q].nchild++;
-            i = j;
-        }
-    }
-    osp_free(lo), osp_free(hi), osp_free(dep), osp_free(ord);
-    v->nodes = nodes, v->n_nodes = nn;
+    tbuild t = {v, ord, osp_malloc(OSP_POOL_MISC, sizeof(gr_node) * 1024), 0, 1024};
+    emit(&t, 0, n, 0, 0);
+    osp_free(ord);
+    v->nodes = t.nodes, v->n_nodes = t.n;
     return OSP_OK;
 }
 

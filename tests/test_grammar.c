@@ -149,6 +149,10 @@ static void test_schema_parse(void **st) {
                "[{\"const\":1}],\"items\":false}]}");
     assert_true(accepts(g, v, "\"2024-02-29\""));
     assert_false(accepts(g, v, "\"2024-13-01\""));
+    assert_false(accepts(g, v, "\"2023-02-29\""));
+    assert_false(accepts(g, v, "\"2024-04-31\""));
+    assert_true(accepts(g, v, "\"2000-02-29\""));
+    assert_false(accepts(g, v, "\"1900-02-29\""));
     assert_true(accepts(g, v, "[1]"));
     assert_false(accepts(g, v, "[1, 1]"));
     osp_grammar_free(g);
@@ -166,6 +170,7 @@ static void test_schema_errors(void **st) {
         {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "regex"},
         {"{\"$ref\":\"other.json#/x\"}", "$ref"},
         {"{\"if\":{},\"then\":{}}", "if"},
+        {"{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "oneOf"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         osp_grammar *g = NULL;
@@ -175,6 +180,12 @@ static void test_schema_errors(void **st) {
     }
     osp_grammar *g = NULL;
     assert_int_equal(osp_grammar_from_json_schema("{", 1, &g), OSP_ERR_INVALID);
+    /* oneOf with disjoint branches compiles (types, constants, a discriminator) */
+    const char *ok = "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":\"object\",\"properties\":"
+                     "{\"k\":{\"const\":\"a\"}},\"required\":[\"k\"]},{\"type\":\"object\",\"properties\":{\"k\":"
+                     "{\"enum\":[\"b\",\"c\"]}},\"required\":[\"k\"]}]}";
+    assert_int_equal(osp_grammar_from_json_schema(ok, strlen(ok), &g), OSP_OK);
+    osp_grammar_free(g);
 }
 
 /* fast mask == plain walk == brute force, along random paths */

@@ -361,7 +361,9 @@ static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
     }
     if (fmt) {
         const char *f = json_string_value(fmt);
-#define DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+#define DATE                                                                                                  \
+    "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
+    "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define OCT "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
         if (!f) return osp_err(OSP_ERR_INVALID, "format is not a string");
@@ -560,6 +562,84 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     return st;
 }
 
+/* The JSON types a value has (integer-valued numbers are both). */
+static unsigned value_types(json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_NULL: return 1;
+    case JSON_TRUE: case JSON_FALSE: return 2;
+    case JSON_OBJECT: return 4;
+    case JSON_ARRAY: return 8;
+    case JSON_INTEGER: return 16 | 64;
+    case JSON_REAL: return json_real_value(v) == (double)(long long)json_real_value(v) ? 16 | 64 : 16;
+    case JSON_STRING: return 32;
+    }
+    return 0;
+}
+/* The types a (flattened) schema can match, from type, const and enum. */
+static unsigned schema_types(json_t *s) {
+    if (!json_is_object(s)) return json_is_false(s) ? 0 : 0x7f;
+    json_t *t = json_object_get(s, "type"), *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
+    unsigned m = t ? type_bits(t) : 0x7f;
+    if (m & 16) m |= 64;
+    if (m & 64) m |= 16; /* an integer is a number */
+    if (cst) m &= value_types(cst);
+    if (json_is_array(en)) {
+        unsigned e = 0;
+        size_t i;
+        json_t *x;
+        json_array_foreach(en, i, x) e |= value_types(x);
+        m &= e;
+    }
+    return m;
+}
+/* Two schemas' const/enum value sets share no value (1), or cannot say (0). */
+static int values_disjoint(json_t *a, json_t *b) {
+    json_t *va = json_object_get(a, "const"), *vb = json_object_get(b, "const");
+    json_t *ea = json_object_get(a, "enum"), *eb = json_object_get(b, "enum");
+    json_t *la = va ? json_pack("[O]", va) : ea ? json_incref(ea) : NULL;
+    json_t *lb = vb ? json_pack("[O]", vb) : eb ? json_incref(eb) : NULL;
+    int r = la && lb && json_is_array(la) && json_is_array(lb);
+    for (size_t i = 0; r && i < json_array_size(la); i++)
+        for (size_t j = 0; r && j < json_array_size(lb); j++)
+            if (json_equal(json_array_get(la, i), json_array_get(lb, j))) r = 0;
+    json_decref(la), json_decref(lb);
+    return r;
+}
+/* oneOf is compiled as anyOf, which is exact only when no text matches two
+ * branches: different types, different constants, or a property (a
+ * discriminator) both require with different constants. Otherwise refuse. */
+static osp_status one_of_disjoint(sc *c, json_t *arr) {
+    size_t n = json_array_size(arr);
+    if (n > 64) return osp_err(OSP_ERR_UNSUPPORTED, "oneOf with more than 64 branches");
+    json_t *f[64];
+    for (size_t i = 0; i < n; i++) TRYS(flatten(c, json_array_get(arr, i), &f[i]));
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i + 1; j < n; j++) {
+            if (!(schema_types(f[i]) & schema_types(f[j]))) continue;
+            if (json_is_object(f[i]) && json_is_object(f[j]) && values_disjoint(f[i], f[j])) continue;
+            int disc = 0;
+            json_t *pi = json_object_get(f[i], "properties"), *pj = json_object_get(f[j], "properties");
+            json_t *ri = json_object_get(f[i], "required"), *rj = json_object_get(f[j], "required");
+            const char *k;
+            json_t *x;
+            if (json_is_object(pi) && json_is_object(pj) && json_is_array(ri) && json_is_array(rj))
+                json_object_foreach(pi, k, x) {
+                    json_t *y = json_object_get(pj, k), *fx, *fy;
+                    int req_i = 0, req_j = 0;
+                    size_t q;
+                    json_t *r;
+                    json_array_foreach(ri, q, r) req_i |= json_is_string(r) && !strcmp(json_string_value(r), k);
+                    json_array_foreach(rj, q, r) req_j |= json_is_string(r) && !strcmp(json_string_value(r), k);
+                    if (!y || !req_i || !req_j) continue;
+                    TRYS(flatten(c, x, &fx));
+                    TRYS(flatten(c, y, &fy));
+                    if (json_is_object(fx) && json_is_object(fy) && values_disjoint(fx, fy)) { disc = 1; break; }
+                }
+            if (!disc) return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"oneOf\" (branches %zu and %zu may both match)", i, j);
+        }
+    return OSP_OK;
+}
+
 static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (json_is_true(s)) { *out = c->any; return OSP_OK; }
     if (json_is_false(s)) { *out = gr_b_nt(&c->b); return OSP_OK; }
@@ -577,7 +657,10 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
             }
     }
     json_t *any = json_object_get(s, "anyOf");
-    if (!any) any = json_object_get(s, "oneOf");
+    if (!any) {
+        any = json_object_get(s, "oneOf");
+        if (any && json_is_array(any)) TRYS(one_of_disjoint(c, any));
+    }
     if (any) {
         if (!json_is_array(any)) return osp_err(OSP_ERR_INVALID, "anyOf/oneOf is not an array");
         json_t *rest = without(c, without(c, s, "anyOf"), "oneOf");
@@ -599,13 +682,19 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (cst || en) {
         int32_t a = gr_b_nt(&c->b), y;
         if (cst) {
-            TRYS(json_lit(c, cst, &y));
-            TRYS(prod(c, a, 1, y));
+            json_t *ty = json_object_get(s, "type");
+            if (!ty || (value_types(cst) & type_bits(ty))) {
+                TRYS(json_lit(c, cst, &y));
+                TRYS(prod(c, a, 1, y));
+            }
         } else {
             if (!json_is_array(en)) return osp_err(OSP_ERR_INVALID, "enum is not an array");
             size_t i;
             json_t *x;
+            json_t *ty = json_object_get(s, "type");
+            unsigned tm = ty ? type_bits(ty) : 0x7f;
             json_array_foreach(en, i, x) {
+                if (!(value_types(x) & tm)) continue; /* no value is both */
                 TRYS(json_lit(c, x, &y));
                 TRYS(prod(c, a, 1, y));
             }

@@ -78,33 +78,41 @@ static int32_t *act_alloc(osp_grammar_matcher *m, size_t n) {
 
 static void walk(osp_grammar_matcher *m, uint32_t node, size_t a_off, int na, uint32_t *bits);
 
-/* The item at index `it` ends its lexeme at trie node `node`: walk below
- * it from the set that follows. */
-static void frontier(osp_grammar_matcher *m, uint32_t it, uint32_t node, uint32_t *bits) {
+/* The item at index `it` ends its lexeme: push the set that follows and list
+ * its waiting lexemes (item, terminal, state) on the act stack at *a_off.
+ * The set is the same wherever in the trie the lexeme ends, so one push
+ * serves all of an item's frontier nodes. Undo with frontier_close. */
+static int frontier_open(osp_grammar_matcher *m, uint32_t it, size_t *a_off) {
     gr_parser *p = &m->p;
     gr_item x = p->items[it];
     gr_set_open(p);
     gr_set_add(p, x.prod, x.dot + 1, x.origin, 0);
     gr_set_close(p);
     uint32_t s = p->set_start[p->n_sets - 1], e = p->n_items;
-    size_t save = m->act_top;
     int na = 0;
     for (uint32_t i = s; i < e; i++)
         if (p->items[i].st > 0) na++;
-    int32_t *a = act_alloc(m, (size_t)na * 3);
-    size_t a_off = (size_t)(a - m->act);
+    *a_off = (size_t)(act_alloc(m, (size_t)na * 3) - m->act);
     na = 0;
     for (uint32_t i = s; i < e; i++) {
         const gr_item *y = &p->items[i];
         if (y->st <= 0) continue;
-        m->act[a_off + na * 3] = (int32_t)i;
-        m->act[a_off + na * 3 + 1] = -gr_next_sym(p->g, y) - 1;
-        m->act[a_off + na * 3 + 2] = y->st;
+        m->act[*a_off + na * 3] = (int32_t)i;
+        m->act[*a_off + na * 3 + 1] = -gr_next_sym(p->g, y) - 1;
+        m->act[*a_off + na * 3 + 2] = y->st;
         na++;
     }
+    return na;
+}
+static void frontier_close(osp_grammar_matcher *m, size_t a_off) {
+    m->act_top = a_off;
+    gr_parser_pop(&m->p);
+}
+static void frontier(osp_grammar_matcher *m, uint32_t it, uint32_t node, uint32_t *bits) {
+    size_t a_off;
+    int na = frontier_open(m, it, &a_off);
     if (na) walk(m, node, a_off, na, bits);
-    m->act_top = save;
-    gr_parser_pop(p);
+    frontier_close(m, a_off);
 }
 
 static void walk(osp_grammar_matcher *m, uint32_t node, size_t a_off, int na, uint32_t *bits) {
@@ -408,12 +416,15 @@ void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
                 for (int32_t tk = m->v->nodes[m->ex_node[x]].tok; tk >= 0; tk = m->v->dup_next[tk])
                     t[tk >> 5] &= ~(1u << (tk & 31));
             for (int32_t w = 0; w < m->words; w++) bits[w] |= t[w];
-            for (int32_t f = 0; f < ce->n_front; f++) {
-                int skip = 0;
-                for (int32_t x = 0; x < m->n_ex && !skip; x++) skip = m->ex_node[x] == ce->fnode[f];
-                if (skip) continue;
-                frontier(m, i, ce->fnode[f], bits);
-                m->act_top = 0;
+            if (ce->n_front) {
+                size_t a_off;
+                int na = frontier_open(m, i, &a_off);
+                for (int32_t f = 0; f < ce->n_front && na; f++) {
+                    int skip = 0;
+                    for (int32_t x = 0; x < m->n_ex && !skip; x++) skip = m->ex_node[x] == ce->fnode[f];
+                    if (!skip) walk(m, ce->fnode[f], a_off, na, bits);
+                }
+                frontier_close(m, a_off);
             }
             continue;
         }
@@ -427,9 +438,11 @@ void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
             else
                 for (int32_t w = 0; w < m->words; w++) bits[w] |= ce->bits[w];
         }
-        for (int32_t f = 0; f < ce->n_front; f++) {
-            frontier(m, i, ce->fnode[f], bits);
-            m->act_top = 0;
+        if (ce->n_front) {
+            size_t a_off;
+            int na = frontier_open(m, i, &a_off);
+            for (int32_t f = 0; f < ce->n_front && na; f++) walk(m, ce->fnode[f], a_off, na, bits);
+            frontier_close(m, a_off);
         }
     }
     eos_bit(m, bits);

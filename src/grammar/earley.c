@@ -291,7 +291,8 @@ static void rehash(gr_parser *p) {
 void gr_set_add(gr_parser *p, uint32_t prod, uint32_t dot, uint32_t origin, int32_t st) {
     const osp_grammar *g = p->g;
     const gr_prod *pr = &g->prods[prod];
-    if (dot < pr->len && g->syms[pr->off + dot] < 0) {
+    int32_t sym = dot < pr->len ? g->syms[pr->off + dot] : INT32_MAX;
+    if (sym < 0) {
         if (st == 0) st = 1;
     } else st = 0;
     uint32_t k = p->set_start[p->n_sets - 1];
@@ -308,7 +309,7 @@ void gr_set_add(gr_parser *p, uint32_t prod, uint32_t dot, uint32_t origin, int3
         p->items = n, p->cap_items *= 2;
     }
     p->hstamp[h] = p->stamp, p->hslot[h] = p->n_items;
-    p->items[p->n_items++] = (gr_item){prod, dot, origin, st};
+    p->items[p->n_items++] = (gr_item){prod, dot, origin, st, sym};
 }
 
 void gr_set_close(gr_parser *p) {
@@ -320,11 +321,12 @@ void gr_set_close(gr_parser *p) {
         if (sym == INT32_MAX) { /* complete: advance the items that waited on lhs */
             int32_t lhs = g->prods[it.prod].lhs;
             uint32_t o = it.origin;
+            /* an empty derivation: lhs is nullable, and the predictor advanced every item waiting on it */
+            if (o == cur) continue;
             uint32_t end = o + 1 < p->n_sets ? p->set_start[o + 1] : p->n_items;
             for (uint32_t j = p->set_start[o]; j < end; j++) {
                 const gr_item *w = &p->items[j];
-                if (gr_next_sym(g, w) == lhs) gr_set_add(p, w->prod, w->dot + 1, w->origin, 0);
-                if (o == cur) end = p->n_items;
+                if (w->sym == lhs) gr_set_add(p, w->prod, w->dot + 1, w->origin, 0);
             }
         } else if (sym >= 0) {
             for (int32_t q = g->nt_first[sym]; q < g->nt_first[sym + 1]; q++) gr_set_add(p, (uint32_t)q, 0, cur, 0);

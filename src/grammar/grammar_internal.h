@@ -85,6 +85,7 @@ typedef struct gr_item {
     uint32_t dot;
     uint32_t origin;
     int32_t st;
+    int32_t sym; /* the next symbol (INT32_MAX: complete), kept for the completer's scans */
 } gr_item;
 
 typedef struct gr_parser {
@@ -115,8 +116,8 @@ int gr_step(gr_parser *p, uint8_t b);
 int gr_accepting(const gr_parser *p);
 /* The next symbol of an item, or INT32_MAX when it is complete. */
 static inline int32_t gr_next_sym(const osp_grammar *g, const gr_item *it) {
-    const gr_prod *pr = &g->prods[it->prod];
-    return it->dot < pr->len ? g->syms[pr->off + it->dot] : INT32_MAX;
+    (void)g;
+    return it->sym;
 }
 
 /* Vocab trie in preorder: node n's subtree is [n, end), its first child

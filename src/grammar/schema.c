@@ -39,8 +39,8 @@ typedef struct sc {
 #define TRYS(x) OSP_TRY(x)
 
 static const char *const unsupported[] = {
-    "patternProperties", "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "multipleOf", "minProperties", "maxProperties",
+    "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
+    "else", "not", "contains", "minContains", "maxContains", "multipleOf", "maxProperties",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", NULL};
 
 static json_t *keep(sc *c, json_t *j) {
@@ -417,7 +417,43 @@ static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
         osp_free(b.p);
         return st;
     }
-    /* numbers: only a lower bound of 0 (non-negative, or positive when exclusive) */
+    /* numbers with inclusive integer bounds: the integer part's range, a fraction, no exponent */
+    if (!emn && !emx) {
+        double l = mn ? json_number_value(mn) : 0, u = mx ? json_number_value(mx) : 0;
+        if ((!mn || (l == floor(l) && fabs(l) < 1e15)) && (!mx || (u == floor(u) && fabs(u) < 1e15)) && (!mn || !mx || l <= u)) {
+            long long L = (long long)l, U = (long long)u;
+            sbuf b = {0};
+            char t[64];
+            int alt = 0;
+            sb_str(&b, "(");
+            if (!mn || L < 0) { /* negative: -(I.F) with I.F <= -L and >= -U (U < 0) */
+                long long lo = mx && U < 0 ? -U : 0;
+                sb_str(&b, "-(");
+                if (!mn) { sbuf r = {0}; rng_nonneg(&r, lo, -1); sb_str(&b, "("), sb_str(&b, r.p), sb_str(&b, ")(\\.[0-9]+)?"); osp_free(r.p); }
+                else {
+                    if (-L - 1 >= lo) { sbuf r = {0}; rng_nonneg(&r, lo, -L - 1); sb_str(&b, "("), sb_str(&b, r.p), sb_str(&b, ")(\\.[0-9]+)?|"); osp_free(r.p); }
+                    snprintf(t, sizeof t, "%lld(\\.0+)?", -L);
+                    sb_str(&b, t);
+                }
+                sb_str(&b, ")");
+                alt = 1;
+            }
+            if (!mx || U >= 0) { /* non-negative: I.F >= max(L, 0), <= U */
+                long long lo = mn && L > 0 ? L : 0;
+                if (alt) sb_str(&b, "|");
+                if (!mx) { sbuf r = {0}; rng_nonneg(&r, lo, -1); sb_str(&b, "("), sb_str(&b, r.p), sb_str(&b, ")(\\.[0-9]+)?"); osp_free(r.p); }
+                else {
+                    if (U - 1 >= lo) { sbuf r = {0}; rng_nonneg(&r, lo, U - 1); sb_str(&b, "("), sb_str(&b, r.p), sb_str(&b, ")(\\.[0-9]+)?|"); osp_free(r.p); }
+                    snprintf(t, sizeof t, "%lld(\\.0+)?", U);
+                    sb_str(&b, t);
+                }
+            }
+            sb_str(&b, ")");
+            osp_status st = re(c, b.p, out);
+            osp_free(b.p);
+            return st;
+        }
+    }
     if (mx || emx) return osp_err(OSP_ERR_UNSUPPORTED, "maximum on a number");
     if (mn && json_number_value(mn) == 0 && !emn) return re(c, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", out);
     if (emn && json_number_value(emn) == 0 && !mn)
@@ -504,10 +540,30 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         if (j == n) names[n] = r, schemas[n] = NULL, n++;
         isreq[j] = 1;
     }
+    /* patternProperties: none that constrain (schemas true with additional keys allowed), or one pattern that
+     * is the only way in for additional keys (additionalProperties false) */
+    json_t *pp = json_object_get(s, "patternProperties"), *pat_schema = NULL;
+    const char *pat = NULL;
+    if (json_is_object(pp) && json_object_size(pp)) {
+        int trivial = 1;
+        json_object_foreach(pp, k, v) trivial &= json_is_true(v) || (json_is_object(v) && only_annotations(v, ""));
+        if (!(trivial && !json_is_false(addl))) {
+            if (json_object_size(pp) != 1 || !json_is_false(addl)) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\"");
+            else json_object_foreach(pp, k, v) pat = k, pat_schema = v;
+        }
+    }
+    json_t *minp = json_object_get(s, "minProperties");
+    int nonempty = 0;
+    if (minp && json_number_value(minp) > 0) {
+        size_t nreq = 0;
+        for (size_t i = 0; i < n; i++) nreq += isreq[i];
+        if (json_number_value(minp) <= 1) nonempty = 1;
+        else if ((double)nreq < json_number_value(minp)) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"minProperties\" over 1");
+    }
     int32_t lb, rb, co, cl;
-    int allow_add = !json_is_false(addl);
+    int allow_add = !json_is_false(addl) || pat;
     int32_t kv_add = -1, add_rest = -1;
-    if (!(st = lit(c, "{", &lb)) && !(st = lit(c, "}", &rb)) && !(st = lit(c, ",", &co))) st = lit(c, ":", &cl);
+    if (!st && !(st = lit(c, "{", &lb)) && !(st = lit(c, "}", &rb)) && !(st = lit(c, ",", &co))) st = lit(c, ":", &cl);
     int32_t *kv = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (n + 1));
     for (size_t i = 0; i < n && !st; i++) {
         int32_t key, val = c->any;
@@ -520,9 +576,26 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     }
     if (!st && allow_add) {
         int32_t vadd = c->any, key;
-        if (addl && !json_is_true(addl)) st = gen(c, addl, &vadd);
         gr_dfa d;
-        if (!st) st = gr_regex_dfa("[\\s\\S]*", 7, GR_RE_JSONSTR, &d);
+        if (pat) {
+            st = gen(c, pat_schema, &vadd);
+            if (!st) st = gr_regex_dfa(pat, strlen(pat), GR_RE_JSONSTR, &d);
+            /* a declared name the pattern matches must meet both schemas: refuse unless the pattern's is true */
+            int pat_trivial = json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, ""));
+            for (size_t i = 0; i < n && !st && !pat_trivial; i++) {
+                json_t *js = json_string(names[i]);
+                char *q = json_dumps(js, JSON_ENCODE_ANY);
+                int32_t x = 1;
+                for (const char *b = q; *b && x; b++) x = gr_dfa_next(&d, x, (uint8_t)*b);
+                if (x && d.accept[x]) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\" matching a declared property");
+                free(q);
+                json_decref(js);
+                if (st) gr_dfa_free(&d);
+            }
+        } else {
+            if (addl && !json_is_true(addl)) st = gen(c, addl, &vadd);
+            if (!st) st = gr_regex_dfa("[\\s\\S]*", 7, GR_RE_JSONSTR, &d);
+        }
         if (!st && n) {
             char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);
             size_t *wl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * n);
@@ -545,7 +618,7 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     }
     /* after[i]: something is out, properties i.. may follow; first[i]: nothing is out yet */
     int32_t after = allow_add ? add_rest : c->eps, first = gr_b_nt(&c->b);
-    if (!st) st = prod(c, first, 0);
+    if (!st && !nonempty) st = prod(c, first, 0);
     if (!st && allow_add) st = prod(c, first, 2, kv_add, add_rest);
     for (size_t i = n; i-- > 0 && !st;) {
         int32_t a = gr_b_nt(&c->b), f = gr_b_nt(&c->b);
@@ -651,8 +724,6 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     json_object_foreach(s, k, v) {
         for (int i = 0; unsupported[i]; i++)
             if (!strcmp(k, unsupported[i])) {
-                if (!strcmp(k, "patternProperties") && json_is_object(v) && !json_object_size(v)) break;
-                if (!strcmp(k, "minProperties") && json_number_value(v) == 0) break;
                 return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"%s\"", k);
             }
     }

@@ -122,9 +122,17 @@ int osp_cmd_maskbench(int argc, char **argv) {
         if (lineno % every != skip) continue;
         if (limit >= 0 && n_schemas >= limit) break;
         json_error_t je;
-        json_t *j = json_loadb(line, (size_t)ln, 0, &je);
-        if (!j) continue;
+        json_t *j = json_loadb(line, (size_t)ln, JSON_ALLOW_NUL, &je);
         n_schemas++;
+        if (!j) { /* counted as failing: a schema we could not even read */
+            json_t *o = json_pack("{s:s,s:s}", "id", "?", "compile_error", je.text);
+            char *s = json_dumps(o, JSON_COMPACT);
+            puts(s);
+            free(s);
+            json_decref(o);
+            n_cerr++;
+            continue;
+        }
         const char *id = json_string_value(json_object_get(j, "id"));
         json_t *tests = json_object_get(j, "tests");
         char *schema = json_dumps(json_object_get(j, "schema"), JSON_ENCODE_ANY | JSON_PRESERVE_ORDER | JSON_COMPACT);

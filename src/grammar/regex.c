@@ -627,11 +627,24 @@ osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens,
     int32_t *hs = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (hm + 1));
     memset(hs, -1, sizeof(int32_t) * (hm + 1));
     int32_t ncap = 1024;
-    int32_t *next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * ncap * 256);
+    int32_t *next = NULL;
     osp_status st = OSP_OK;
-    /* byte classes are lost in the product: use 256 classes */
+    /* classes: the base's, with every byte that occurs in a word on its own */
+    uint8_t inword[256] = {0}, cls2[256], rep2[256];
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < lens[i]; j++) inword[(uint8_t)words[i][j]] = 1;
+    int16_t map2[512];
+    memset(map2, -1, sizeof map2);
+    int32_t nc2 = 0;
+    for (int c = 0; c < 256; c++) {
+        int key = inword[c] ? 256 + c : d->cls[c];
+        if (map2[key] < 0) map2[key] = (int16_t)nc2, rep2[nc2] = (uint8_t)c, nc2++;
+        cls2[c] = (uint8_t)map2[key];
+    }
+    next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)ncap * nc2);
     for (int32_t s = 1; s < ns && !st; s++) {
-        for (int c = 0; c < 256; c++) {
+        for (int32_t cc = 0; cc < nc2; cc++) {
+            int c = rep2[cc];
             int32_t ds = gr_dfa_next(d, ps[s], (uint8_t)c);
             if (!ds) continue;
             int32_t k = pk[s] >= 0 ? kid[pk[s] * 256 + c] : -1;
@@ -654,25 +667,25 @@ osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens,
                 ps[t] = ds, pk[t] = k, hs[h] = t;
             }
             if (s >= ncap) {
-                int32_t nc2 = ncap * 2;
-                while (nc2 <= s) nc2 *= 2;
-                int32_t *nx = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * nc2 * 256);
-                memcpy(nx, next, sizeof(int32_t) * ncap * 256);
+                int32_t nc2x = ncap * 2;
+                while (nc2x <= s) nc2x *= 2;
+                int32_t *nx = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)nc2x * nc2);
+                memcpy(nx, next, sizeof(int32_t) * (size_t)ncap * nc2);
                 osp_free(next);
-                next = nx, ncap = nc2;
+                next = nx, ncap = nc2x;
             }
-            next[s * 256 + c] = t;
+            next[s * nc2 + cc] = t;
         }
     }
     if (!st) {
         gr_dfa r = {0};
-        r.ncls = 256;
-        for (int c = 0; c < 256; c++) r.cls[c] = (uint8_t)c;
+        r.ncls = nc2;
+        memcpy(r.cls, cls2, 256);
         r.nstates = ns;
-        r.next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * ns * 256);
+        r.next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)ns * nc2);
         r.accept = osp_calloc(OSP_POOL_MISC, ns);
         for (int32_t s = 1; s < ns; s++) {
-            if (s < ncap) memcpy(r.next + s * 256, next + s * 256, sizeof(int32_t) * 256);
+            if (s < ncap) memcpy(r.next + (size_t)s * nc2, next + (size_t)s * nc2, sizeof(int32_t) * nc2);
             r.accept[s] = d->accept[ps[s]] && !(pk[s] >= 0 && end[pk[s]]);
         }
         /* a state can still always finish: the words are finite and d's live states can reach acceptance
@@ -683,12 +696,12 @@ osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens,
             ch = 0;
             for (int32_t s = ns - 1; s >= 1; s--)
                 if (!live[s])
-                    for (int c = 0; c < 256; c++)
-                        if (live[r.next[s * 256 + c]]) { live[s] = 1, ch = 1; break; }
+                    for (int32_t c = 0; c < nc2; c++)
+                        if (live[r.next[(size_t)s * nc2 + c]]) { live[s] = 1, ch = 1; break; }
         }
         for (int32_t s = 1; s < ns; s++)
-            for (int c = 0; c < 256; c++)
-                if (!live[r.next[s * 256 + c]]) r.next[s * 256 + c] = 0;
+            for (int32_t c = 0; c < nc2; c++)
+                if (!live[r.next[(size_t)s * nc2 + c]]) r.next[(size_t)s * nc2 + c] = 0;
         osp_free(live);
         r.base_st = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * ns);
         r.on_trie = osp_calloc(OSP_POOL_MISC, ns);

@@ -11,6 +11,7 @@
  * the parser rejects the wrong cuts). Nullable nonterminals are advanced
  * over when predicted (Aycock and Horspool).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar_internal.h"
@@ -94,6 +95,64 @@ static int32_t find_term(gr_builder *b, const char *key) {
     }
 }
 
+/* Compiled regexes by (mode, text), process-wide: every schema has JSON's
+ * strings, numbers, whitespace and punctuation, and the subset construction
+ * was most of a compile. Entries are copied in and out; bounded. */
+#define RC_MAX 8192
+static struct {
+    pthread_mutex_t mu;
+    char **key;
+    gr_dfa *dfa;
+    int32_t *slot;
+    uint32_t mask;
+    int32_t n;
+} rc = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0, 0};
+
+static void dfa_copy(gr_dfa *to, const gr_dfa *from) {
+    *to = *from;
+    size_t cells = (size_t)from->nstates * from->ncls;
+    to->next = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cells);
+    memcpy(to->next, from->next, sizeof(int32_t) * cells);
+    to->accept = osp_malloc(OSP_POOL_MISC, from->nstates);
+    memcpy(to->accept, from->accept, from->nstates);
+    to->base = NULL, to->base_st = NULL, to->on_trie = NULL;
+}
+static uint32_t hash_str(const char *s);
+static int regex_cache_get(const char *key, gr_dfa *out) {
+    int hit = 0;
+    pthread_mutex_lock(&rc.mu);
+    if (rc.slot)
+        for (uint32_t h = hash_str(key) & rc.mask; rc.slot[h] >= 0; h = (h + 1) & rc.mask)
+            if (!strcmp(rc.key[rc.slot[h]], key)) {
+                dfa_copy(out, &rc.dfa[rc.slot[h]]);
+                hit = 1;
+                break;
+            }
+    pthread_mutex_unlock(&rc.mu);
+    return hit;
+}
+static void regex_cache_put(const char *key, const gr_dfa *d) {
+    if ((size_t)d->nstates * d->ncls > (1u << 16)) return; /* large ones are rare and would crowd it */
+    pthread_mutex_lock(&rc.mu);
+    if (!rc.slot) {
+        rc.mask = RC_MAX * 2 - 1;
+        rc.slot = malloc(sizeof(int32_t) * (rc.mask + 1));
+        memset(rc.slot, -1, sizeof(int32_t) * (rc.mask + 1));
+        rc.key = malloc(sizeof(char *) * RC_MAX);
+        rc.dfa = malloc(sizeof(gr_dfa) * RC_MAX);
+    }
+    if (rc.n < RC_MAX) {
+        uint32_t h = hash_str(key) & rc.mask;
+        while (rc.slot[h] >= 0 && strcmp(rc.key[rc.slot[h]], key)) h = (h + 1) & rc.mask;
+        if (rc.slot[h] < 0) {
+            rc.key[rc.n] = strdup(key);
+            dfa_copy(&rc.dfa[rc.n], d);
+            rc.slot[h] = rc.n++;
+        }
+    }
+    pthread_mutex_unlock(&rc.mu);
+}
+
 osp_status gr_b_regex(gr_builder *b, const char *re, int mode, int32_t *sym) {
     size_t n = strlen(re);
     char *key = osp_malloc(OSP_POOL_MISC, n + 3);
@@ -106,10 +165,13 @@ osp_status gr_b_regex(gr_builder *b, const char *re, int mode, int32_t *sym) {
         return OSP_OK;
     }
     gr_dfa d;
-    osp_status st = gr_regex_dfa(re, n, mode, &d);
-    if (st) {
-        osp_free(key);
-        return st;
+    if (!regex_cache_get(key, &d)) {
+        osp_status st = gr_regex_dfa(re, n, mode, &d);
+        if (st) {
+            osp_free(key);
+            return st;
+        }
+        regex_cache_put(key, &d);
     }
     return add_term(b, &d, key, sym);
 }

@@ -424,6 +424,18 @@ static uint32_t hash_list(const int32_t *l, int32_t n) {
 static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
     if (!n) return 0;
     qsort(l, n, sizeof *l, cmp_i32);
+    if ((uint32_t)b->n_states * 2 > b->hmask) { /* grow the table */
+        uint32_t nm = b->hmask * 2 + 1;
+        int32_t *ns = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
+        memset(ns, -1, sizeof(int32_t) * (nm + 1));
+        for (int32_t q = 1; q < b->n_states; q++) {
+            uint32_t g = hash_list(b->lists + b->loff[q], (int32_t)(b->loff[q + 1] - b->loff[q])) & nm;
+            while (ns[g] >= 0) g = (g + 1) & nm;
+            ns[g] = q;
+        }
+        osp_free(b->hslot);
+        b->hslot = ns, b->hmask = nm;
+    }
     uint32_t h = hash_list(l, n);
     for (uint32_t i = h & b->hmask;; i = (i + 1) & b->hmask) {
         int32_t s = b->hslot[i];
@@ -475,7 +487,7 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
     b.stamp = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * f->n);
     b.stack = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n * 2 + 2));
     b.loff = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * (GR_MAX_DFA_STATES + 2));
-    b.hmask = 65535;
+    b.hmask = 255;
     b.hslot = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (b.hmask + 1));
     memset(b.hslot, -1, sizeof(int32_t) * (b.hmask + 1));
     int32_t *tmp = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n + 1));

@@ -48,7 +48,7 @@ osp_status gr_b_prod(gr_builder *b, int32_t lhs, const int32_t *rhs, uint32_t n)
     b->syms = grow(b->syms, b->n_syms, &cs, b->n_syms + n, sizeof(int32_t));
     b->cap_prods = (int32_t)cp, b->cap_syms = (uint32_t)cs;
     b->prods[b->n_prods++] = (gr_prod){lhs, b->n_syms, n};
-    memcpy(b->syms + b->n_syms, rhs, n * sizeof(int32_t));
+    if (n) memcpy(b->syms + b->n_syms, rhs, n * sizeof(int32_t));
     b->n_syms += n;
     return OSP_OK;
 }

@@ -122,6 +122,7 @@ static int32_t class_node(rparse *p, const cclass *c) {
     return mk_set(p, s);
 }
 static int32_t char_node(rparse *p, int x) {
+    if (x >= 0x80) return mk_range(p, x, x); /* a raw byte (a UTF-8 sequence's part) */
     cclass c = {{0, 0}, 0};
     cc_add(&c, x, x);
     if (p->mode == GR_RE_JSONSTR) return json_class(p, &c);
@@ -175,6 +176,7 @@ static int esc_char(rparse *p) {
     }
     if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
         return fail(p, "unsupported escape"), -1;
+    if (e >= 0x80) return fail(p, "escaped non-ASCII byte"), -1;
     return e;
 }
 

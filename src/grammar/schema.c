@@ -394,6 +394,10 @@ static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
     if (json_is_boolean(emx)) { if (json_is_true(emx)) emx = mx, mx = NULL; else emx = NULL; }
     if (!mn && !mx && !emn && !emx) return re(c, integer ? INT_RE : NUM_RE, out);
     if (integer) {
+        json_t *bs[4] = {mn, mx, emn, emx};
+        for (int i = 0; i < 4; i++) /* before any conversion to long long */
+            if (bs[i] && !(fabs(json_number_value(bs[i])) <= 1e15))
+                return osp_err(OSP_ERR_UNSUPPORTED, "minimum/maximum beyond 1e15");
         int has_lo = 0, has_hi = 0;
         long long lo = 0, hi = 0;
         if (mn) has_lo = 1, lo = (long long)ceil(json_number_value(mn));

@@ -1,0 +1,359 @@
+/* grammar/: regexes, the parser, JSON Schema compile errors, and token
+ * masks against their twins: the plain trie walk and a brute force that
+ * commits every token and rolls it back (the scalar reference). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+#include "core/core.h"
+#include "grammar/grammar_internal.h"
+#include "text/tokenizer.h"
+
+static int dfa_match(const gr_dfa *d, const char *s) {
+    int32_t st = 1;
+    for (; *s && st; s++) st = gr_dfa_next(d, st, (uint8_t)*s);
+    return st && d->accept[st];
+}
+static int re_match(const char *re, int mode, const char *s) {
+    gr_dfa d;
+    assert_int_equal(gr_regex_dfa(re, strlen(re), mode, &d), OSP_OK);
+    int r = dfa_match(&d, s);
+    gr_dfa_free(&d);
+    return r;
+}
+
+static void test_regex_plain(void **st) {
+    (void)st;
+    assert_true(re_match("ab*c", GR_RE_PLAIN, "abbbc"));
+    assert_true(re_match("ab*c", GR_RE_PLAIN, "ac"));
+    assert_false(re_match("ab*c", GR_RE_PLAIN, "abd"));
+    assert_true(re_match("(a|bc)+", GR_RE_PLAIN, "abca"));
+    assert_false(re_match("(a|bc)+", GR_RE_PLAIN, ""));
+    assert_true(re_match("[0-9]{2,3}", GR_RE_PLAIN, "123"));
+    assert_false(re_match("[0-9]{2,3}", GR_RE_PLAIN, "1234"));
+    assert_false(re_match("[0-9]{2,3}", GR_RE_PLAIN, "1"));
+    assert_true(re_match("\\d+\\.\\d?", GR_RE_PLAIN, "12."));
+    assert_true(re_match("[^a-c]x", GR_RE_PLAIN, "dx"));
+    assert_false(re_match("[^a-c]x", GR_RE_PLAIN, "bx"));
+    assert_true(re_match("a{3}", GR_RE_PLAIN, "aaa"));
+    assert_true(re_match("(?:ab)?c", GR_RE_PLAIN, "c"));
+    assert_true(re_match("a|", GR_RE_PLAIN, ""));
+    gr_dfa d;
+    assert_int_equal(gr_regex_dfa("(?=a)", 5, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(gr_regex_dfa("(a", 2, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(gr_regex_dfa("a)", 2, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(gr_regex_dfa("\\1", 2, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(gr_regex_dfa("*", 1, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+}
+
+static void test_regex_json_string(void **st) {
+    (void)st;
+    /* anchored: the whole string */
+    assert_true(re_match("^a+$", GR_RE_JSONSTR, "\"aaa\""));
+    assert_false(re_match("^a+$", GR_RE_JSONSTR, "\"ab\""));
+    /* unanchored: a search */
+    assert_true(re_match("b", GR_RE_JSONSTR, "\"abc\""));
+    assert_false(re_match("b", GR_RE_JSONSTR, "\"ac\""));
+    /* escapes: a quote, a backslash, a newline in the class */
+    assert_true(re_match("^[\"]$", GR_RE_JSONSTR, "\"\\\"\""));
+    assert_false(re_match("^[\"]$", GR_RE_JSONSTR, "\"\"\""));
+    assert_true(re_match("^.\\\\$", GR_RE_JSONSTR, "\"x\\\\\""));
+    assert_true(re_match("^\\s$", GR_RE_JSONSTR, "\"\\n\""));
+    /* non-ASCII characters are whole UTF-8 sequences */
+    assert_true(re_match("^.{2}$", GR_RE_JSONSTR, "\"\xc3\xa9\xe2\x82\xac\""));
+    assert_false(re_match("^.{2}$", GR_RE_JSONSTR, "\"\xc3\xa9\""));
+    assert_false(re_match("^.$", GR_RE_JSONSTR, "\"\xc3\""));
+}
+
+static int accepts(osp_grammar *g, const osp_grammar_vocab *v, const char *text) {
+    osp_grammar_matcher *m;
+    assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+    int ok = osp_grammar_matcher_commit_bytes(m, text, strlen(text)) && osp_grammar_matcher_accepting(m);
+    osp_grammar_matcher_free(m);
+    return ok;
+}
+
+static osp_grammar_vocab *tiny_vocab(void) {
+    static const char *const toks[] = {"{", "}", "[", "]", "\"", ",", ":", " ", "a", "b", "1", "0", "-", ".",
+                                       "e", "true", "false", "null", "\"a", "\":", "\": ", ", \"", "\"}", "ab",
+                                       "\\", "\\\"", "n", "u", "x", "12", "\"b\"", "}]", "[{", "\xc3", "\xa9",
+                                       "\xc3\xa9", "\n", "tr", "ue", "ul", "l", "f", "al", "se", "A", "z"};
+    int32_t n = (int32_t)(sizeof toks / sizeof *toks) + 1; /* the last id is EOS */
+    const char *b[64];
+    uint32_t l[64];
+    for (int32_t i = 0; i < n - 1; i++) b[i] = toks[i], l[i] = (uint32_t)strlen(toks[i]);
+    b[n - 1] = NULL, l[n - 1] = 0;
+    osp_grammar_vocab *v;
+    assert_int_equal(osp_grammar_vocab_new(n, b, l, n - 1, &v), OSP_OK);
+    return v;
+}
+
+static osp_grammar *schema(const char *s) {
+    osp_grammar *g;
+    osp_status st = osp_grammar_from_json_schema(s, strlen(s), &g);
+    if (st) fprintf(stderr, "%s\n", osp_last_error());
+    assert_int_equal(st, OSP_OK);
+    return g;
+}
+
+static void test_schema_parse(void **st) {
+    (void)st;
+    osp_grammar_vocab *v = tiny_vocab();
+    osp_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+                            "\"required\":[\"b\"],\"additionalProperties\":false}");
+    assert_true(accepts(g, v, "{\"a\": 1, \"b\": \"x\"}"));
+    assert_true(accepts(g, v, "{\"b\": \"x\"}"));
+    assert_true(accepts(g, v, " {\n  \"b\" : \"x\"\n}"));
+    assert_false(accepts(g, v, "{\"a\": 1}"));               /* b is required */
+    assert_false(accepts(g, v, "{\"a\": \"1\", \"b\": \"x\"}")); /* a is an integer */
+    assert_false(accepts(g, v, "{\"b\": \"x\", \"c\": 1}"));   /* no additional properties */
+    assert_false(accepts(g, v, "{\"b\": \"x\"} x"));
+    osp_grammar_free(g);
+    /* additional properties by default, but not under a declared name */
+    g = schema("{\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    assert_true(accepts(g, v, "{\"a\": 1, \"zz\": [1, {\"q\": null}]}"));
+    assert_false(accepts(g, v, "{\"zz\": 1, \"a\": \"s\"}"));
+    assert_true(accepts(g, v, "\"not an object\""));
+    osp_grammar_free(g);
+    /* recursion through $ref, arrays with bounds, enums */
+    g = schema("{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"array\",\"items\":"
+               "{\"$ref\":\"#/$defs/n\"},\"maxItems\":2}},\"additionalProperties\":false}},\"$ref\":\"#/$defs/n\"}");
+    assert_true(accepts(g, v, "{\"k\": [{\"k\": []}, {}]}"));
+    assert_false(accepts(g, v, "{\"k\": [{}, {}, {}]}"));
+    osp_grammar_free(g);
+    g = schema("{\"enum\":[\"x\", 1, null, {\"a\": [true]}]}");
+    assert_true(accepts(g, v, "{\"a\": [true]}"));
+    assert_true(accepts(g, v, "null"));
+    assert_false(accepts(g, v, "\"y\""));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"integer\",\"minimum\":-5,\"exclusiveMaximum\":120}");
+    for (int i = -30; i < 300; i++) {
+        char b[16];
+        snprintf(b, sizeof b, "%d", i);
+        assert_int_equal(accepts(g, v, b), i >= -5 && i < 120);
+    }
+    assert_false(accepts(g, v, "007"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"number\",\"minimum\":-90,\"maximum\":90}");
+    static const char *const in[] = {"0", "-90", "90", "90.0", "-89.99", "45.5", "-0.5", "12"};
+    static const char *const out[] = {"90.5", "-90.01", "91", "-100", "1e5", "100"};
+    for (size_t i = 0; i < sizeof in / sizeof *in; i++) assert_true(accepts(g, v, in[i]));
+    for (size_t i = 0; i < sizeof out / sizeof *out; i++) assert_false(accepts(g, v, out[i]));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"number\",\"minimum\":1}");
+    assert_true(accepts(g, v, "1.5"));
+    assert_true(accepts(g, v, "1000"));
+    assert_false(accepts(g, v, "0.99"));
+    assert_false(accepts(g, v, "-3"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"minProperties\":1,\"patternProperties\":{\"^x-\":{\"type\":\"integer\"}},"
+               "\"properties\":{\"a\":{}},\"additionalProperties\":false}");
+    assert_false(accepts(g, v, "{}"));
+    assert_true(accepts(g, v, "{\"a\": 1, \"x-b\": 2}"));
+    assert_false(accepts(g, v, "{\"a\": 1, \"x-b\": \"s\"}"));
+    assert_false(accepts(g, v, "{\"b\": 1}"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}");
+    assert_true(accepts(g, v, "\"ab\""));
+    assert_true(accepts(g, v, "\"a\\nb\""));
+    assert_false(accepts(g, v, "\"abcd\""));
+    assert_false(accepts(g, v, "\"a\""));
+    osp_grammar_free(g);
+    g = schema("{\"anyOf\":[{\"type\":\"string\",\"format\":\"date\"},{\"type\":\"array\",\"prefixItems\":"
+               "[{\"const\":1}],\"items\":false}]}");
+    assert_true(accepts(g, v, "\"2024-02-29\""));
+    assert_false(accepts(g, v, "\"2024-13-01\""));
+    assert_false(accepts(g, v, "\"2023-02-29\""));
+    assert_false(accepts(g, v, "\"2024-04-31\""));
+    assert_true(accepts(g, v, "\"2000-02-29\""));
+    assert_false(accepts(g, v, "\"1900-02-29\""));
+    assert_true(accepts(g, v, "[1]"));
+    assert_false(accepts(g, v, "[1, 1]"));
+    osp_grammar_free(g);
+    osp_grammar_vocab_free(v);
+}
+
+static void test_schema_errors(void **st) {
+    (void)st;
+    static const struct { const char *schema, *needle; } cases[] = {
+        {"{\"not\":{}}", "not"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "patternProperties"},
+        {"{\"type\":\"object\",\"minProperties\":2}", "minProperties"},
+        {"{\"type\":\"string\",\"format\":\"hostname-ish\"}", "hostname-ish"},
+        {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
+        {"{\"type\":\"number\",\"multipleOf\":3}", "multipleOf"},
+        {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "regex"},
+        {"{\"$ref\":\"other.json#/x\"}", "$ref"},
+        {"{\"if\":{},\"then\":{}}", "if"},
+        {"{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "oneOf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        osp_grammar *g = NULL;
+        osp_status s = osp_grammar_from_json_schema(cases[i].schema, strlen(cases[i].schema), &g);
+        if (s == OSP_OK) fail_msg("%s compiled", cases[i].schema);
+        if (!strstr(osp_last_error(), cases[i].needle)) fail_msg("%s: %s", cases[i].schema, osp_last_error());
+    }
+    osp_grammar *g = NULL;
+    assert_int_equal(osp_grammar_from_json_schema("{", 1, &g), OSP_ERR_INVALID);
+    /* oneOf with disjoint branches compiles (types, constants, a discriminator) */
+    const char *ok = "{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":\"object\",\"properties\":"
+                     "{\"k\":{\"const\":\"a\"}},\"required\":[\"k\"]},{\"type\":\"object\",\"properties\":{\"k\":"
+                     "{\"enum\":[\"b\",\"c\"]}},\"required\":[\"k\"]}]}";
+    assert_int_equal(osp_grammar_from_json_schema(ok, strlen(ok), &g), OSP_OK);
+    osp_grammar_free(g);
+}
+
+/* fast mask == plain walk == brute force, along random paths */
+static void check_masks(osp_grammar_matcher *m, const osp_grammar_vocab *v, uint32_t *a, uint32_t *b) {
+    int32_t n = osp_grammar_vocab_size(v);
+    osp_grammar_matcher_mask(m, a);
+    osp_grammar_matcher_mask_reference(m, b);
+    for (int32_t t = 0; t < n; t++) {
+        int fa = (a[t >> 5] >> (t & 31)) & 1, fb = (b[t >> 5] >> (t & 31)) & 1;
+        int br = osp_grammar_matcher_commit(m, t);
+        if (br && t != osp_grammar_vocab_eos(v)) osp_grammar_matcher_rollback(m, 1);
+        if (fa != br || fb != br) fail_msg("token %d: fast %d reference %d brute %d", t, fa, fb, br);
+    }
+}
+static void random_paths(osp_grammar *g, const osp_grammar_vocab *v, int paths, int steps, unsigned seed) {
+    int32_t n = osp_grammar_vocab_size(v), w = (n + 31) / 32;
+    uint32_t *a = calloc(w, 4), *b = calloc(w, 4);
+    srand(seed);
+    for (int p = 0; p < paths; p++) {
+        osp_grammar_matcher *m;
+        assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+        for (int s = 0; s < steps; s++) {
+            check_masks(m, v, a, b);
+            int32_t allowed[4096], na = 0;
+            for (int32_t t = 0; t < n && na < 4096; t++)
+                if (((a[t >> 5] >> (t & 31)) & 1) && t != osp_grammar_vocab_eos(v)) allowed[na++] = t;
+            if (!na) break;
+            int32_t pick = allowed[rand() % na];
+            if (getenv("GRAMMAR_TEST_TRACE")) fprintf(stderr, "[%.*s]", (int)v->tok_len[pick], v->tok_bytes[pick]);
+            assert_true(osp_grammar_matcher_commit(m, pick));
+        }
+        osp_grammar_matcher_free(m);
+    }
+    free(a), free(b);
+}
+
+static void test_mask_brute_force(void **st) {
+    (void)st;
+    osp_grammar_vocab *v = tiny_vocab();
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"number\"}},"
+        "\"b\":{\"enum\":[\"ab\",true,null]}},\"required\":[\"a\"]}",
+        "{\"type\":[\"string\",\"boolean\",\"null\"],\"maxLength\":3}",
+        "{\"$defs\":{\"t\":{\"type\":\"array\",\"items\":{\"anyOf\":[{\"$ref\":\"#/$defs/t\"},{\"type\":\"integer\"}]}}},"
+        "\"$ref\":\"#/$defs/t\"}",
+        "{\"type\":\"string\",\"pattern\":\"^(ab|\\u00e9)+z?$\"}",
+        "true",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        osp_grammar *g = schema(schemas[i]);
+        random_paths(g, v, 12, 24, 1234 + (unsigned)i);
+        osp_grammar_free(g);
+    }
+    osp_grammar *g;
+    assert_int_equal(osp_grammar_from_regex("(ab|a)*[0-9]{2}", 15, &g), OSP_OK);
+    random_paths(g, v, 8, 10, 7);
+    osp_grammar_free(g);
+    osp_grammar_vocab_free(v);
+}
+
+static osp_tokenizer *load_gz(const char *dir) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/tokenizer.json.gz", dir);
+    gzFile f = gzopen(p, "rb");
+    assert_non_null(f);
+    size_t cap = 1 << 24, n = 0;
+    char *buf = malloc(cap);
+    int r;
+    while ((r = gzread(f, buf + n, (unsigned)(cap - n))) > 0)
+        if ((n += (size_t)r) == cap) buf = realloc(buf, cap *= 2);
+    gzclose(f);
+    osp_tokenizer *t;
+    assert_int_equal(osp_tokenizer_load_json(buf, n, NULL, 0, dir, &t), OSP_OK);
+    free(buf);
+    return t;
+}
+
+/* Llama 3 (byte-level) and Gemma 3 (SentencePiece): bytes of known tokens,
+ * and MaskBench samples walked token by token. */
+static void test_real_vocabs(void **st) {
+    (void)st;
+    osp_tokenizer *tg = load_gz("data/tokenizers/gemma3");
+    osp_grammar_vocab *vg;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(tg, &vg), OSP_OK);
+    int32_t id = osp_tokenizer_token_id(tg, "\xe2\x96\x81{", 4);
+    if (id >= 0) assert_memory_equal(vg->tok_bytes[id], " {", 2);
+    id = osp_tokenizer_token_id(tg, "<0x0A>", 6);
+    assert_true(id >= 0 && vg->tok_len[id] == 1 && vg->tok_bytes[id][0] == '\n');
+    osp_grammar_vocab_free(vg);
+    osp_tokenizer_free(tg);
+
+    osp_tokenizer *t = load_gz("data/tokenizers/llama3");
+    osp_grammar_vocab *v;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v), OSP_OK);
+    id = osp_tokenizer_token_id(t, "\xc4\xa0{\"", 4); /* "Ġ{\"" */
+    assert_true(id >= 0 && v->tok_len[id] == 3 && !memcmp(v->tok_bytes[id], " {\"", 3));
+    FILE *f = fopen("data/grammar/maskbench_sample.jsonl", "r");
+    assert_non_null(f);
+    char *line = NULL;
+    size_t cap = 0;
+    int32_t n = osp_grammar_vocab_size(v), w = (n + 31) / 32;
+    uint32_t *a = calloc(w, 4), *b = calloc(w, 4);
+    int checked = 0;
+    while (getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        char *s = json_dumps(json_object_get(j, "schema"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+        osp_grammar *g = schema(s);
+        free(s);
+        size_t i;
+        json_t *test;
+        json_array_foreach(json_object_get(j, "tests"), i, test) {
+            const char *text = json_string_value(json_object_get(test, "text"));
+            int valid = json_is_true(json_object_get(test, "valid"));
+            int32_t *ids;
+            size_t nid;
+            assert_int_equal(osp_tokenizer_encode_alloc(t, text, strlen(text), 0, &ids, &nid), OSP_OK);
+            osp_grammar_matcher *m;
+            assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+            int ok = 1;
+            for (size_t k = 0; k < nid && ok; k++) {
+                osp_grammar_matcher_mask(m, a);
+                if (checked < 6) { /* the fast path against the plain walk on the full vocabulary */
+                    osp_grammar_matcher_mask_reference(m, b);
+                    assert_memory_equal(a, b, sizeof(uint32_t) * w);
+                    checked++;
+                }
+                ok = (a[ids[k] >> 5] >> (ids[k] & 31)) & 1;
+                assert_int_equal(ok, osp_grammar_matcher_commit(m, ids[k]));
+            }
+            ok = ok && osp_grammar_matcher_accepting(m);
+            if (ok != valid) fail_msg("%s: %s", json_string_value(json_object_get(j, "id")), text);
+            osp_grammar_matcher_free(m);
+            osp_free(ids);
+        }
+        osp_grammar_free(g);
+        json_decref(j);
+    }
+    free(line), free(a), free(b);
+    fclose(f);
+    osp_grammar_vocab_free(v);
+    osp_tokenizer_free(t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
+        cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

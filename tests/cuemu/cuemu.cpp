@@ -156,7 +156,7 @@ static struct {
     abort();
 }
 
-int lane() { return self->lane; }
+int cur_lane; // the running thread's lane (lane() in cuda_runtime.h)
 void *dyn_smem() { return R.smem; }
 
 void check_align(const void *p, size_t a, const char *what) {
@@ -176,7 +176,7 @@ static void switch_to(thread_state *to, bool finished) {
     (void)finished;
 #endif
     self = to;
-    if (to) threadIdx = to->tid;
+    if (to) threadIdx = to->tid, cur_lane = to->lane;
     osp_cuemu_swap(save, to ? to->sp : R.sched_sp);
     // resumed: the context that switched here set self to from
 #ifdef OSP_CUEMU_ASAN
@@ -203,8 +203,9 @@ static thread_state *next_live(thread_state *t) {
 }
 
 // the lane after t in its warp that has not finished (t itself when it is the only one)
-static thread_state *next_in_warp(thread_state *t) {
+static inline thread_state *next_in_warp(thread_state *t) {
     const int base = t->idx - t->lane, n = (int)R.th.size();
+    if (t->lane < 31 && t->idx + 1 < n && !t[1].done) return t + 1; // the common case
     for (int k = 1; k < 32; k++) {
         const int i = base + (t->lane + k) % 32;
         if (i < n && !R.th[(size_t)i].done) return &R.th[(size_t)i];
@@ -227,11 +228,7 @@ static void release_block_if_all() {
     if (R.bar_arrived > 0 && R.bar_arrived >= R.live) R.bar_arrived = 0, R.bar_gen++, R.idle = 0;
 }
 
-static int popcount(unsigned v) {
-    int n = 0;
-    for (; v; v &= v - 1) n++;
-    return n;
-}
+static int popcount(unsigned v) { return __builtin_popcount(v); }
 
 static void release_warp_if_all(warp_state &w) {
     if (w.arrived > 0 && w.arrived >= w.need) w.arrived = 0, w.gen++, R.idle = 0;
@@ -396,8 +393,14 @@ static void run_block(unsigned bx, unsigned by, unsigned bz) {
     const int n = (int)(blockDim.x * blockDim.y * blockDim.z), nw = (n + 31) / 32;
     R.th.resize((size_t)n);
     while ((int)R.stacks.size() < n) R.stacks.push_back(new_stack());
-    R.warps.assign((size_t)nw, warp_state{});
-    for (int i = 0; i < nw; i++) R.warps[(size_t)i].live = i < nw - 1 || n % 32 == 0 ? 0xffffffffu : (1u << (n % 32)) - 1;
+    // a warp's state: its control fields reset (its buffers are read only where a generation's fields say they
+    // were written)
+    if (R.warps.size() < (size_t)nw) R.warps.resize((size_t)nw);
+    for (int i = 0; i < nw; i++) {
+        warp_state &w = R.warps[(size_t)i];
+        w.live = i < nw - 1 || n % 32 == 0 ? 0xffffffffu : (1u << (n % 32)) - 1;
+        w.arrived = w.need = w.kind = 0, w.mask = 0, w.gen = 0, w.given[0] = w.given[1] = 0, w.d_gen = 0;
+    }
     for (int i = 0; i < n; i++) {
         thread_state &t = R.th[(size_t)i];
         t.tid = uint3{(unsigned)i % blockDim.x, (unsigned)i / blockDim.x % blockDim.y,

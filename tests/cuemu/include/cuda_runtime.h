@@ -64,7 +64,8 @@ void *dyn_smem();
 void sync_block();
 void sync_warp(unsigned mask);
 uint64_t shfl_bits(unsigned mask, uint64_t v, int src); // the value lane src gave (src < 0: the caller's own)
-int lane();
+extern int cur_lane; // the running thread's lane (cuemu.cpp sets it as it switches threads)
+static inline int lane() { return cur_lane; }
 void mma_m16n8k16_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1);
 uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c); // fma.rn.bf16x2: a * b + c per half, rounded once
 void cp_async(void *smem, const void *gmem, int bytes);

@@ -278,14 +278,18 @@ uint64_t shfl_bits(unsigned mask, uint64_t v, int src) {
 
 static inline float bf(uint32_t word, int hi) { return __uint_as_float(hi ? word & 0xffff0000u : word << 16); }
 
-// x rounded once to bf16 (nearest, ties to even; normal range): the significand's 8 bits from frexp, rint
+// x rounded once to bf16 (nearest, ties to even; normal range): the double's significand rounded to 8 bits in its
+// bits (the 45 below them dropped, half of them plus the kept last bit added first: a carry moves the exponent), then
+// exact as a float
 static uint32_t bf16_of(double x) {
     if (x == 0.0 || std::isnan(x) || std::isinf(x)) return __float_as_uint((float)x) >> 16;
-    int e;
-    const double m = std::frexp(std::fabs(x), &e); // [0.5, 1)
-    const double r = std::nearbyint(std::ldexp(m, 8)); // the current rounding mode: to nearest even
-    const float v = (float)std::ldexp(x < 0 ? -r : r, e - 8); // exact: 8 significant bits
-    return __float_as_uint(v) >> 16;
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    u += ((uint64_t)1 << 44) - 1 + (u >> 45 & 1);
+    u &= ~(((uint64_t)1 << 45) - 1);
+    double r;
+    memcpy(&r, &u, 8);
+    return __float_as_uint((float)r) >> 16; // exact: 8 significant bits
 }
 
 // a bf16 times a bf16 is exact in double, and adding a third is exact unless their exponents lie over 40 apart

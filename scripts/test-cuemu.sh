@@ -7,8 +7,8 @@
 #     ones on fewer cases when built on the emulator: each test says how), test_batch and test_ids_out again
 #     without CUDA graphs, every golden in every mode, Whisper;
 #   - its fuse part (scripts/test-gpu.sh with OSP_GPU_PARTS=fuse), as one job;
-#   - every golden in every mode and both precisions on an emulator build with ASan + UBSan (build-cuemu-asan),
-#     with OSP_CUDA_FUSE=2: an out-of-bounds or misaligned access in a kernel or the backend is a failure.
+#   - every golden in every mode and both precisions on an emulator build with ASan + UBSan (build-cuemu-asan):
+#     an out-of-bounds or misaligned access in a kernel or the backend is a failure.
 # A real GPU runs the full suites: scripts/test-gpu.sh.
 # OSP_CUEMU_NICE_WHILE=FILE: while FILE exists, the builds and each job start at nice 19 (scripts/test.sh: while its
 # other parts run, this suite takes only the cores they leave idle)
@@ -62,7 +62,7 @@ a=$root/build-cuemu-asan
         cmd="while [ ! -e '$logs/asan.built' ]; do [ -e '$logs/asan.failed' ] && exit 1; sleep 2; done"
         for mode in prefill decode chunk:5; do
             for prec in "" "--fast"; do
-                cmd="$cmd && echo '$mode ${prec:-reference}' && OSP_CUDA_FUSE=2 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 '$a/osprey' logits --device cuda $prec --model $g --input $g/golden.safetensors --output \"\$tmp/asan.safetensors\" --mode $mode"
+                cmd="$cmd && echo '$mode ${prec:-reference}' && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 '$a/osprey' logits --device cuda $prec --model $g --input $g/golden.safetensors --output \"\$tmp/asan.safetensors\" --mode $mode"
                 [ -n "$prec" ] || cmd="$cmd && '$a/tests/golden_compare' $g \"\$tmp/asan.safetensors\""
             done
         done

@@ -55,6 +55,7 @@ typedef struct osp_model_info {
     const int32_t *eos_ids;     /* config.json eos_token_id (a number or a list) */
     int32_t n_eos;
     int32_t bos_id;             /* -1 if none */
+    int32_t has_head;           /* 0: no lm_head (an embedding model): hidden states only, no logits */
 } osp_model_info;
 
 /* Where a model runs (its backend, backend/backend.h). */
@@ -162,6 +163,12 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
  * next may be ids (a decode step feeding its own tokens back). */
 osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
                                 int32_t n_tok, const uint8_t *need_logits, float *logits, int32_t *next);
+
+/* The final normed hidden states (the reference's last_hidden_state) instead of logits: no head runs, so a model
+ * without lm_head (osp_model_info.has_head 0, an embedder) can run. pos[nb]: the position (0..n_tok-1 of this
+ * call) wanted of each row, out [nb, hidden]; pos NULL: every position, out [nb, n_tok, hidden]. */
+osp_status osp_forward_rows_hidden(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
+                                   int32_t n_tok, const int32_t *pos, float *out);
 
 /* Greedy decoding as a chain of steps, so that a GPU need not wait for the
  * host between them. With ids [nb] (a chain begins): the step of the rows

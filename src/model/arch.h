@@ -50,6 +50,11 @@ typedef struct osp_arch_ops {
     osp_status (*forward_chunk)(struct osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
                                 int64_t ld_rows);
     int prev_ids;
+    /* forward_chunk honours s->hidden: with logits NULL it leaves the chunk's final normed hidden states (the
+     * reference's last_hidden_state) in the scratch's xn [B*T, hidden] (osp_forward_rows_hidden) */
+    int hidden;
+    /* its embedders are trained for Matryoshka widths (model/embed.h) unless config.json says otherwise */
+    int matryoshka;
 } osp_arch_ops;
 
 /* The table serving an "architectures" name (or, when that is NULL, a

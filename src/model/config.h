@@ -38,6 +38,8 @@ typedef struct osp_config {
     float eps;
     osp_act act;
     int tie_embeddings;
+    int no_head;          /* the checkpoint has no lm_head (an embedder saved from the bare model): hidden
+                             states only, no logits (model/embed.h) */
     int qkv_bias, o_bias, mlp_bias;
     int qk_norm;          /* per-head RMSNorm on q and k before RoPE */
     int norm_add_one;     /* Gemma: y = x̂ · (1 + w) */

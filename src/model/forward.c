@@ -15,10 +15,36 @@
  * osp_forward_rows_ids); NULL for plain logits. defer: its head may defer
  * them (a chain's step); ids NULL: a chain's step fed with the ids of the
  * step before it, where they are (arch prev_ids, backend embed_prev). */
+/* hidden (osp_forward_rows_hidden): no head; after each chunk the rows' wanted positions (hpos[b], or every one
+ * when hpos is NULL) of the final normed hidden states go to hout, [nb, H] or [nb, n_tok, H]. */
+typedef struct hidden_out {
+    const int32_t *pos;
+    float *out;
+} hidden_out;
+
+static osp_status read_hidden(osp_session *s, const hidden_out *h, int32_t nb, int32_t t0, int32_t T, int32_t n_tok) {
+    const int64_t H = s->m->cfg.hidden;
+    OSP_TRY(s->be->status(s->bs));
+    for (int32_t b = 0; b < nb; b++) {
+        if (!h->pos) { /* the chunk's positions of row b: contiguous in xn and in out */
+            s->be->read(h->out + ((int64_t)b * n_tok + t0) * H, osp_dbuf_at(s->sc.xn, (int64_t)b * T * H), T * H);
+        } else if (h->pos[b] >= t0 && h->pos[b] < t0 + T) {
+            s->be->read(h->out + (int64_t)b * H, osp_dbuf_at(s->sc.xn, ((int64_t)b * T + h->pos[b] - t0) * H), H);
+        }
+    }
+    return OSP_OK;
+}
+
 static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
-                               int all_logits, float *logits, int32_t *out_ids, const uint8_t *need, int defer) {
+                               int all_logits, float *logits, int32_t *out_ids, const uint8_t *need, int defer,
+                               const hidden_out *hid) {
     const osp_config *c = &s->m->cfg;
     osp_kv *kv = s->kv;
+    if (!hid && c->no_head)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s has no lm_head: it is an embedding model (osprey embed, "
+                       "osprey serve --embedding-model)", s->m->dir);
+    if (hid && !c->arch->hidden)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: this architecture does not give hidden states", s->m->dir);
     if (n_tok <= 0) return osp_err(OSP_ERR_INVALID, "forward needs at least one token per row");
     if (nb <= 0 || nb > kv->n_rows) return osp_err(OSP_ERR_INVALID, "forward of %d rows in a session of %d", nb, kv->n_rows);
     for (int32_t b = 0; b < nb; b++) {
@@ -45,16 +71,18 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
             memcpy(s->sc.ids + (int64_t)b * T, ids + (int64_t)b * n_tok + t0, sizeof(int32_t) * T);
         int last = t0 + T >= n_tok;
         float *dst = all_logits ? logits + (int64_t)t0 * c->vocab : logits;
-        if (!all_logits && !last) dst = NULL; /* only the last chunk's logits are wanted */
+        if ((!all_logits && !last) || hid) dst = NULL; /* only the last chunk's logits are wanted */
         for (int32_t b = 0; b < nb; b++) s->sc.bpos[b] = kv->pos[rows[b]];
         s->head_ids = last ? out_ids : NULL;
         s->head_need = need;
         s->head_defer = defer;
+        s->hidden = hid != NULL;
         s->be->begin_chunk(s->bs, nb, T);
         osp_status rc = c->arch->forward_chunk(s, ids ? s->sc.ids : NULL, T, all_logits, dst, n_tok);
-        s->head_ids = NULL, s->head_need = NULL, s->head_defer = 0;
+        s->head_ids = NULL, s->head_need = NULL, s->head_defer = 0, s->hidden = 0;
         OSP_TRY(rc);
         OSP_TRY(s->be->status(s->bs));
+        if (hid) OSP_TRY(read_hidden(s, hid, nb, t0, T, n_tok));
     }
     return OSP_OK;
 }
@@ -66,7 +94,7 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
                             int all_logits, float *logits) {
     NO_CHAIN(s);
     if (!ids) return osp_err(OSP_ERR_INVALID, "forward without token ids");
-    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL, 0);
+    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL, 0, NULL);
 }
 
 osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
@@ -74,7 +102,18 @@ osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb,
     NO_CHAIN(s);
     if (!logits || !next || !ids)
         return osp_err(OSP_ERR_INVALID, "forward with ids out needs token ids, a logits area and the ids' room");
-    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits, 0);
+    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits, 0, NULL);
+}
+
+osp_status osp_forward_rows_hidden(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                                   const int32_t *pos, float *out) {
+    NO_CHAIN(s);
+    if (!ids || !out) return osp_err(OSP_ERR_INVALID, "forward for hidden states needs token ids and room for them");
+    for (int32_t b = 0; pos && b < nb; b++)
+        if (pos[b] < 0 || pos[b] >= n_tok)
+            return osp_err(OSP_ERR_RANGE, "row %d: position %d is not among the call's %d tokens", b, pos[b], n_tok);
+    hidden_out h = {pos, out};
+    return forward_rows(s, rows, nb, ids, n_tok, 0, NULL, NULL, NULL, 0, &h);
 }
 
 /* ---- chains of greedy steps (osp_forward_rows_chain) ----
@@ -117,7 +156,7 @@ static osp_status chain_wait(osp_session *s) { return s->be->ids_wait ? s->be->i
 /* queue a step of the chain's rows fed with ids (host), or with the in-flight step's (NULL); its ids go to the
  * other buffer, which becomes the in-flight step's */
 static osp_status chain_step(osp_session *s, const int32_t *ids, float *logits) {
-    osp_status rc = forward_rows(s, s->chain_rows, s->chain_nb, ids, 1, 0, logits, chain_buf(s, 1), NULL, 1);
+    osp_status rc = forward_rows(s, s->chain_rows, s->chain_nb, ids, 1, 0, logits, chain_buf(s, 1), NULL, 1, NULL);
     s->chain_buf ^= 1;
     s->chain = CHAIN_FLIGHT;
     return rc;

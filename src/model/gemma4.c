@@ -144,7 +144,8 @@ static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm
     }
 #undef W
     OSP_TRY(osp_tvec(visit, ctx, m ? &m->final_norm : NULL, H, 0, "%snorm.weight", p));
-    if (!c->tie_embeddings) OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
+    if (!c->tie_embeddings && !c->no_head)
+        OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
     return OSP_OK;
 }
 

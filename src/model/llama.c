@@ -86,7 +86,7 @@ static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm
     }
 #undef W
     OSP_TRY(osp_tvec(visit, ctx, m ? &m->final_norm : NULL, H, norm, "%snorm.weight", p));
-    if (!c->tie_embeddings) OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
+    if (!c->tie_embeddings && !c->no_head) OSP_TRY(osp_tlinear(visit, ctx, m ? &m->head : NULL, c->vocab, H, 0, "%s", nm->head));
     return OSP_OK;
 }
 
@@ -183,13 +183,16 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
                            .logits = logits, .ids = s->head_ids, .need = s->head_need,
                            .defer_ids = s->head_defer, .xn = sc->xn, .hlast = sc->hlast};
         s->be->head(s->bs, &h);
+    } else if (s->hidden) {
+        s->be->rmsnorm(s->bs, sc->xn, sc->x, m->final_norm, (int64_t)B * T, c->hidden, c->eps, c->norm_add_one);
+        if (s->be->end_chunk) s->be->end_chunk(s->bs); /* no head ends this chunk (a GPU may run it as a graph) */
     }
     return OSP_OK;
 }
 
 /* ---- the tables ---- */
 
-#define LLAMA_BODY .layout = layout, .forward_chunk = forward_chunk, .prev_ids = 1
+#define LLAMA_BODY .layout = layout, .forward_chunk = forward_chunk, .prev_ids = 1, .hidden = 1
 
 const osp_arch_ops osp_arch_llama = {
     .name = "llama", .hf_names = (const char *const[]){"LlamaForCausalLM", NULL},
@@ -202,7 +205,7 @@ const osp_arch_ops osp_arch_qwen2 = {
 const osp_arch_ops osp_arch_qwen3 = {
     .name = "qwen3", .hf_names = (const char *const[]){"Qwen3ForCausalLM", NULL},
     .model_types = (const char *const[]){"qwen3", NULL}, .act_default = "silu", .configure = configure_qwen3,
-    LLAMA_BODY};
+    .matryoshka = 1, LLAMA_BODY};
 const osp_arch_ops osp_arch_gemma3 = {
     .name = "gemma3", .hf_names = (const char *const[]){"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", NULL},
     .model_types = (const char *const[]){"gemma3_text", "gemma3", NULL}, .tie_default = 1,

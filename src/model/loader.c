@@ -11,15 +11,17 @@
 #include "core/fs.h"
 #include "model.h"
 
-/* Weight-name prefix of the text model ("model." for text checkpoints). */
-static const char *PREFIXES[] = {"model.", "model.language_model.", "language_model.model."};
-static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head"};
+/* Weight-name prefix of the text model ("model." for text checkpoints; none for a bare model saved without its
+ * head, as sentence-transformers embedders are: Qwen3-Embedding). */
+static const char *PREFIXES[] = {"model.", "model.language_model.", "language_model.model.", ""};
+static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head", "lm_head"};
+#define N_PREFIXES ((int)(sizeof PREFIXES / sizeof *PREFIXES))
 
 static osp_status bind_all(osp_model *m) {
     const osp_config *c = &m->cfg;
     char n[512];
     int pi = -1;
-    for (int i = 0; i < 3 && pi < 0; i++) {
+    for (int i = 0; i < N_PREFIXES && pi < 0; i++) {
         snprintf(n, sizeof n, "%sembed_tokens.weight", PREFIXES[i]);
         if (osp_st_find(m->st, n)) pi = i;
     }
@@ -28,9 +30,13 @@ static osp_status bind_all(osp_model *m) {
     if (!m->layers) return osp_err(OSP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) m->layers[i].layer_scalar = 1.0f;
     m->prefix = pi;
+    /* no head: a bare model's weights (no prefix), or an untied config whose head is absent (Qwen3-Embedding-8B
+     * says tie_word_embeddings false and has no lm_head); such a model embeds, it does not generate */
+    snprintf(n, sizeof n, "%s.weight", HEADS[pi]);
+    m->cfg.no_head = !*PREFIXES[pi] || (!c->tie_embeddings && !osp_st_find(m->st, n));
     osp_tnames names = {PREFIXES[pi], HEADS[pi]};
     OSP_TRY(c->arch->layout(c, m, &names, osp_bind_visit, m));
-    if (c->tie_embeddings) { /* the head reads the embedding's weights, streamed every step */
+    if (c->tie_embeddings && !c->no_head) { /* the head reads the embedding's weights, streamed every step */
         m->head = m->embed;
         m->info.decode_bytes += m->head.rows * osp_weight_row_bytes(&m->head);
     }
@@ -56,6 +62,7 @@ static void fill_info(osp_model *m) {
     in->eos_ids = c->eos_ids;
     in->n_eos = c->n_eos;
     in->bos_id = c->bos_id;
+    in->has_head = !c->no_head;
     for (int i = 0; i < c->n_layers; i++) {
         in->n_sliding_layers += c->layer_sliding[i];
         if (c->layer_kv_donor[i] >= 0) { /* shares its donor's cache */
@@ -119,7 +126,7 @@ static osp_status collect(void *ctx, const osp_tdesc *d) {
 static osp_status walk(osp_model *m, collect_ctx *c) {
     osp_tnames names = {PREFIXES[m->prefix], HEADS[m->prefix]};
     OSP_TRY(m->cfg.arch->layout(&m->cfg, m, &names, collect, c));
-    if (!c->vectors && m->cfg.tie_embeddings) put(c, &m->head); /* the embedding's weights, streamed as the head */
+    if (!c->vectors && m->cfg.tie_embeddings && !m->cfg.no_head) put(c, &m->head); /* the embedding's weights, streamed as the head */
     return OSP_OK;
 }
 

@@ -99,6 +99,7 @@ struct osp_session {
     int32_t *head_ids;   /* the running call's ids out (osp_head_args.ids), NULL when none */
     const uint8_t *head_need; /* [nb] with head_ids: rows whose logits are wanted too */
     int head_defer;      /* the running call's head may defer its ids (osp_head_args.defer_ids) */
+    int hidden;          /* the running call wants hidden states, not logits (arch.h's hidden) */
     /* a chain of greedy steps (osp_forward_rows_chain) */
     int chain;           /* a step of it is in flight */
     int chain_ahead;     /* 1 (the default; OSP_CHAIN=0: 0): queue a step before its input ids reach the host */
@@ -110,7 +111,7 @@ struct osp_session {
 
 /* The table the embedding's rows are read from where the matmul weights are (the head's, when tied: placed). */
 static inline const osp_weight *osp_model_embed_rows(const osp_model *m) {
-    return m->cfg.tie_embeddings ? &m->head : &m->embed;
+    return m->cfg.tie_embeddings && !m->cfg.no_head ? &m->head : &m->embed;
 }
 
 /* Shared helpers of the architectures' bind functions (model/bind.c). */

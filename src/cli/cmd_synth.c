@@ -175,6 +175,24 @@ static const struct {
      " \"rope_theta\": 1000000.0}}, \"sliding_window\": 1024, \"sliding_window_pattern\": 6,"
      " \"tie_word_embeddings\": true, \"top_k_experts\": 8, \"use_cache\": true, \"use_double_wide_mlp\": false,"
      " \"vocab_size\": 262144}"},
+    /* Qwen3-Embedding-0.6B's config (Qwen3ForCausalLM's name over a bare Qwen3Model) */
+    {"qwen3-embedding-0.6b",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": 151643, \"eos_token_id\": 151643, \"head_dim\": 128, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 1024, \"initializer_range\": 0.02, \"intermediate_size\": 3072,"
+     " \"max_position_embeddings\": 32768, \"max_window_layers\": 28, \"model_type\": \"qwen3\","
+     " \"num_attention_heads\": 16, \"num_hidden_layers\": 28, \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-06,"
+     " \"rope_scaling\": null, \"rope_theta\": 1000000, \"sliding_window\": null, \"tie_word_embeddings\": true,"
+     " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151669}"},
+    /* the same kind at the goldens' size (tests/data/embed) */
+    {"qwen3-embedding-tiny",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": null, \"eos_token_id\": null, \"head_dim\": 16, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 64, \"initializer_range\": 0.02, \"intermediate_size\": 128,"
+     " \"max_position_embeddings\": 2048, \"model_type\": \"qwen3\", \"num_attention_heads\": 4,"
+     " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0,"
+     " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"use_sliding_window\": false,"
+     " \"vocab_size\": 512}"},
     /* untied, so the lm_head path is exercised too */
     {"tiny-llama",
      "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"bos_token_id\": 1,"
@@ -185,10 +203,40 @@ static const struct {
      " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"vocab_size\": 256}"},
 };
 
-static json_t *preset_config(const char *name) {
+/* embedders as sentence-transformers saves them: the bare model's weights (no "model.", no lm_head), modules.json
+ * and 1_Pooling/config.json (last token, normalized) */
+static const char *const BARE[] = {"qwen3-embedding-0.6b", "qwen3-embedding-tiny"};
+
+static json_t *preset_config(const char *name, int *bare) {
+    for (size_t i = 0; i < sizeof BARE / sizeof *BARE; i++) *bare |= !strcmp(name, BARE[i]);
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(name, PRESETS[i].name)) return json_loads(PRESETS[i].json, 0, NULL);
     return NULL;
+}
+
+static osp_status synth_mkdir(const char *dir);
+
+/* an embedder's sentence-transformers files: last-token pooling, then Normalize (Qwen3-Embedding's) */
+static osp_status write_st_files(const char *dir, int hidden) {
+    char path[4200];
+    json_t *mods = json_pack("[{s:i, s:s, s:s, s:s}, {s:i, s:s, s:s, s:s}, {s:i, s:s, s:s, s:s}]", "idx", 0, "name",
+                             "0", "path", "", "type", "sentence_transformers.models.Transformer", "idx", 1, "name", "1",
+                             "path", "1_Pooling", "type", "sentence_transformers.models.Pooling", "idx", 2, "name", "2",
+                             "path", "2_Normalize", "type", "sentence_transformers.models.Normalize");
+    json_t *pool = json_pack("{s:i, s:b, s:b, s:b, s:b, s:b, s:b, s:b}", "word_embedding_dimension", hidden,
+                             "pooling_mode_cls_token", 0, "pooling_mode_mean_tokens", 0, "pooling_mode_max_tokens", 0,
+                             "pooling_mode_mean_sqrt_len_tokens", 0, "pooling_mode_weightedmean_tokens", 0,
+                             "pooling_mode_lasttoken", 1, "include_prompt", 1);
+    osp_status st = mods && pool ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/modules.json", dir);
+    if (st == OSP_OK && json_dump_file(mods, path, JSON_INDENT(2))) st = osp_err(OSP_ERR_IO, "cannot write %s", path);
+    snprintf(path, sizeof path, "%s/1_Pooling", dir);
+    if (st == OSP_OK) st = synth_mkdir(path);
+    snprintf(path, sizeof path, "%s/1_Pooling/config.json", dir);
+    if (st == OSP_OK && json_dump_file(pool, path, JSON_INDENT(2))) st = osp_err(OSP_ERR_IO, "cannot write %s", path);
+    json_decref(mods);
+    json_decref(pool);
+    return st;
 }
 
 /* ---------- the tensor plan: the architecture's layout, walked ---------- */
@@ -284,7 +332,7 @@ static osp_status plan_build(const osp_config *c, synth_plan *p) {
     const char *suffix = "ForConditionalGeneration";
     size_t n = strlen(c->architecture), k = strlen(suffix);
     int wrapped = n > k && !strcmp(c->architecture + n - k, suffix);
-    osp_tnames names = {wrapped ? "model.language_model." : "model.", "lm_head"};
+    osp_tnames names = {c->no_head ? "" : wrapped ? "model.language_model." : "model.", "lm_head"};
     return c->arch->layout(c, NULL, &names, plan_visit, p);
 }
 
@@ -440,7 +488,7 @@ static void synth_usage(FILE *f) {
             "Writes DIR/config.json and DIR/model.safetensors with random weights.\n"
             "presets: llama-3.2-1b, qwen3-0.6b, gemma-3-1b, gemma-4-e2b, gemma-4-26b-a4b,\n"
             "         whisper-tiny, whisper-base, whisper-small, whisper-large-v3 (bf16),\n"
-            "         tiny-llama\n"
+            "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head)\n"
             "--dtype defaults to bf16 (or to the quantization of --config's file);\n"
             "quantized models use MLX affine quantization, group size 64.\n");
 }
@@ -562,11 +610,12 @@ int osp_cmd_synth(int argc, char **argv) {
     if (a.preset && osp_whisper_preset_known(a.preset)) return osp_whisper_synth(a.preset, a.dtype, a.out, a.seed);
 
     json_t *cfg = NULL;
+    int bare = 0;
     if (a.preset) {
-        cfg = preset_config(a.preset);
+        cfg = preset_config(a.preset, &bare);
         if (!cfg)
             return synth_fail("unknown preset '%s' (llama-3.2-1b, qwen3-0.6b, gemma-3-1b, "
-                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama)", a.preset);
+                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny)", a.preset);
     } else {
         json_error_t je;
         cfg = json_load_file(a.config, 0, &je);
@@ -594,11 +643,13 @@ int osp_cmd_synth(int argc, char **argv) {
     char path[4200];
     osp_status st = w ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
     if (st == OSP_OK) st = osp_config_parse(cfg, "config", &c); /* the engine's own parser: the layout it binds */
+    c.no_head = bare;
     if (st == OSP_OK) st = plan_build(&c, &p);
     if (st == OSP_OK) st = plan_declare(&p, w);
     if (st == OSP_OK) st = osp_st_writer_set_meta(w, "format", bits ? "mlx" : "pt");
     if (st == OSP_OK) st = synth_mkdir(a.out);
     if (st == OSP_OK) st = synth_write_config(cfg, bits, group, p.qover, a.out);
+    if (st == OSP_OK && bare) st = write_st_files(a.out, c.hidden);
     if (st == OSP_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", a.out);
         synth_fill_ctx fc = {&p};

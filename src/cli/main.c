@@ -21,6 +21,7 @@ static const char *USAGE =
     "  bench --model M [-p 512] [-n 128] [-t THREADS] [--json]   prefill/decode speed vs memory bandwidth\n"
     "  tokenize --model M (--text TEXT | --file FILE) [--add-special]   token ids as a JSON array\n"
     "  detokenize --model M --ids 1,2,3   text of token ids\n"
+    "  embed --model M (--input TEXT | -f FILE) [--dimensions N]   embeddings as JSON lines\n"
     "  template --model M --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--var NAME=JSON]\n"
     "                                the model's chat template rendered\n"
     "  mel FILE [--n-mels 80|128] --output OUT.safetensors   Whisper's log-mel spectrogram (first 30 s)\n"
@@ -50,7 +51,7 @@ int main(int argc, char **argv) {
         {"synth", osp_cmd_synth},     {"bench", osp_cmd_bench},       {"tokenize", osp_cmd_tokenize},
         {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template}, {"chat", osp_cmd_chat},
         {"serve", osp_cmd_serve},     {"convert", osp_cmd_convert},   {"mel", osp_cmd_mel},
-        {"transcribe", osp_cmd_transcribe}, {"maskbench", osp_cmd_maskbench},
+        {"transcribe", osp_cmd_transcribe}, {"maskbench", osp_cmd_maskbench}, {"embed", osp_cmd_embed},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

@@ -14,7 +14,12 @@
  *   batched as padded rows and one at a time, is the normalized reference
  *   state at each input's last position.
  * - Pooling, normalization, Matryoshka truncation and the allowed widths;
- *   the sentence-transformers files; base64. */
+ *   the sentence-transformers files; base64.
+ * - data/embed/qwen3-embedding-tiny/golden.safetensors, when present (made
+ *   by data/embed/make_golden.py with transformers on the device), and
+ *   numpy_golden.safetensors (an f64 numpy forward, numpy_golden.py): the
+ *   tokenizer's ids, hidden states, embeddings and Matryoshka widths at
+ *   2e-5 · max(1, |ref|). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +36,7 @@
 #include "model/safetensors.h"
 #include "model/st_write.h"
 #include "osprey.h"
+#include "text/tokenizer.h"
 
 #define GOLD "data/goldens/qwen3"
 static char g_emb[256], g_ref[256];
@@ -339,11 +345,95 @@ static void test_base64(void **state) {
     osp_free(e);
 }
 
+/* transformers' and sentence-transformers' numbers (make_golden.py's TEXTS, in order) */
+#define TINY "data/embed/qwen3-embedding-tiny"
+static void check_golden(const char *file) {
+    static const char *TEXTS[] = {"the cat sat on the mat", "hi", "in the winter there was snow", "x",
+                                  "theretheretherethere in in in"};
+    enum { N = 5 };
+    osp_st *g;
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", TINY, file);
+    if (osp_st_open_file(path, &g) != OSP_OK) {
+        printf("no %s yet (make_golden.py): skipped\n", path);
+        return;
+    }
+    printf("%s:\n", path);
+    osp_model *m;
+    osp_tokenizer *tok;
+    osp_embed_config c;
+    assert_int_equal(osp_model_load(TINY, &m), OSP_OK);
+    assert_int_equal(osp_tokenizer_load(TINY, &tok), OSP_OK);
+    assert_int_equal(osp_embed_config_load(m, &c), OSP_OK);
+    const int64_t H = c.dims;
+    int32_t *ids[N], len[N];
+    for (int i = 0; i < N; i++) {
+        size_t k;
+        assert_int_equal(osp_tokenizer_encode_alloc(tok, TEXTS[i], strlen(TEXTS[i]), 1, &ids[i], &k), OSP_OK);
+        len[i] = (int32_t)k;
+        char name[32];
+        snprintf(name, sizeof name, "input_ids_%d", i);
+        const osp_st_tensor *t = osp_st_find(g, name);
+        assert_non_null(t);
+        assert_int_equal(t->numel, len[i]);
+        assert_memory_equal(t->data, ids[i], t->nbytes);
+        /* hidden states, every position */
+        snprintf(name, sizeof name, "hidden_%d", i);
+        t = osp_st_find(g, name);
+        assert_non_null(t);
+        osp_session *s;
+        assert_int_equal(osp_session_new(m, 1, len[i], &s), OSP_OK);
+        float *h = malloc(sizeof(float) * (size_t)(len[i] * H));
+        int32_t row = 0;
+        assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids[i], len[i], NULL, h), OSP_OK);
+        const float *ref = t->data;
+        double worst = 0;
+        for (int64_t j = 0; j < len[i] * H; j++)
+            worst = fmax(worst, fabs((double)h[j] - ref[j]) / fmax(1, fabs(ref[j])));
+        printf("%s: hidden states, max |diff| / max(1, |ref|) %.3g\n", TEXTS[i], worst);
+        assert_true(worst <= 2e-5);
+        free(h);
+        osp_session_free(s);
+    }
+    float out[N * 128];
+    assert_true(H <= 128);
+    osp_session *s;
+    assert_int_equal(osp_embed_session_new(m, 3, 64, &s), OSP_OK);
+    const char *keys[] = {"embedding", "st_embedding", "mrl_16", "mrl_32"};
+    int32_t widths[] = {(int32_t)H, (int32_t)H, 16, 32};
+    for (int k = 0; k < 4; k++) {
+        const osp_st_tensor *t = osp_st_find(g, keys[k]);
+        if (!t) continue; /* st_embedding: sentence-transformers was not installed */
+        assert_int_equal(osp_embed_run(s, &c, (const int32_t *const *)ids, len, N, out), OSP_OK);
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            osp_embed_finish(&c, out + i * H, widths[k]);
+            for (int32_t j = 0; j < widths[k]; j++) {
+                float r = ((const float *)t->data)[i * widths[k] + j];
+                worst = fmax(worst, fabs((double)out[i * H + j] - r) / fmax(1, fabs(r)));
+            }
+        }
+        printf("%s: max |diff| %.3g\n", keys[k], worst);
+        assert_true(worst <= 2e-5);
+    }
+    osp_session_free(s);
+    for (int i = 0; i < N; i++) osp_free(ids[i]);
+    osp_tokenizer_free(tok);
+    osp_model_free(m);
+    osp_st_close(g);
+}
+
+static void test_transformers_golden(void **state) {
+    (void)state;
+    check_golden("golden.safetensors");       /* transformers (make_golden.py, on the device) */
+    check_golden("numpy_golden.safetensors"); /* an f64 numpy forward (numpy_golden.py), independent of both */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_finish), cmocka_unit_test(test_dims),        cmocka_unit_test(test_base64),
         cmocka_unit_test(test_no_head),     cmocka_unit_test(test_hidden_is_reference),
-        cmocka_unit_test(test_embed_run),   cmocka_unit_test(test_st_files),
+        cmocka_unit_test(test_embed_run),   cmocka_unit_test(test_st_files),    cmocka_unit_test(test_transformers_golden),
     };
     return cmocka_run_group_tests(tests, make_folders, remove_folders);
 }

@@ -31,6 +31,7 @@ static int usage(FILE *f) {
             "  --audio-model M          a Whisper model folder for POST /v1/audio/transcriptions and /translations;\n"
             "                           without --model the server transcribes only (no chat model is loaded)\n"
             "  --audio-tokenizer PATH   its tokenizer.json or .tiktoken rank file, when the folder has none\n"
+            "  --embedding-model M      a model for POST /v1/embeddings (beside MODEL, or alone; docs/EMBEDDINGS.md)\n"
             "  --max-audio-body BYTES   upload limit of the audio routes (default 26214400)\n"
             "  --responses-store-size BYTES  stored /v1/responses kept for GET and previous_response_id\n"
             "                           (default 67108864; 0 = none stored); written beside the prefix cache's files\n"
@@ -174,6 +175,7 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--max-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_body = (size_t)d; }
         else if (IS("--audio-model")) c.audio_model = v;
         else if (IS("--audio-tokenizer")) c.audio_tokenizer = v;
+        else if (IS("--embedding-model")) c.embedding_model = v;
         else if (IS("--max-audio-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_audio_body = (size_t)d; }
         else if (IS("--responses-store-size")) { if (NUM(0, 1ull << 40)) return 2; c.responses_store = (size_t)d; }
         else if (IS("--responses-store-ttl")) { if (NUM(1, 1e10)) return 2; c.responses_ttl = d; }
@@ -232,8 +234,9 @@ int osp_cmd_serve(int argc, char **argv) {
 #undef IS
 #undef NUM
     }
-    if (!c.model && !c.audio_model) c.model = osp_cli_default_model(); /* with --audio-model alone: audio only */
-    if (!c.model && !c.audio_model) {
+    if (!c.model && !c.audio_model && !c.embedding_model) /* with --audio-model or --embedding-model alone: only those */
+        c.model = osp_cli_default_model();
+    if (!c.model && !c.audio_model && !c.embedding_model) {
         fprintf(stderr, "osprey serve: no model given and the bundled model was not found\n");
         return 2;
     }

@@ -91,6 +91,8 @@ int osp_threads_init(int n) {
 
 int osp_threads_count(void) { return P.started ? P.n : 1; }
 
+static pthread_mutex_t g_callers = PTHREAD_MUTEX_INITIALIZER;
+
 void osp_parallel_for(int64_t n_tasks, osp_task_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (!P.started) osp_threads_init(0);
@@ -98,6 +100,7 @@ void osp_parallel_for(int64_t n_tasks, osp_task_fn fn, void *ctx) {
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t);
         return;
     }
+    pthread_mutex_lock(&g_callers); /* callers on several threads (the server's embeddings beside its batch) take turns */
     P.fn = fn;
     P.ctx = ctx;
     P.n_tasks = n_tasks;
@@ -112,4 +115,5 @@ void osp_parallel_for(int64_t n_tasks, osp_task_fn fn, void *ctx) {
         if (spins < YIELD_AFTER) __builtin_ia32_pause();
         else sched_yield();
     }
+    pthread_mutex_unlock(&g_callers);
 }

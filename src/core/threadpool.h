@@ -4,7 +4,7 @@
  * calling thread plus the workers, and returns when all are done. Tasks
  * are claimed through an atomic counter. Workers spin briefly between
  * jobs (decode issues hundreds of small jobs per token) and then sleep.
- * Calls must not be nested and come from one thread at a time.
+ * Calls must not be nested; calls from several threads take turns (a lock).
  */
 #ifndef OSP_THREADPOOL_H
 #define OSP_THREADPOOL_H

@@ -13,6 +13,7 @@
  *   POST /tokenize, /detokenize, /apply-template
  *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
  *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
+ *   POST /v1/embeddings, /embeddings (embed.c; --embedding-model)
  *   OPTIONS *                            CORS preflight
  * Anything else is a 404; a known route with the wrong method a 405.
  *
@@ -176,7 +177,7 @@ static int check_key(srv *s, srv_req *c) {
 }
 
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
-       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, R_RESPONSE };
+       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, R_RESPONSE, R_EMBEDDINGS };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -192,6 +193,7 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/v1/audio/translations", R_TRANSLATE, 1}, {"/audio/translations", R_TRANSLATE, 1},
         {"/v1/messages", R_MESSAGES, 1},  {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
         {"/v1/responses", R_RESPONSES, 1}, {"/responses", R_RESPONSES, 1},
+        {"/v1/embeddings", R_EMBEDDINGS, 1}, {"/embeddings", R_EMBEDDINGS, 1},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--;
@@ -275,6 +277,8 @@ int srv_http_admit(srv *s, srv_req *c, size_t *limit, char *msg, size_t cap) {
         return snprintf(msg, cap, "%.100s expects %s", c->path, is_post ? "POST" : "GET"), 405;
     if (atomic_load(&s->ready)) {
         if (audio && !s->audio) return snprintf(msg, cap, NO_AUDIO_MODEL), 404;
+        if (route == R_EMBEDDINGS && !s->embed)
+            return snprintf(msg, cap, "no embedding model is served (start osprey serve with --embedding-model)"), 404;
         if ((route == R_CHAT || route == R_COMPLETIONS || route == R_TOKENIZE || route == R_DETOKENIZE ||
              route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS || route == R_RESPONSES ||
              route == R_RESPONSE) && !s->model)
@@ -422,6 +426,7 @@ static void route_request(srv *s, srv_req *c) {
         if (model_mismatch(s, body, m, sizeof m)) srv_send_error(s, c, 404, m);
         else srv_responses(s, c, body);
         break;
+    case R_EMBEDDINGS: srv_embed_respond(s, c, body); break;
     case R_TOKENIZE: do_tokenize(s, c, body); break;
     case R_DETOKENIZE: do_detokenize(s, c, body); break;
     case R_TEMPLATE: {

@@ -199,6 +199,7 @@ typedef struct srv {
     struct osp_whisper *audio;
     osp_tokenizer *audio_tok;
     struct osp_wbatch *audio_batch;
+    struct srv_embed *embed;  /* the embedding model (embed.c), or NULL */
 } srv;
 
 /* setup.c */
@@ -210,6 +211,10 @@ void srv_model_name(const char *path, char *out, size_t cap); /* the id clients 
 int srv_audio_setup(srv *s);
 void srv_audio_teardown(srv *s);
 int srv_audio_respond(srv *s, srv_req *q, const char *body, size_t len, int translate);
+/* embed.c: --embedding-model (0 ok, else osp_last_error) and POST /v1/embeddings */
+int srv_embed_setup(srv *s);
+void srv_embed_teardown(srv *s);
+int srv_embed_respond(srv *s, srv_req *q, const json_t *body);
 
 /* http.c: at a request's head (front.c's thread): 0 to read its body (up
  * to *limit bytes), else the status to refuse it with, and why in msg. */

@@ -118,15 +118,19 @@ int srv_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     double t0 = osp_now_s();
     osp_alloc_long_running();
-    if (!c->model) { /* audio only */
-        if (srv_audio_setup(s)) return -1;
-        OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations (no chat "
-                "model)", c->audio_model);
+    if (!c->model) { /* audio and/or embeddings only */
+        if (srv_audio_setup(s) || srv_embed_setup(s)) return -1;
+        if (s->audio)
+            OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations (no chat "
+                    "model)", c->audio_model);
         return 0;
     }
     osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
     if (osp_model_load_params(c->model, &mp, &s->model) != OSP_OK) return -1;
     const osp_model_info *in = osp_model_get_info(s->model);
+    if (!in->has_head)
+        return osp_err(OSP_ERR_INVALID, "%s has no lm_head: it is an embedding model (serve it with --embedding-model)",
+                       c->model), -1;
     if (osp_tokenizer_load(in->dir, &s->tok) != OSP_OK) return -1;
     if (osp_chat_template_load(in->dir, c->chat_template, &s->tmpl) != OSP_OK) {
         if (c->chat_template) return -1;
@@ -177,12 +181,13 @@ int srv_setup(srv *s) {
             so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
     if (srv_audio_setup(s)) return -1;
     if (s->audio) OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations", c->audio_model);
-    return 0;
+    return srv_embed_setup(s);
 }
 
 
 void srv_teardown(srv *s) {
     srv_audio_teardown(s);
+    srv_embed_teardown(s);
     /* a clean shutdown writes what is only in memory; under --drain-timeout for at most 5 s more, the most
      * recently used entries first, so that the drain's bound holds whatever clients put in the cache */
     osp_prefix_free_within(s->pc, s->cfg.drain_timeout > 0 ? 5.0 : 0);

@@ -257,6 +257,8 @@ static int model_mismatch(srv *s, const json_t *body, char *msg, size_t cap) {
 
 #define NO_CHAT_MODEL "no chat model is served: this server transcribes audio only (start osprey serve with --model M " \
                       "beside --audio-model for both)"
+#define NO_CHAT_MODEL_EMBED "no chat model is served: this server embeds only (start osprey serve with a MODEL beside " \
+                            "--embedding-model for both)"
 #define NO_AUDIO_MODEL "no audio model is served (start osprey serve with --audio-model)"
 
 /* ---- at the head ---- */
@@ -282,7 +284,7 @@ int srv_http_admit(srv *s, srv_req *c, size_t *limit, char *msg, size_t cap) {
         if ((route == R_CHAT || route == R_COMPLETIONS || route == R_TOKENIZE || route == R_DETOKENIZE ||
              route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS || route == R_RESPONSES ||
              route == R_RESPONSE) && !s->model)
-            return snprintf(msg, cap, NO_CHAT_MODEL), 404;
+            return snprintf(msg, cap, "%s", s->audio ? NO_CHAT_MODEL : NO_CHAT_MODEL_EMBED), 404;
     }
     return 0;
 }

@@ -162,6 +162,7 @@ test('an embedding model alone: embeddings served, chat routes 404', async () =>
     assert.equal(r.status, 200, r.text);
     const c = await raw(s.base, '/v1/chat/completions', { body: JSON.stringify({ messages: [{ role: 'user', content: 'x' }] }) });
     assert.equal(c.status, 404);
+    assert.match(c.json.error.message, /embeds only/);
   } finally {
     assert.equal((await s.stop()).code, 0, s.log());
   }

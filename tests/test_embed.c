@@ -14,7 +14,8 @@
  *   batched as padded rows and one at a time, is the normalized reference
  *   state at each input's last position.
  * - Pooling, normalization, Matryoshka truncation and the allowed widths;
- *   the sentence-transformers files; base64.
+ *   the sentence-transformers files; base64; the tokenizer keeps its post-
+ *   processor's <|endoftext|> under Qwen3-Embedding's tokenizer_config.
  * - data/embed/qwen3-embedding-tiny/golden.safetensors, when present (made
  *   by data/embed/make_golden.py with transformers on the device), and
  *   numpy_golden.safetensors (an f64 numpy forward, numpy_golden.py): the
@@ -328,6 +329,36 @@ static void test_st_files(void **state) {
     json_decref(cfg);
 }
 
+/* Qwen3-Embedding's trap: its tokenizer_config.json states add_bos_token false (and eos_token <|im_end|>); the
+ * post-processor's <|endoftext|> after the text must stay. A stated add_eos_token rebuilds that side. */
+static void test_post_processor_kept(void **state) {
+    (void)state;
+    FILE *f = fopen("data/embed/tokenizer.json", "rb");
+    assert_non_null(f);
+    static char json[1 << 16];
+    size_t n = fread(json, 1, sizeof json, f);
+    fclose(f);
+    static const struct {
+        const char *config;
+        int32_t last; /* the id after "hi" (104, 105), or -1: none */
+    } C[] = {{"{\"add_bos_token\": false, \"bos_token\": null, \"eos_token\": \"<|im_end|>\", \"pad_token\": \"<|endoftext|>\"}", 261},
+             {"{\"add_bos_token\": false, \"add_eos_token\": false}", -1},
+             {"{\"add_eos_token\": true, \"eos_token\": \"x\"}", 120},
+             {NULL, 261}};
+    for (size_t i = 0; i < sizeof C / sizeof *C; i++) {
+        osp_tokenizer *t;
+        assert_int_equal(osp_tokenizer_load_json(json, n, C[i].config, C[i].config ? strlen(C[i].config) : 0, "embed",
+                                                 &t), OSP_OK);
+        int32_t ids[8];
+        size_t k;
+        assert_int_equal(osp_tokenizer_encode(t, "hi", 2, 1, ids, 8, &k), OSP_OK);
+        assert_int_equal(k, C[i].last < 0 ? 2 : 3);
+        assert_int_equal(ids[0], 104);
+        if (C[i].last >= 0) assert_int_equal(ids[2], C[i].last);
+        osp_tokenizer_free(t);
+    }
+}
+
 static void test_base64(void **state) {
     (void)state;
     static const struct {
@@ -432,6 +463,7 @@ static void test_transformers_golden(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool_finish), cmocka_unit_test(test_dims),        cmocka_unit_test(test_base64),
+        cmocka_unit_test(test_post_processor_kept),
         cmocka_unit_test(test_no_head),     cmocka_unit_test(test_hidden_is_reference),
         cmocka_unit_test(test_embed_run),   cmocka_unit_test(test_st_files),    cmocka_unit_test(test_transformers_golden),
     };

@@ -30,10 +30,11 @@
  *
  * tokenizer_config.json (optional, next to tokenizer.json): bos_token,
  * eos_token, pad_token, unk_token (a string or an AddedToken object),
- * clean_up_tokenization_spaces, and add_bos_token / add_eos_token. When the
- * config states add_bos_token or add_eos_token, the post-processor becomes
- * [bos if add_bos] $A [eos if add_eos], as transformers' Llama and Gemma
- * tokenizers rebuild it; otherwise the file's post-processor is used.
+ * clean_up_tokenization_spaces, and add_bos_token / add_eos_token. The side
+ * the config states becomes [bos if add_bos] $A [eos if add_eos], as
+ * transformers' Llama and Gemma tokenizers rebuild it; a side it does not
+ * state keeps the file's post-processor (Qwen3-Embedding: add_bos_token
+ * false, and the file's <|endoftext|> after the text).
  *
  * Ids are int32 in [0, vocab_size). Text is UTF-8; encode refuses invalid
  * UTF-8 input (OSP_ERR_INVALID); decode output is always valid UTF-8.

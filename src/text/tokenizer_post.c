@@ -135,15 +135,17 @@ osp_status tk_config_parse(osp_tokenizer *t, const char *cfg_text, size_t n) {
     if ((id = config_token(t, cfg, "unk_token")) >= 0) t->info.unk_id = id;
     t->info.clean_up_tokenization_spaces = jbool(cfg, "clean_up_tokenization_spaces", 0);
     json_t *ab = json_object_get(cfg, "add_bos_token"), *ae = json_object_get(cfg, "add_eos_token");
-    if (json_is_boolean(ab) || json_is_boolean(ae)) {
-        /* transformers' update_post_processor: [bos] $A [eos] */
-        int add_bos = json_is_boolean(ab) ? json_is_true(ab)
-                                          : (t->n_prefix == 1 && t->pp_prefix[0] == t->info.bos_id);
-        int add_eos = json_is_boolean(ae) ? json_is_true(ae)
-                                          : (t->n_suffix == 1 && t->pp_suffix[0] == t->info.eos_id);
-        t->n_prefix = t->n_suffix = 0;
-        if (add_bos && t->info.bos_id >= 0) OSP_TRY(ids_append(t, &t->pp_prefix, &t->n_prefix, &t->info.bos_id, 1));
-        if (add_eos && t->info.eos_id >= 0) OSP_TRY(ids_append(t, &t->pp_suffix, &t->n_suffix, &t->info.eos_id, 1));
+    /* transformers' update_post_processor ([bos] $A [eos]) on the side the config states; a side it does not
+     * state keeps the file's post-processor: Qwen3-Embedding states add_bos_token false, and its post-processor
+     * appends <|endoftext|> (not its eos_token), without which its embeddings are wrong (transformers 4's Qwen2
+     * tokenizer keeps it; 5's rebuild of both sides drops it) */
+    if (json_is_boolean(ab)) {
+        t->n_prefix = 0;
+        if (json_is_true(ab) && t->info.bos_id >= 0) OSP_TRY(ids_append(t, &t->pp_prefix, &t->n_prefix, &t->info.bos_id, 1));
+    }
+    if (json_is_boolean(ae)) {
+        t->n_suffix = 0;
+        if (json_is_true(ae) && t->info.eos_id >= 0) OSP_TRY(ids_append(t, &t->pp_suffix, &t->n_suffix, &t->info.eos_id, 1));
     }
     json_decref(cfg);
 done:

@@ -1,7 +1,7 @@
 #!/bin/sh
 # osprey convert from the command line: a 4-bit, group-32 copy of a golden
 # with mlx_lm's file layout that osprey loads and runs; the bundled model's
-# copy keeps its tokenizer and template, so it chats.
+# copy keeps its tokenizer and template, so it chats; a bare embedder (no lm_head) converts and embeds.
 set -eu
 OSPREY=$1
 T=$(mktemp -d)
@@ -24,4 +24,7 @@ test -s "$T/gen"
 # a dtype conversion of the copy back: codes kept, scales in f32
 "$OSPREY" convert "$T/q4" "$T/q4f32" --dtype f32 >/dev/null
 "$OSPREY" inspect "$T/q4f32" | grep -q "scales F32"
+# a bare embedder (no model. prefix, no lm_head): an 8-bit copy that embeds
+"$OSPREY" convert data/embed/qwen3-embedding-tiny "$T/emb8" -q --q-bits 8 --q-group-size 32 >/dev/null
+"$OSPREY" embed --model "$T/emb8" --input "the cat" | grep -q '"index": 0, "embedding": \['
 echo "convert_cli: ok"

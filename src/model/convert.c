@@ -101,16 +101,19 @@ static osp_status mod_visit(void *ctx, const osp_tdesc *d) {
     return OSP_OK;
 }
 
-/* The text model's name prefix, found as the loader finds it. */
+/* The text model's name prefix, found as the loader finds it (a bare embedder's none: no head either). */
 static osp_status plan_modules(cv_plan *p, const osp_config *c) {
-    static const char *prefixes[] = {"model.", "model.language_model.", "language_model.model."};
-    static const char *heads[] = {"lm_head", "lm_head", "language_model.lm_head"};
-    for (int i = 0; i < 3; i++) {
+    static const char *prefixes[] = {"model.", "model.language_model.", "language_model.model.", ""};
+    static const char *heads[] = {"lm_head", "lm_head", "language_model.lm_head", "lm_head"};
+    for (int i = 0; i < 4; i++) {
         char n[128];
         snprintf(n, sizeof n, "%sembed_tokens.weight", prefixes[i]);
         if (!osp_st_find(p->st, n)) continue;
+        osp_config cc = *c; /* as the loader decides it (loader.c's bind_all) */
+        snprintf(n, sizeof n, "%s.weight", heads[i]);
+        cc.no_head = !*prefixes[i] || (!c->tie_embeddings && !osp_st_find(p->st, n));
         osp_tnames names = {prefixes[i], heads[i]};
-        return c->arch->layout(c, NULL, &names, mod_visit, p);
+        return c->arch->layout(&cc, NULL, &names, mod_visit, p);
     }
     return osp_err(OSP_ERR_FORMAT, "no tensor 'model.embed_tokens.weight' in the input: not a checkpoint of a "
                                    "language model osprey runs");

@@ -130,11 +130,12 @@ int srv_embed_respond(srv *s, srv_req *c, const json_t *body) {
     json_t *v;
     json_object_foreach((json_t *)body, key, v) {
         if (!strcmp(key, "input") || !strcmp(key, "encoding_format") || !strcmp(key, "dimensions")) continue;
+        char m[300];
         if (!strcmp(key, "model") || !strcmp(key, "user")) {
-            if (!json_is_string(v) && !json_is_null(v)) return bad(s, c, key, "must be a string");
+            snprintf(m, sizeof m, "%s must be a string", key);
+            if (!json_is_string(v) && !json_is_null(v)) return bad(s, c, key, m);
             continue;
         }
-        char m[300];
         snprintf(m, sizeof m, "unknown field '%.200s'", key);
         return bad(s, c, key, m);
     }

@@ -28,6 +28,7 @@ int osp_cmd_inspect(int argc, char **argv) {
     printf("weight bytes:     %lld (%.2f GiB); streamed per decode step %lld\n", (long long)in->weight_bytes,
            in->weight_bytes / 1073741824.0, (long long)in->decode_bytes);
     printf("kv bytes/token:   %lld (f32, full-attention layers)\n", (long long)in->kv_bytes_per_token);
+    if (!in->has_head) printf("head:             none: an embedding model (osprey embed, serve --embedding-model)\n");
     if (in->n_sliding_layers)
         printf("kv sliding:       %lld bytes per sequence, fixed (f32, window %d)\n", (long long)in->kv_bytes_sliding,
                in->sliding_window);

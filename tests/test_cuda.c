@@ -578,11 +578,11 @@ static void test_embed_prev(void **state) {
     free(id), free(x), free(lg);
 }
 
-/* Head norms fused into the RoPE that follows them (cuda.c holds an in-place
- * norm, and k's after q's RoPE): bitwise the separate launches (a session
- * made with OSP_CUDA_FUSE=0), in the orders the models issue them (Gemma 4,
- * Qwen 3 now, Qwen 3 before, Llama), with weights, add_one, a weightless
- * norm and partial RoPE. */
+/* rope_qk: q's and k's head norms fused into their RoPE launch, bitwise the
+ * plain operations (a session made with OSP_CUDA_FUSE=0: backend/fused.c's
+ * sequence), as the models call it (Gemma 4 with v's weightless norm after,
+ * a KV-sharing layer's q alone, Qwen 3, Llama), with weights, add_one and
+ * partial RoPE. */
 static void test_norm_rope(void **state) {
     (void)state;
     enum { B = 3, T = 5, HQ = 4, HK = 2, DH = 64, NQ = B * T * HQ * DH, NK = B * T * HK * DH };
@@ -603,25 +603,20 @@ static void test_norm_rope(void **state) {
             for (int it = 0; it < 2; it++) { /* twice: nothing held leaks from one chunk into the next */
                 osp_dbuf *dq = upload(q, NQ), *dk = upload(k, NK), *dv = upload(v, NK);
                 be->begin_chunk(s, B, T);
+                osp_rope_qk_args r = {.q = dq, .k = dk, .q_heads = HQ, .k_heads = HK, .B = B, .T = T, .D = DH,
+                                      .inv_freq = di, .pos = pos, .q_norm = dwq, .k_norm = dwk, .eps = 1e-6f};
                 if (order == 0) { /* Gemma 4 */
-                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 0);
-                    be->rope(s, dq, B, T, HQ, DH, di, pos);
-                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 1);
-                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                    osp_be_rope_qk(be, s, &r);
                     be->rmsnorm(s, dv, dv, NULL, (int64_t)B * T * HK, DH, 1e-6f, 0);
-                } else if (order == 1) { /* a norm of k held, then a RoPE of another tensor */
-                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 0);
-                    be->rope(s, dq, B, T, HQ, DH, di, pos);
-                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
-                    be->rope(s, dv, B, T, HK, DH, di, pos);
-                } else if (order == 2) { /* both norms, then both RoPEs */
-                    be->rmsnorm(s, dq, dq, dwq, (int64_t)B * T * HQ, DH, 1e-6f, 1);
-                    be->rmsnorm(s, dk, dk, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
-                    be->rope(s, dq, B, T, HQ, DH, di, pos);
-                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                } else if (order == 1) { /* q alone (a layer reading another's K/V) */
+                    r.k = NULL, r.k_norm = NULL, r.add_one = 1;
+                    osp_be_rope_qk(be, s, &r);
+                } else if (order == 2) { /* both norms, 1 + w */
+                    r.add_one = 1;
+                    osp_be_rope_qk(be, s, &r);
                 } else { /* no norms; a norm of v last */
-                    be->rope(s, dq, B, T, HQ, DH, di, pos);
-                    be->rope(s, dk, B, T, HK, DH, di, pos);
+                    r.q_norm = r.k_norm = NULL;
+                    osp_be_rope_qk(be, s, &r);
                     be->rmsnorm(s, dv, dv, dwk, (int64_t)B * T * HK, DH, 1e-6f, 0);
                 }
                 if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
@@ -786,9 +781,9 @@ static osp_be_session *fuse_session(int fuse) {
     return s;
 }
 
-/* Gate and up, then act_mul of their outputs (the MLP): by default one launch for a few tokens
+/* gate_up_act (the MLP's gate and up with their activation): by default one launch for a few tokens
  * (osp_cu_matmul_tc_pair: a tile's rows are 8 gate rows and the same 8 up rows, y = act(gate) * up written
- * once), the same numbers as the two weights' launch and act_mul; gate's and up's outputs are then never
+ * once), the same numbers as the two weights' launch and act_mul; up's output (the scratch u) is then never
  * written. Where that launch would split the columns (few rows), the pair is not taken: the same launches as
  * without. bf16, 4-bit and 8-bit weights, both activations, 1 to 8 tokens. */
 static void test_fuse_pair(void **state) {
@@ -824,13 +819,10 @@ static void test_fuse_pair(void **state) {
                         osp_dbuf *dx = upload(x, n * C), *dg = upload(nan, n * R), *du = upload(nan, n * R),
                                  *dy = be->alloc((size_t)(n * R));
                         assert_non_null(dy);
-                        const osp_weight *ws[] = {&hg.w, &hu.w};
-                        osp_dbuf *ys[] = {dg, du};
                         be->begin_chunk(s, (int32_t)n, 1);
-                        be->matmul(s, ws, 2, dx, n, ys);
-                        be->act_mul(s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, dy, dg, du, n, R, R);
+                        osp_be_gate_up_act(be, s, act ? OSP_ACT_GELU_TANH : OSP_ACT_SILU, &hg.w, &hu.w, dx, n, dy, du);
                         if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
-                        be->read(y[f], dy, n * R), be->read(go[f], dg, n * R);
+                        be->read(y[f], dy, n * R), be->read(go[f], du, n * R);
                         be->free(dx), be->free(dg), be->free(du), be->free(dy);
                     }
                     if (memcmp(y[0], y[1], sizeof(float) * (size_t)(n * R)))
@@ -838,7 +830,7 @@ static void test_fuse_pair(void **state) {
                                  (long long)R, act, (long long)n);
                     for (int64_t i = 0; i < n * R; i++)
                         if (isnan(go[0][i]) || isnan(go[1][i]) != paired)
-                            fail_msg("%s, %lld rows, %lld tokens: gate's output %s", K->name, (long long)R,
+                            fail_msg("%s, %lld rows, %lld tokens: up's output %s", K->name, (long long)R,
                                      (long long)n, isnan(go[0][i]) ? "unwritten without the pair" :
                                      paired ? "written (the pair did not run)" : "unwritten (the pair ran)");
                 }
@@ -908,14 +900,14 @@ static void test_fuse_attention(void **state) {
                     assert_non_null(dout), assert_non_null(dsc);
                     be->set_exact_tokens(s, T > 1);
                     be->begin_chunk(s, FB, T);
-                    be->rope(s, dq, FB, T, FHQ, FD, di, pos);
-                    be->rope(s, dk, FB, T, FHK, FD, di, pos);
                     osp_attn_args a = {.kv = kv[f], .layer = li, .rows = rows, .nb = FB, .T = T, .n_heads = FHQ,
                                        .n_kv_heads = FHK, .head_dim = FD, .scale = 0.125f, .window = li ? 100 : 0,
                                        .q = dq, .k = dk, .v = dv, .out = dout, .scores = dsc, .score_stride = stride,
                                        .chunk_stored = T > 1};
-                    be->kv_write(s, kv[f], li, rows, FB, dk, dv, T); /* the model's order for these chunks */
-                    be->attention(s, &a);
+                    osp_rope_qk_args r = {.q = dq, .k = dk, .q_heads = FHQ, .k_heads = FHK, .B = FB, .T = T,
+                                          .D = FD, .inv_freq = di, .pos = pos, .kv = kv[f], .layer = li,
+                                          .rows = rows, .v = dv, .attn = &a};
+                    osp_be_rope_qk(be, s, &r); /* the model's call for these chunks */
                     if (be->status(s) != OSP_OK) fail_msg("%s", osp_last_error());
                     be->read(out[f], dout, nq);
                     be->free(dq), be->free(dk), be->free(dv), be->free(dout), be->free(dsc);

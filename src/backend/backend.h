@@ -83,11 +83,33 @@ typedef struct osp_head_args {
     float eps, softcap;          /* softcap 0 = none */
     int add_one;
     float *logits;
+    const osp_dbuf *res;         /* [B*T, hidden] added to x first (x += res: the last layer's residual add, the
+                                    head's norm then the add_rmsnorm's), or NULL */
     int32_t *ids;                /* [B] host, or NULL: no ids out */
     const uint8_t *need;         /* [B] host, with ids: the rows whose logits are wanted too */
     int defer_ids;               /* the ids may come later (ids_wait) */
     osp_dbuf *xn, *hlast;        /* scratch [B*T, hidden], [B, hidden] */
 } osp_head_args;
+
+/* The head norms and RoPE of a layer's q and k (the fused entry rope_qk): q = rope(rmsnorm(q) * w) per head
+ * vector, then k the same (a norm skipped where its weight is NULL), both at the same positions; then, with kv,
+ * the chunk's K and V stored as kv_write(kv, layer, rows, B, k, v, T) does; then, with attn, attention(attn) (its
+ * q, k, v these). */
+typedef struct osp_rope_qk_args {
+    osp_dbuf *q, *k;             /* [B*T, heads, D], in place; k NULL: q alone (a layer reading another's K/V) */
+    int64_t q_heads, k_heads;
+    int32_t B, T, D;
+    const osp_dbuf *inv_freq;
+    const int32_t *pos;          /* [B] host: row b's token t at pos[b] + t */
+    osp_vec q_norm, k_norm;      /* head norms' weights (rmsnorm's w, with add_one), or NULL: no norm */
+    float eps;
+    int add_one;
+    struct osp_kv *kv;           /* then the store, or NULL */
+    int32_t layer;
+    const int32_t *rows;         /* [B] KV rows (host) */
+    const osp_dbuf *v;
+    const struct osp_attn_args *attn; /* then the attention, or NULL */
+} osp_rope_qk_args;
 
 /* Routed experts (Gemma 4): router on the residual (weightless RMSNorm,
  * * router_scale * scale, proj, softmax, top-k with ties to the lower index,
@@ -224,9 +246,7 @@ typedef struct osp_backend {
     void (*add_bias)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d); /* rows += b */
     void (*scale)(osp_be_session *s, osp_dbuf *y, float a, int64_t n);                         /* y *= a */
     void (*copy)(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n);
-    /* y[i, j] = act(g[i, j]) * u[i * ld_u + j], n rows of d (g and y: ld d). When the next call is a
-     * matmul of y alone, a backend may take the activation in that matmul's input and leave y unwritten:
-     * callers read y only through that matmul. */
+    /* y[i, j] = act(g[i, j]) * u[i * ld_u + j], n rows of d (g and y: ld d) */
     void (*act_mul)(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u);
     /* RoPE (rotate-half) on x [B*T, heads, D]: row b's token t at position pos[b] + t (host) */
@@ -249,6 +269,24 @@ typedef struct osp_backend {
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T);
     void (*head)(osp_be_session *s, const osp_head_args *a);
     void (*moe)(osp_be_session *s, const osp_moe_args *a);
+
+    /* ---- fused operations ----
+     * Sequences of the operations above that a model issues together, as one entry a backend may run as fewer
+     * launches. Each is optional: NULL, the caller gets the sequence of plain operations (the osp_be_* wrappers
+     * below and their defaults in backend/fused.c), and a backend that fills one must give the numbers of that
+     * sequence bitwise. Nothing else is fused: every plain operation does all it says when it is called, whatever
+     * comes next. */
+    /* x += t (n·d values), then y = rmsnorm(x) as rmsnorm (y may be x): a residual add and the norm that reads
+     * the sum */
+    void (*add_rmsnorm)(osp_be_session *s, osp_dbuf *y, osp_dbuf *x, const osp_dbuf *t, const osp_dbuf *w,
+                        int64_t n, int64_t d, float eps, int add_one);
+    /* osp_rope_qk_args: q's and k's head norms and RoPE, then the K/V store, then the attention */
+    void (*rope_qk)(osp_be_session *s, const osp_rope_qk_args *a);
+    /* y = act(x · gateᵀ) * (x · upᵀ), n rows of gate->rows (gate and up of the same shape, no biases): the
+     * matmul of both weights into y and u, then act_mul(act, y, y, u). u is scratch [n, up->rows] and may be
+     * left unwritten. */
+    void (*gate_up_act)(osp_be_session *s, osp_act act, const osp_weight *gate, const osp_weight *up,
+                        const osp_dbuf *x, int64_t n, osp_dbuf *y, osp_dbuf *u);
 
     /* ---- encoder-decoder operations (model/whisper.c) ---- */
     /* serial: operations on the calling thread only (the CPU's pool has
@@ -300,6 +338,32 @@ typedef struct osp_backend {
      * itself (the CPU: bench runs a triad on its threads). */
     double (*bw_trial)(int release);
 } osp_backend;
+
+/* The fused operations' sequences of plain operations (backend/fused.c): what a backend without the entry
+ * gets, and what one with it may fall back to. */
+void osp_fused_add_rmsnorm(const osp_backend *be, osp_be_session *s, osp_dbuf *y, osp_dbuf *x, const osp_dbuf *t,
+                           const osp_dbuf *w, int64_t n, int64_t d, float eps, int add_one);
+void osp_fused_rope_qk(const osp_backend *be, osp_be_session *s, const osp_rope_qk_args *a);
+void osp_fused_gate_up_act(const osp_backend *be, osp_be_session *s, osp_act act, const osp_weight *gate,
+                           const osp_weight *up, const osp_dbuf *x, int64_t n, osp_dbuf *y, osp_dbuf *u);
+
+/* The fused operations as the models call them: the backend's entry, or its default. */
+static inline void osp_be_add_rmsnorm(const osp_backend *be, osp_be_session *s, osp_dbuf *y, osp_dbuf *x,
+                                      const osp_dbuf *t, const osp_dbuf *w, int64_t n, int64_t d, float eps,
+                                      int add_one) {
+    if (be->add_rmsnorm) be->add_rmsnorm(s, y, x, t, w, n, d, eps, add_one);
+    else osp_fused_add_rmsnorm(be, s, y, x, t, w, n, d, eps, add_one);
+}
+static inline void osp_be_rope_qk(const osp_backend *be, osp_be_session *s, const osp_rope_qk_args *a) {
+    if (be->rope_qk) be->rope_qk(s, a);
+    else osp_fused_rope_qk(be, s, a);
+}
+static inline void osp_be_gate_up_act(const osp_backend *be, osp_be_session *s, osp_act act,
+                                      const osp_weight *gate, const osp_weight *up, const osp_dbuf *x, int64_t n,
+                                      osp_dbuf *y, osp_dbuf *u) {
+    if (be->gate_up_act) be->gate_up_act(s, act, gate, up, x, n, y, u);
+    else osp_fused_gate_up_act(be, s, act, gate, up, x, n, y, u);
+}
 
 /* The CPU backend (backend/cpu/): today's kernels, threads and int8 path. */
 const osp_backend *osp_backend_cpu(void);

@@ -236,7 +236,9 @@ static void ple_inputs(osp_session *s, const int32_t *ids, int64_t N) {
     be->scale(bs, g->ple, r2, N * NP);
 }
 
-static void layer(osp_session *s, int li, int32_t B, int32_t T) {
+/* res: what the previous layer left to add into x (its output, added with this layer's first norm), or NULL.
+ * Returns what this layer leaves so (sc->tmp), or NULL when its x is complete. */
+static const osp_dbuf *layer(osp_session *s, int li, int32_t B, int32_t T, const osp_dbuf *res) {
     g4_scratch *g = s->sc.extra;
     const osp_model *m = s->m;
     const osp_backend *be = s->be;
@@ -249,7 +251,8 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     int32_t donor = c->layer_kv_donor[li];
 
     /* attention */
-    be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
+    if (res) osp_be_add_rmsnorm(be, bs, sc->xn, sc->x, res, L->attn_norm, N, H, c->eps, 0);
+    else be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, 0);
     osp_dbuf *kd = donor < 0 && g->donor_k[li] ? g->donor_k[li] : sc->k;
     osp_dbuf *vd = donor < 0 && g->donor_v[li] ? g->donor_v[li] : sc->v;
     {
@@ -259,13 +262,12 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
         be->matmul(bs, ws, donor >= 0 ? 1 : L->wv.data ? 3 : 2, sc->xn, N, ys);
     }
     if (donor < 0 && !L->wv.data) be->copy(bs, vd, kd, N * Hkv * D); /* K = V: raw k_proj output */
-    /* each tensor's norm right before its RoPE: a backend may fuse the pair (and q's with k's) */
-    be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, 0);
-    be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
+    osp_rope_qk_args r = {.q = sc->q, .k = donor < 0 ? kd : NULL, .q_heads = Hq, .k_heads = Hkv, .B = B, .T = T,
+                          .D = (int32_t)D, .inv_freq = inv, .pos = sc->bpos, .q_norm = L->q_norm,
+                          .k_norm = donor < 0 ? L->k_norm : NULL, .eps = c->eps};
+    osp_be_rope_qk(be, bs, &r);
     const osp_dbuf *k, *v;
     if (donor < 0) {
-        be->rmsnorm(bs, kd, kd, L->k_norm, N * Hkv, D, c->eps, 0);
-        be->rope(bs, kd, B, T, Hkv, (int32_t)D, inv, sc->bpos);
         be->rmsnorm(bs, vd, vd, NULL, N * Hkv, D, c->eps, 0);
         k = kd;
         v = vd;
@@ -287,17 +289,10 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
     }
     be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
     be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, 0);
-    be->add(bs, sc->x, sc->tmp, N * H);
 
     /* MLP (+ experts) */
-    int64_t I = L->intermediate;
-    be->rmsnorm(bs, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, 0);
-    {
-        const osp_weight *ws[] = {&L->wg, &L->wu};
-        osp_dbuf *ys[] = {sc->g, sc->u};
-        be->matmul(bs, ws, 2, sc->xn, N, ys);
-    }
-    be->act_mul(bs, OSP_ACT_GELU_TANH, sc->g, sc->g, sc->u, N, I, I);
+    osp_be_add_rmsnorm(be, bs, sc->xn, sc->x, sc->tmp, L->mlp_norm, N, H, c->eps, 0);
+    osp_be_gate_up_act(be, bs, OSP_ACT_GELU_TANH, &L->wg, &L->wu, sc->xn, N, sc->g, sc->u);
     be->matmul(bs, &(const osp_weight *){&L->wd}, 1, sc->g, N, &sc->tmp);
     if (c->moe) {
         be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm1, N, H, c->eps, 0);
@@ -313,21 +308,24 @@ static void layer(osp_session *s, int li, int32_t B, int32_t T) {
                            .top_idx = g->top_idx, .rows = g->moe_rows, .top_w = g->top_w, .row_w = g->moe_w};
         be->moe(bs, &ma);
         be->rmsnorm(bs, e, e, L->post_mlp_norm2, N, H, c->eps, 0);
-        be->add(bs, sc->tmp, e, N * H);
+        osp_be_add_rmsnorm(be, bs, sc->tmp, sc->tmp, e, L->post_mlp_norm, N, H, c->eps, 0);
+    } else {
+        be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, 0);
     }
-    be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, 0);
-    be->add(bs, sc->x, sc->tmp, N * H);
 
     /* per-layer input */
     if (c->ple_dim) {
+        be->add(bs, sc->x, sc->tmp, N * H);
         int64_t P = c->ple_dim, NP = (int64_t)c->n_layers * P;
         be->matmul(bs, &(const osp_weight *){&L->w_ple_gate}, 1, sc->x, N, &g->ple_tmp);
         be->act_mul(bs, OSP_ACT_GELU_TANH, g->ple_tmp, g->ple_tmp, osp_dbuf_at(g->ple, li * P), N, P, NP);
         be->matmul(bs, &(const osp_weight *){&L->w_ple_proj}, 1, g->ple_tmp, N, &sc->tmp);
         be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_ple_norm, N, H, c->eps, 0);
-        be->add(bs, sc->x, sc->tmp, N * H);
     }
-    if (L->layer_scalar != 1.0f) be->scale(bs, sc->x, L->layer_scalar, N * H);
+    if (L->layer_scalar == 1.0f) return sc->tmp; /* x += tmp with the next norm */
+    be->add(bs, sc->x, sc->tmp, N * H);
+    be->scale(bs, sc->x, L->layer_scalar, N * H);
+    return NULL;
 }
 
 static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
@@ -340,14 +338,16 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     int64_t N = (int64_t)B * T;
     s->be->embed(s->bs, &m->embed, m->embed_scale, ids, N, sc->x);
     if (c->ple_dim) ple_inputs(s, ids, N);
-    for (int li = 0; li < c->n_layers; li++) layer(s, li, B, T);
+    const osp_dbuf *res = NULL;
+    for (int li = 0; li < c->n_layers; li++) res = layer(s, li, B, T, res);
+    if (res && !logits) s->be->add(s->bs, sc->x, res, N * c->hidden); /* else with the head's norm */
     for (int li = 0; li < c->n_layers && !s->exact; li++)
         if (g->donor_k[li]) s->be->kv_write(s->bs, s->kv, li, s->rows, B, g->donor_k[li], g->donor_v[li], T);
     for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) {
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
                            .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
-                           .eps = c->eps, .softcap = c->final_softcap, .add_one = 0, .logits = logits,
+                           .eps = c->eps, .softcap = c->final_softcap, .add_one = 0, .logits = logits, .res = res,
                            .ids = s->head_ids, .need = s->head_need, .defer_ids = s->head_defer, .xn = sc->xn,
                            .hlast = sc->hlast};
         s->be->head(s->bs, &h);

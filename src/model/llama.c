@@ -92,7 +92,9 @@ static osp_status layout(const osp_config *c, osp_model *m, const osp_tnames *nm
 
 /* ---- forward ---- */
 
-static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
+/* res: the previous layer's output, added into x with the norm that reads the sum, or NULL (the first layer).
+ * Leaves the block's output in sc->tmp, for the next norm to add (res). */
+static void attention_block(osp_session *s, int li, int32_t B, int32_t T, const osp_dbuf *res) {
     const osp_model *m = s->m;
     const osp_backend *be = s->be;
     osp_be_session *bs = s->bs;
@@ -103,7 +105,8 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     int64_t N = (int64_t)B * T, H = c->hidden, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads;
     osp_vec inv = c->layer_sliding[li] ? m->inv_freq_sliding : m->inv_freq_full;
 
-    be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
+    if (res) osp_be_add_rmsnorm(be, bs, sc->xn, sc->x, res, L->attn_norm, N, H, c->eps, c->norm_add_one);
+    else be->rmsnorm(bs, sc->xn, sc->x, L->attn_norm, N, H, c->eps, c->norm_add_one);
     {
         const osp_weight *ws[] = {&L->wq, &L->wk, &L->wv};
         osp_dbuf *ys[] = {sc->q, sc->k, sc->v};
@@ -112,23 +115,22 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     be->add_bias(bs, sc->q, L->bq, N, Hq * D);
     be->add_bias(bs, sc->k, L->bk, N, Hkv * D);
     be->add_bias(bs, sc->v, L->bv, N, Hkv * D);
-    /* each tensor's norm right before its RoPE: a backend may fuse the pair (and q's with k's) */
-    if (L->q_norm) be->rmsnorm(bs, sc->q, sc->q, L->q_norm, N * Hq, D, c->eps, c->norm_add_one);
-    be->rope(bs, sc->q, B, T, Hq, (int32_t)D, inv, sc->bpos);
-    if (L->k_norm) be->rmsnorm(bs, sc->k, sc->k, L->k_norm, N * Hkv, D, c->eps, c->norm_add_one);
-    be->rope(bs, sc->k, B, T, Hkv, (int32_t)D, inv, sc->bpos);
     osp_attn_args a = {.kv = s->kv, .layer = li, .rows = s->rows, .nb = B, .T = T, .n_heads = (int32_t)Hq,
                        .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D, .scale = c->attn_scale,
                        .softcap = c->attn_softcap, .window = KL->window, .q = sc->q, .k = sc->k, .v = sc->v,
                        .out = sc->att, .scores = sc->scores, .score_stride = (int64_t)s->kv->max_ctx + sc->max_tok,
                        .chunk_stored = s->exact};
+    osp_rope_qk_args r = {.q = sc->q, .k = sc->k, .q_heads = Hq, .k_heads = Hkv, .B = B, .T = T, .D = (int32_t)D,
+                          .inv_freq = inv, .pos = sc->bpos, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                          .eps = c->eps, .add_one = c->norm_add_one};
     /* exact tokens: each token sees the earlier ones as stored, as in decode steps. One token: storing it
      * first changes nothing its attention reads (its own K/V come from k/v; a ring slot it overwrites is
-     * out of its window), and a backend may store it in the launch that rotates k. */
+     * out of its window). */
     if (s->exact || T == 1) {
-        be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
-        be->attention(bs, &a);
+        r.kv = s->kv, r.layer = li, r.rows = s->rows, r.v = sc->v, r.attn = &a;
+        osp_be_rope_qk(be, bs, &r);
     } else {
+        osp_be_rope_qk(be, bs, &r);
         be->attention(bs, &a);
         be->kv_write(bs, s->kv, li, s->rows, B, sc->k, sc->v, T);
     }
@@ -136,9 +138,9 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T) {
     be->matmul(bs, &(const osp_weight *){&L->wo}, 1, sc->att, N, &sc->tmp);
     be->add_bias(bs, sc->tmp, L->bo, N, H);
     if (L->post_attn_norm) be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_attn_norm, N, H, c->eps, c->norm_add_one);
-    be->add(bs, sc->x, sc->tmp, N * H);
 }
 
+/* x += the attention block's output (sc->tmp) with the MLP's norm; leaves the MLP's output in sc->tmp */
 static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     const osp_model *m = s->m;
     const osp_backend *be = s->be;
@@ -148,19 +150,20 @@ static void mlp_block(osp_session *s, int li, int32_t B, int32_t T) {
     osp_scratch *sc = &s->sc;
     int64_t N = (int64_t)B * T, H = c->hidden, I = c->intermediate;
 
-    be->rmsnorm(bs, sc->xn, sc->x, L->mlp_norm, N, H, c->eps, c->norm_add_one);
-    {
+    osp_be_add_rmsnorm(be, bs, sc->xn, sc->x, sc->tmp, L->mlp_norm, N, H, c->eps, c->norm_add_one);
+    if (L->bg || L->bu) { /* biases between the products and the activation */
         const osp_weight *ws[] = {&L->wg, &L->wu};
         osp_dbuf *ys[] = {sc->g, sc->u};
         be->matmul(bs, ws, 2, sc->xn, N, ys);
+        be->add_bias(bs, sc->g, L->bg, N, I);
+        be->add_bias(bs, sc->u, L->bu, N, I);
+        be->act_mul(bs, c->act, sc->g, sc->g, sc->u, N, I, I);
+    } else {
+        osp_be_gate_up_act(be, bs, c->act, &L->wg, &L->wu, sc->xn, N, sc->g, sc->u);
     }
-    be->add_bias(bs, sc->g, L->bg, N, I);
-    be->add_bias(bs, sc->u, L->bu, N, I);
-    be->act_mul(bs, c->act, sc->g, sc->g, sc->u, N, I, I);
     be->matmul(bs, &(const osp_weight *){&L->wd}, 1, sc->g, N, &sc->tmp);
     be->add_bias(bs, sc->tmp, L->bd, N, H);
     if (L->post_mlp_norm) be->rmsnorm(bs, sc->tmp, sc->tmp, L->post_mlp_norm, N, H, c->eps, c->norm_add_one);
-    be->add(bs, sc->x, sc->tmp, N * H);
 }
 
 static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, int all_logits, float *logits,
@@ -172,15 +175,18 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     if (ids) s->be->embed(s->bs, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
     else s->be->embed_prev(s->bs, osp_model_embed_rows(m), m->embed_scale, (int64_t)B * T, sc->x);
     for (int li = 0; li < c->n_layers; li++) {
-        attention_block(s, li, B, T);
+        attention_block(s, li, B, T, li ? sc->tmp : NULL);
         mlp_block(s, li, B, T);
     }
+    /* the last layer's output: added with the head's norm, or here for an intermediate chunk */
+    const osp_dbuf *res = c->n_layers ? sc->tmp : NULL;
+    if (res && !logits) s->be->add(s->bs, sc->x, res, (int64_t)B * T * c->hidden);
     for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
     if (logits) { /* NULL: an intermediate prefill chunk */
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
                            .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
                            .eps = c->eps, .softcap = c->final_softcap, .add_one = c->norm_add_one,
-                           .logits = logits, .ids = s->head_ids, .need = s->head_need,
+                           .logits = logits, .res = res, .ids = s->head_ids, .need = s->head_need,
                            .defer_ids = s->head_defer, .xn = sc->xn, .hlast = sc->hlast};
         s->be->head(s->bs, &h);
     } else if (s->hidden) {

@@ -170,6 +170,7 @@ static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_
 static void head(osp_be_session *s, const osp_head_args *a) {
     const osp_ops *ops = s->ops;
     int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab;
+    if (a->res) add(s, (osp_dbuf *)a->x, a->res, N * H);
     if (a->all_logits) {
         rmsnorm(s, a->xn, a->x, a->norm, N, H, a->eps, a->add_one);
         for (int32_t b = 0; b < a->B; b++) {

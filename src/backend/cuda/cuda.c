@@ -2,8 +2,9 @@
  * vectors, placed matmul weights and KV blocks live in device memory
  * (memory.c); every operation is a kernel (kernels.h; the .cu files) on the
  * session's stream (step.c: sessions, staged host data, CUDA graphs for
- * decode steps); the head and its ids are head.c's. Operations are held
- * back a call to be fused with the next (flush, the HELD_ kinds).
+ * decode steps); the head and its ids are head.c's. The fused entries of
+ * the table (add_rmsnorm, rope_qk, gate_up_act: backend.h) take fused
+ * launches; every other operation is submitted when it is called.
  *
  * Precisions: reference (f32 everywhere, the goldens' tier) and production
  * (set_fast): prefill chunks of one row with 16 or more tokens multiply on
@@ -28,8 +29,7 @@
 #define CD(p) ((const float *)(p))
 #define note osp_cu_note
 /* submit an operation: its argument struct is zeroed first (padding too: its bytes are the fingerprint) */
-/* what is held back goes first (flush): an operation always runs after those submitted before it */
-#define SUBMIT(s, fn, a) (flush(s), osp_cu_submit((s), (fn), &(a), sizeof(a)))
+#define SUBMIT(s, fn, a) osp_cu_submit((s), (fn), &(a), sizeof(a))
 #define ARGS(type, a) type a; memset(&a, 0, sizeof a)
 
 /* A step of few tokens (a decode step of up to 8 rows, a short verification chunk): its launches are short and
@@ -40,7 +40,7 @@ static int few(const osp_be_session *s) { return (int64_t)s->B * s->T <= FEW_TOK
 
 /* the FUSE_ parts on in this step (none under OSP_CUDA_FUSE=0) */
 static int fz(const osp_be_session *s) { return s->fuse && few(s) ? FUSE_FEW : 0; }
-static void flush(osp_be_session *s);
+static osp_backend CUDA;
 
 /* ---- operations ---- */
 
@@ -112,17 +112,6 @@ typedef struct act_args {
 /* weights sharing an input go in one operation, four at a time */
 static void matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                    osp_dbuf *const *ys) {
-    flush(s);
-    if (nw == 2 && (fz(s) & FUSE_PAIR) && s->fast && ws[0]->packed && ws[1]->packed &&
-        osp_cu_tc_pair_ok(ws[0]->packed, ws[1]->packed, n) && !use_gemm(s, n)) {
-        /* held: an activation of the two outputs next joins them (act_mul); anything else submits it as is */
-        ARGS(mm_args, a);
-        a.x = CD(x), a.n = n, a.nw = 2;
-        for (int i = 0; i < 2; i++) a.d[i] = ws[i]->packed, a.y[i] = D(ys[i]), a.ldy[i] = a.d[i]->rows;
-        memcpy(s->pend_args, &a, sizeof a);
-        s->pend = HELD_MM_PAIR;
-        return;
-    }
     for (int i0 = 0; i0 < nw; i0 += 4) {
         ARGS(mm_args, a);
         a.x = CD(x), a.n = n;
@@ -158,12 +147,11 @@ typedef struct rope_args {
     const float *w1, *w2;
     float eps1, eps2;
     int32_t norm1, norm2, add1, add2;
-    /* x2 (k) and v stored in the cache once rotated (a few-token step's FUSE_KV: kv_write joined the held RoPE), when
-     * kvrows */
+    /* x2 (k) and v stored in the cache once rotated (rope_qk in a few-token step: FUSE_KV), when kvrows */
     osp_cu_kvlayer L;
     const osp_cu_kvrow *kvrows;
     const float *v;
-    const void *kv; /* the store's cache and layer (held for an attention of that layer: HELD_ROPE_ATT) */
+    const void *kv; /* the store's cache and layer */
     int32_t layer;
 } rope_args;
 _Static_assert(sizeof(rope_args) <= OP_ARGS, "a RoPE's arguments fit an operation's");
@@ -181,39 +169,23 @@ static void norm_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_add_rmsnorm(s->st, a->y, a->x, a->t, a->w, a->n, a->d, a->eps, a->add_one), "rmsnorm");
 }
 
-static void flush(osp_be_session *s);
-
-static void norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
-                 int add_one) {
+/* y = rmsnorm(x) (t: x += t first, in the same launch) */
+static void norm(osp_be_session *s, float *y, const float *x, const float *t, const float *w, int64_t n, int64_t d,
+                 float eps, int add_one) {
     ARGS(norm_args, a);
-    a.y = y, a.x = (float *)x, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
-    if (s->pend == HELD_ADD) { /* x += t held back: fused when this norm reads that sum */
-        const float *const *held = (const float *const *)s->pend_args; /* ew_args: y, x, n */
-        int64_t hn;
-        memcpy(&hn, s->pend_args + 2 * sizeof(void *), sizeof hn);
-        if (held[0] == x && hn == n * d) {
-            a.t = held[1];
-            s->pend = 0;
-        }
-    }
-    if (!a.t && y == x && s->fuse) { /* in place: a RoPE of the same rows next may take it */
-        if (s->pend == HELD_ROPE && !s->pend_n2 && !((rope_args *)s->pend_args)->x2) { /* k's norm after q's RoPE */
-            memcpy(s->pend_n2_args, &a, sizeof a);
-            s->pend_n2 = 1;
-            return;
-        }
-        flush(s);
-        memcpy(s->pend_args, &a, sizeof a);
-        s->pend = HELD_NORM;
-        return;
-    }
-    flush(s);
+    a.y = y, a.x = (float *)x, a.t = t, a.w = w, a.n = n, a.d = d, a.eps = eps, a.add_one = add_one;
     SUBMIT(s, norm_exec, a);
 }
-
 static void rmsnorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, int64_t n, int64_t d,
                     float eps, int add_one) {
-    norm(s, D(y), CD(x), CD(w), n, d, eps, add_one);
+    norm(s, D(y), CD(x), NULL, CD(w), n, d, eps, add_one);
+}
+
+/* the residual add in the norm's launch (OSP_CUDA_FUSE=0: the two operations) */
+static void add_rmsnorm(osp_be_session *s, osp_dbuf *y, osp_dbuf *x, const osp_dbuf *t, const osp_dbuf *w, int64_t n,
+                        int64_t d, float eps, int add_one) {
+    if (!s->fuse) osp_fused_add_rmsnorm(&CUDA, s, y, x, t, w, n, d, eps, add_one);
+    else norm(s, D(y), CD(x), CD(t), CD(w), n, d, eps, add_one);
 }
 
 /* the element-wise operations: y op= x / b / a (ew_args above) */
@@ -230,20 +202,12 @@ static void ew_exec(osp_be_session *s, const void *p) {
 }
 
 static void ew(osp_be_session *s, int kind, float *y, const float *x, int64_t n, int64_t d, float f) {
-    flush(s);
     ARGS(ew_args, a);
     a.y = y, a.x = x, a.n = n, a.d = d, a.a = f, a.kind = kind;
     SUBMIT(s, ew_exec, a);
 }
 
-/* y += x is held back: the norm that usually follows reads y and fuses it */
-static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
-    ARGS(ew_args, a);
-    a.y = D(y), a.x = CD(x), a.n = n, a.kind = 0;
-    flush(s);
-    memcpy(s->pend_args, &a, sizeof a);
-    s->pend = HELD_ADD;
-}
+static void add(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) { ew(s, 0, D(y), CD(x), n, 0, 0); }
 
 static void add_bias(osp_be_session *s, osp_dbuf *y, const osp_dbuf *b, int64_t n, int64_t d) {
     if (b) ew(s, 1, D(y), CD(b), n, d, 0);
@@ -254,16 +218,12 @@ static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
 
 /* staged with the step (so a graph of it copies the new data up before it runs), then copied into place */
 static void upload(osp_be_session *s, osp_dbuf *dst, const float *host, int64_t n) {
-    flush(s);
     const float *d = osp_cu_stage(s, host, sizeof(float) * (size_t)n);
     if (!d) return;
     copy(s, dst, (const osp_dbuf *)d, n);
 }
 
-static void end_chunk(osp_be_session *s) {
-    flush(s);
-    osp_cu_step_end(s);
-}
+static void end_chunk(osp_be_session *s) { osp_cu_step_end(s); }
 
 static void act_exec(osp_be_session *s, const void *p) {
     const act_args *a = p;
@@ -285,21 +245,24 @@ static void pair_exec(osp_be_session *s, const void *p) {
 
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
-    if (s->pend == HELD_MM_PAIR) { /* y = act(g) * u of the held gate and up: one launch (their outputs unwritten) */
-        const mm_args *h = (const mm_args *)s->pend_args;
-        if (h->y[0] == CD(g) && h->y[1] == CD(u) && h->n == n && h->d[0]->rows == d && ld_u == d) {
-            ARGS(pair_args, a);
-            a.gw = h->d[0], a.uw = h->d[1], a.x = h->x, a.y = D(y), a.n = n, a.ldy = d;
-            a.act = act == OSP_ACT_SILU ? 0 : 1;
-            s->pend = 0;
-            SUBMIT(s, pair_exec, a);
-            return;
-        }
-    }
-    flush(s);
     ARGS(act_args, a);
     a.y = D(y), a.g = CD(g), a.u = CD(u), a.n = n, a.d = d, a.ld_u = ld_u, a.act = act == OSP_ACT_SILU ? 0 : 1;
     SUBMIT(s, act_exec, a);
+}
+
+/* y = act(gate) * up: in a few-token step one launch (osp_cu_matmul_tc_pair: gate's and up's outputs never
+ * written) where the two weights' launch would not split the columns; else the matmul and act_mul */
+static void gate_up_act(osp_be_session *s, osp_act act, const osp_weight *gate, const osp_weight *up,
+                        const osp_dbuf *x, int64_t n, osp_dbuf *y, osp_dbuf *u) {
+    const osp_cu_weight *gw = gate->packed, *uw = up->packed;
+    if ((fz(s) & FUSE_PAIR) && s->fast && gw && uw && osp_cu_tc_pair_ok(gw, uw, n) && !use_gemm(s, n)) {
+        ARGS(pair_args, a);
+        a.gw = gw, a.uw = uw, a.x = CD(x), a.y = D(y), a.n = n, a.ldy = gw->rows;
+        a.act = act == OSP_ACT_SILU ? 0 : 1;
+        SUBMIT(s, pair_exec, a);
+        return;
+    }
+    osp_fused_gate_up_act(&CUDA, s, act, gate, up, x, n, y, u);
 }
 
 static void rope_exec(osp_be_session *s, const void *p) {
@@ -315,63 +278,24 @@ static void rope_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_rope2(s->st, a->x, a->heads, a->x2, a->heads2, a->B, a->T, a->Dh, a->inv, a->pos), "rope");
 }
 
-/* a held norm of n rows of d, in place on x: the head norm of x [B*T, heads, Dh]? */
-static int norm_of(const norm_args *n, const float *x, int32_t B, int32_t T, int64_t heads, int32_t Dh) {
-    return n->y == x && n->x == x && !n->t && n->d == Dh && n->n == (int64_t)B * T * heads;
-}
-
-/* held back: a rope of the same positions next (k after q) joins it */
+/* RoPE alone (rope_qk: with the head norms, the other tensor and the store) */
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t Dh,
                  const osp_dbuf *inv, const int32_t *pos) {
-    if (s->pend == HELD_ROPE) {
-        rope_args *h = (rope_args *)s->pend_args;
-        const norm_args *n2 = (const norm_args *)s->pend_n2_args;
-        if (!h->x2 && h->B == B && h->T == T && h->Dh == Dh && h->inv == CD(inv) && s->pend_host == pos &&
-            (!s->pend_n2 || norm_of(n2, D(x), B, T, heads, Dh))) {
-            h->x2 = D(x), h->heads2 = heads;
-            if (s->pend_n2) h->w2 = n2->w, h->eps2 = n2->eps, h->norm2 = 1, h->add2 = n2->add_one;
-            s->pend_n2 = 0;
-            if (fz(s) & FUSE_KV) return; /* held still: the store of k (and v) next may join it (kv_write) */
-            s->pend = 0;
-            SUBMIT(s, rope_exec, *h);
-            return;
-        }
-    }
-    ARGS(norm_args, held);
-    int with_norm = s->pend == HELD_NORM && norm_of((const norm_args *)s->pend_args, D(x), B, T, heads, Dh);
-    if (with_norm) {
-        memcpy(&held, s->pend_args, sizeof held);
-        s->pend = 0;
-    }
-    flush(s);
     const int32_t *dpos = osp_cu_stage(s, pos, sizeof(int32_t) * (size_t)B);
     if (!dpos) return;
     ARGS(rope_args, a);
     a.x = D(x), a.inv = CD(inv), a.pos = dpos, a.heads = heads, a.B = B, a.T = T, a.Dh = Dh;
-    if (with_norm) a.w1 = held.w, a.eps1 = held.eps, a.norm1 = 1, a.add1 = held.add_one;
-    memcpy(s->pend_args, &a, sizeof a);
-    s->pend_host = pos;
-    s->pend = HELD_ROPE;
+    SUBMIT(s, rope_exec, a);
 }
 
-/* submit the held-back operations, in their order */
-static void flush(osp_be_session *s) {
-    int k = s->pend, n2 = s->pend_n2;
-    s->pend = 0, s->pend_n2 = 0;
-    if (k == HELD_ADD) osp_cu_submit(s, ew_exec, s->pend_args, sizeof(ew_args));
-    else if (k == HELD_ROPE || k == HELD_ROPE_ATT) osp_cu_submit(s, rope_exec, s->pend_args, sizeof(rope_args));
-    else if (k == HELD_NORM) osp_cu_submit(s, norm_exec, s->pend_args, sizeof(norm_args));
-    else if (k == HELD_MM_PAIR) osp_cu_submit(s, mm_exec, s->pend_args, sizeof(mm_args));
-    if (n2) osp_cu_submit(s, norm_exec, s->pend_n2_args, sizeof(norm_args));
-}
+void osp_cu_flush(osp_be_session *s) { (void)s; }
 
-void osp_cu_flush(osp_be_session *s) { flush(s); }
-
-/* (head.c's calls of a norm and a matmul: the same held-operation rules as the table's) */
-void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
-                    int add_one) {
-    norm(s, y, x, w, n, d, eps, add_one);
+/* (head.c's calls of a norm, an add and a matmul) */
+void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *t, const float *w, int64_t n, int64_t d,
+                    float eps, int add_one) {
+    norm(s, y, x, t, w, n, d, eps, add_one);
 }
+void osp_cu_op_add(osp_be_session *s, float *y, const float *x, int64_t n) { ew(s, 0, y, x, n, 0, 0); }
 void osp_cu_op_mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy) {
     mm(s, d, x, n, y, ldy);
 }
@@ -385,7 +309,6 @@ static void linear(osp_be_session *s, const osp_weight *w, const osp_dbuf *x, in
 
 /* The rows are gathered on the host from the mapped table into the staging area. */
 static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_t *ids, int64_t n, osp_dbuf *x) {
-    flush(s);
     int64_t H = e->cols;
     size_t bytes = (size_t)(n * H) * sizeof(float);
     void *hv;
@@ -438,18 +361,9 @@ static void attn_exec(osp_be_session *s, const void *p) {
     note(s, osp_cu_attention(s->st, &a->c, s->part, a->nsplit), "attention");
 }
 
-static void attention(osp_be_session *s, const osp_attn_args *a) {
-    const float *rope_inv = NULL;
-    if (s->pend == HELD_ROPE_ATT) { /* a one-token step's RoPE of q and k and its KV store held: this attention does them */
-        const rope_args *h = (const rope_args *)s->pend_args;
-        if (CD(a->q) == h->x && CD(a->k) == h->x2 && CD(a->v) == h->v && (const void *)a->kv == h->kv &&
-            a->layer == h->layer && a->nb == h->B && a->T == 1 && h->T == 1 && !a->chunk_stored &&
-            h->heads == a->n_heads && h->heads2 == a->n_kv_heads && h->Dh == a->head_dim) {
-            rope_inv = h->inv;
-            s->pend = 0;
-        }
-    }
-    flush(s);
+/* rope_inv: q and k rotated (at the rows' positions) and stored by the attention launch itself (rope_qk's
+ * FUSE_ROPE_ATT), or NULL */
+static void attend(osp_be_session *s, const osp_attn_args *a, const float *rope_inv) {
     ARGS(attn_args, x);
     osp_cu_attn *c = &x.c;
     c->rope = rope_inv != NULL, c->rope_inv = rope_inv;
@@ -482,6 +396,8 @@ static void attention(osp_be_session *s, const osp_attn_args *a) {
     SUBMIT(s, attn_exec, x);
 }
 
+static void attention(osp_be_session *s, const osp_attn_args *a) { attend(s, a, NULL); }
+
 typedef struct kvw_args {
     osp_cu_kvlayer L;
     const osp_cu_kvrow *rows;
@@ -496,32 +412,51 @@ static void kvw_exec(osp_be_session *s, const void *p) {
 
 static void kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                      const osp_dbuf *k, const osp_dbuf *v, int32_t T) {
-    if (s->pend == HELD_ROPE && (fz(s) & FUSE_KV)) { /* k's RoPE held: the store joins its launch */
-        rope_args *h = (rope_args *)s->pend_args;
-        const osp_kv_layer *l = &kv->layers[layer];
-        if (h->x2 == CD(k) && h->B == nb && h->T == T && h->heads2 == l->n_kv_heads && h->Dh == l->head_dim) {
-            const unsigned char *area = s->stage_d;
-            h->kvrows = kv_rows(s, kv, layer, rows, nb, &h->L);
-            if (h->kvrows && s->stage_d != area) /* the staging area grew: the held RoPE's positions again */
-                h->pos = osp_cu_stage(s, s->pend_host, sizeof(int32_t) * (size_t)h->B);
-            if (h->kvrows && h->pos) {
-                h->v = CD(v), h->kv = kv, h->layer = layer;
-                if ((fz(s) & FUSE_ROPE_ATT) && T == 1 && !h->norm1 && !h->norm2) {
-                    s->pend = HELD_ROPE_ATT; /* held once more: the attention of this step may rotate and store itself */
-                    return;
-                }
-                s->pend = 0;
-                SUBMIT(s, rope_exec, *h);
-                return;
-            }
-        }
-    }
-    flush(s);
     ARGS(kvw_args, a);
     a.rows = kv_rows(s, kv, layer, rows, nb, &a.L);
     if (!a.rows) return;
     a.k = CD(k), a.v = CD(v), a.nb = nb, a.T = T;
     SUBMIT(s, kvw_exec, a);
+}
+
+/* q's and k's head norms and RoPE in one launch (osp_cu_norm_rope_store, or osp_cu_rope2 without norms); in a
+ * few-token step the K/V store in that launch too (FUSE_KV), and in a one-token step without head norms the
+ * RoPE and the store in the attention's launch instead (FUSE_ROPE_ATT). OSP_CUDA_FUSE=0: the plain operations. */
+static void rope_qk(osp_be_session *s, const osp_rope_qk_args *r) {
+    if (!s->fuse) {
+        osp_fused_rope_qk(&CUDA, s, r);
+        return;
+    }
+    ARGS(rope_args, a);
+    a.pos = osp_cu_stage(s, r->pos, sizeof(int32_t) * (size_t)r->B);
+    if (!a.pos) return;
+    a.x = D(r->q), a.inv = CD(r->inv_freq), a.heads = r->q_heads, a.B = r->B, a.T = r->T, a.Dh = r->D;
+    if (r->q_norm) a.w1 = CD(r->q_norm), a.eps1 = r->eps, a.norm1 = 1, a.add1 = r->add_one;
+    if (r->k) {
+        a.x2 = D(r->k), a.heads2 = r->k_heads;
+        if (r->k_norm) a.w2 = CD(r->k_norm), a.eps2 = r->eps, a.norm2 = 1, a.add2 = r->add_one;
+    }
+    const osp_attn_args *at = r->attn;
+    if (r->kv && r->k && (fz(s) & FUSE_KV) && r->k_heads == r->kv->layers[r->layer].n_kv_heads &&
+        r->D == r->kv->layers[r->layer].head_dim) {
+        const unsigned char *area = s->stage_d;
+        a.kvrows = kv_rows(s, r->kv, r->layer, r->rows, r->B, &a.L);
+        if (a.kvrows && s->stage_d != area) /* the staging area grew: the positions again */
+            a.pos = osp_cu_stage(s, r->pos, sizeof(int32_t) * (size_t)r->B);
+        if (!a.kvrows || !a.pos) return;
+        a.v = CD(r->v), a.kv = r->kv, a.layer = r->layer;
+        if ((fz(s) & FUSE_ROPE_ATT) && r->T == 1 && !a.norm1 && !a.norm2 && at && at->q == r->q && at->k == r->k &&
+            at->v == r->v && at->kv == r->kv && at->layer == r->layer && at->nb == r->B && at->T == 1 &&
+            !at->chunk_stored && at->n_heads == r->q_heads && at->n_kv_heads == r->k_heads && at->head_dim == r->D) {
+            attend(s, at, a.inv); /* the attention rotates q and k and stores k and v itself */
+            return;
+        }
+        SUBMIT(s, rope_exec, a);
+    } else {
+        SUBMIT(s, rope_exec, a);
+        if (r->kv) kv_write(s, r->kv, r->layer, r->rows, r->B, r->k, r->v, r->T);
+    }
+    if (at) attend(s, at, NULL);
 }
 
 typedef struct moe_io_args {
@@ -646,7 +581,7 @@ static int moe_device(osp_be_session *s, const osp_moe_args *a) {
     float *top_w = s->moe_f, *g = top_w + Pa, *u = g + Pa * I;
     const int64_t slots = P < E ? P : E;
 
-    norm(s, D(a->normed), CD(a->x), NULL, N, H, a->eps, 0);
+    norm(s, D(a->normed), CD(a->x), NULL, NULL, N, H, a->eps, 0);
     ew(s, 4, D(a->normed), CD(a->router_scale), N, H, a->scale);
     osp_dbuf *pb = a->probs;
     matmul(s, &a->router, 1, a->normed, N, &pb);
@@ -682,12 +617,11 @@ static int moe_device(osp_be_session *s, const osp_moe_args *a) {
  * that routes runs its steps eagerly. Reference precision, and what the
  * device path does not take. */
 static void moe(osp_be_session *s, const osp_moe_args *a) {
-    flush(s);
     if (s->fast && moe_device(s, a)) return;
     osp_cu_step_eager(s);
     s->use_graphs = 0;
-    int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k, I = a->inter;
-    norm(s, D(a->normed), CD(a->x), NULL, N, H, a->eps, 0);
+    int64_t N = a->n, H = a->hidden, E = a->n_experts, K = a->top_k;
+    norm(s, D(a->normed), CD(a->x), NULL, NULL, N, H, a->eps, 0);
     ew(s, 4, D(a->normed), CD(a->router_scale), N, H, a->scale);
     osp_dbuf *pb = a->probs;
     matmul(s, &a->router, 1, a->normed, N, &pb);
@@ -697,7 +631,6 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
         return;
     }
     float *pes = probs + N * E;
-    flush(s); /* whatever is held runs before the router's output is read */
     note(s, cudaMemcpyAsync(probs, a->probs, (size_t)(N * E) * sizeof(float), cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaMemcpyAsync(pes, a->per_expert_scale, sizeof(float) * (size_t)E, cudaMemcpyDeviceToHost, s->st), "router");
     note(s, cudaStreamSynchronize(s->st), "router");
@@ -737,10 +670,7 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
         ARGS(moe_io_args, g);
         g.dst = D(a->moe_x), g.src = CD(a->x2), g.rows = drows, g.n = n, g.H = H;
         SUBMIT(s, moe_io_exec, g);
-        const osp_weight *ws[] = {&a->gate[e], &a->up[e]};
-        osp_dbuf *ys[] = {a->g, a->u};
-        matmul(s, ws, 2, a->moe_x, n, ys);
-        act_mul(s, a->act, a->g, a->g, a->u, n, I, I);
+        gate_up_act(s, a->act, &a->gate[e], &a->up[e], a->moe_x, n, a->g, a->u);
         const osp_weight *wd = &a->down[e];
         osp_dbuf *acc = a->moe_acc;
         matmul(s, &wd, 1, a->g, n, &acc);
@@ -767,6 +697,9 @@ static osp_backend CUDA = {
     .attention = attention,
     .kv_write = kv_write,
     .moe = moe,
+    .add_rmsnorm = add_rmsnorm,
+    .rope_qk = rope_qk,
+    .gate_up_act = gate_up_act,
 };
 
 const osp_backend *osp_backend_cuda(void) {

@@ -60,17 +60,12 @@ struct osp_be_session {
     graph_slot graphs[MAX_GRAPHS];
     int n_graphs;
     uint64_t steps;
-    /* an operation held back to be fused with the next (cuda.c) */
-    int pend;                /* what is held (HELD_*), 0 nothing */
-    _Alignas(16) unsigned char pend_args[OP_ARGS]; /* (read as the held operation's argument struct) */
-    const void *pend_host;   /* a held rope's host positions */
-    int pend_n2;             /* with a held RoPE: the next tensor's norm, held too (k's after q's RoPE) */
-    _Alignas(16) unsigned char pend_n2_args[OP_ARGS];
     int att_kernel;          /* an f32 cache's attention kernel: 0 the compact one in few-token steps, the split
                                 one in others; 1 the split one, 2 the compact one in every step (options.h's
                                 cuda_attention, a test hook) */
-    int fuse;                /* head norms fused into the RoPE that follows them, and in few-token steps the
-                                FUSE_FEW parts (OSP_CUDA_FUSE=0: none) */
+    int fuse;                /* the fused entries (add_rmsnorm, rope_qk: head norms with the RoPE; gate_up_act)
+                                take their fused launches, in few-token steps the FUSE_FEW parts too
+                                (OSP_CUDA_FUSE=0: none, every fused entry as its plain operations) */
     /* device scratch */
     float *logits;           /* the head's output */
     size_t logits_cap;       /* floats */
@@ -109,16 +104,6 @@ struct osp_be_session {
     int n_moe_tab;
 };
 
-/* What cuda.c holds back to fuse with the next operation (osp_be_session.pend) */
-enum {
-    HELD_ADD = 1,     /* a residual add (joins the norm of its sum) */
-    HELD_ROPE,        /* a RoPE, maybe with its tensor's norm, maybe with k's after q's */
-    HELD_NORM,        /* an in-place head norm (joins its RoPE) */
-    HELD_ROPE_ATT,    /* q's and k's RoPE with the KV store (the attention reading them may do both) */
-    HELD_MM_PAIR,     /* two tensor-core weights of one shape in a decode step (gate, up: an activation of
-                         their outputs may join: osp_cu_matmul_tc_pair) */
-};
-
 /* The fused parts a few-token step takes (cuda.c's fz): the KV store in k's RoPE launch; a one-token step's RoPE
  * and store (no q/k norms) in attention; gate and up in one launch with their activation */
 enum { FUSE_KV = 4, FUSE_ROPE_ATT = 16, FUSE_PAIR = 64, FUSE_FEW = FUSE_KV | FUSE_ROPE_ATT | FUSE_PAIR };
@@ -139,8 +124,8 @@ void osp_cu_note(osp_be_session *s, int e, const char *where);
  * while capturing or replaying). */
 int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem);
 
-/* Submit the operation cuda.c holds back to fuse with the next (a residual
- * add before a norm): every operation of another file calls it first. */
+/* Nothing: no operation is held back any more (fusion is the table's fused entries). encdec.c still calls it
+ * before its operations; it goes when that file is next edited. */
 void osp_cu_flush(osp_be_session *s);
 /* The encoder-decoder operations (encdec.c) into the table. */
 void osp_cu_encdec_fill(osp_backend *b);
@@ -149,9 +134,10 @@ void osp_cu_encdec_fill(osp_backend *b);
 void osp_cu_memory_fill(osp_backend *b);
 void osp_cu_session_fill(osp_backend *b);
 void osp_cu_head_fill(osp_backend *b);
-/* cuda.c's norm and matmul (with its held-operation rules), for head.c */
-void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *w, int64_t n, int64_t d, float eps,
-                    int add_one);
+/* cuda.c's norm (t: x += t first, in the norm's launch; or NULL), add and matmul, for head.c */
+void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *t, const float *w, int64_t n, int64_t d,
+                    float eps, int add_one);
+void osp_cu_op_add(osp_be_session *s, float *y, const float *x, int64_t n);
 void osp_cu_op_mm(osp_be_session *s, const osp_cu_weight *d, const float *x, int64_t n, float *y, int64_t ldy);
 
 /* ---- step.c ---- */

@@ -9,8 +9,8 @@
 #define D(p) ((float *)(p))
 #define CD(p) ((const float *)(p))
 #define note osp_cu_note
-/* submit an operation (cuda.c's SUBMIT): what is held back goes first */
-#define SUBMIT(s, fn, a) (osp_cu_flush(s), osp_cu_submit((s), (fn), &(a), sizeof(a)))
+/* submit an operation (cuda.c's SUBMIT) */
+#define SUBMIT(s, fn, a) osp_cu_submit((s), (fn), &(a), sizeof(a))
 #define ARGS(type, a) type a; memset(&a, 0, sizeof a)
 
 typedef struct softcap_args {
@@ -93,7 +93,6 @@ static void logits_back(osp_be_session *s, const osp_head_args *a, const float *
 }
 
 static void head(osp_be_session *s, const osp_head_args *a) {
-    osp_cu_flush(s);
     const osp_cu_weight *w = a->w->packed;
     int64_t N = (int64_t)a->B * a->T, H = a->hidden, V = a->vocab, rows = a->all_logits ? N : a->B;
     int ids = a->ids && !a->all_logits;
@@ -117,16 +116,22 @@ static void head(osp_be_session *s, const osp_head_args *a) {
         return;
     }
     float *lg = s->logits;
+    /* the residual add (res) in the norm's launch where that norm reads all of x (add_rmsnorm's fusion) */
+    const float *res = CD(a->res);
+    if (res && (!s->fuse || (!a->all_logits && a->T != 1))) {
+        osp_cu_op_add(s, D(a->x), res, N * H);
+        res = NULL;
+    }
     if (a->all_logits) {
-        osp_cu_op_norm(s, D(a->xn), CD(a->x), CD(a->norm), N, H, a->eps, a->add_one);
+        osp_cu_op_norm(s, D(a->xn), CD(a->x), res, CD(a->norm), N, H, a->eps, a->add_one);
         osp_cu_op_mm(s, w, CD(a->xn), N, lg, V);
     } else {
         if (a->T == 1) /* the rows' last tokens are contiguous */
-            osp_cu_op_norm(s, D(a->hlast), CD(a->x), CD(a->norm), a->B, H, a->eps, a->add_one);
+            osp_cu_op_norm(s, D(a->hlast), CD(a->x), res, CD(a->norm), a->B, H, a->eps, a->add_one);
         else
             for (int32_t b = 0; b < a->B; b++)
-                osp_cu_op_norm(s, D(a->hlast) + b * H, CD(a->x) + ((int64_t)b * a->T + a->T - 1) * H, CD(a->norm), 1, H,
-                     a->eps, a->add_one);
+                osp_cu_op_norm(s, D(a->hlast) + b * H, CD(a->x) + ((int64_t)b * a->T + a->T - 1) * H, NULL,
+                               CD(a->norm), 1, H, a->eps, a->add_one);
         osp_cu_op_mm(s, w, CD(a->hlast), a->B, lg, V);
     }
     if (a->softcap > 0) {
@@ -178,7 +183,6 @@ static void dfr_pop(osp_be_session *s) {
 static osp_status ids_wait(osp_be_session *s) {
     if (!s->n_dfr) return OSP_OK;
     dfr_pop(s);
-    osp_cu_flush(s);
     return osp_cu_step_status(s);
 }
 

@@ -430,10 +430,7 @@ static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 static void set_exact_tokens(osp_be_session *s, int on) { s->exact = on != 0; }
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) { osp_cu_step_begin(s, B, T); }
 
-static osp_status status(osp_be_session *s) {
-    osp_cu_flush(s);
-    return osp_cu_step_status(s);
-}
+static osp_status status(osp_be_session *s) { return osp_cu_step_status(s); }
 
 /* the table's session entries */
 void osp_cu_session_fill(osp_backend *b) {

@@ -288,8 +288,6 @@ static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t h
     SUBMIT(s, rope_exec, a);
 }
 
-void osp_cu_flush(osp_be_session *s) { (void)s; }
-
 /* (head.c's calls of a norm, an add and a matmul) */
 void osp_cu_op_norm(osp_be_session *s, float *y, const float *x, const float *t, const float *w, int64_t n, int64_t d,
                     float eps, int add_one) {

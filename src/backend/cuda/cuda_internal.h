@@ -124,9 +124,6 @@ void osp_cu_note(osp_be_session *s, int e, const char *where);
  * while capturing or replaying). */
 int osp_cu_grow(osp_be_session *s, void **p, size_t *cap, size_t n, size_t elem);
 
-/* Nothing: no operation is held back any more (fusion is the table's fused entries). encdec.c still calls it
- * before its operations; it goes when that file is next edited. */
-void osp_cu_flush(osp_be_session *s);
 /* The encoder-decoder operations (encdec.c) into the table. */
 void osp_cu_encdec_fill(osp_backend *b);
 /* The table's other parts: memory, placement and the bandwidth trial (memory.c), sessions (step.c), the head,

@@ -25,7 +25,6 @@ static void ln_exec(osp_be_session *s, const void *p) {
 
 static void layernorm(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, const osp_dbuf *w, const osp_dbuf *b,
                       int64_t n, int64_t d, float eps) {
-    osp_cu_flush(s);
     ARGS(ln_args, a);
     a.y = D(y), a.x = CD(x), a.w = CD(w), a.b = CD(b), a.n = n, a.d = d, a.eps = eps;
     SUBMIT(s, ln_exec, a);
@@ -42,7 +41,6 @@ static void gelu_exec(osp_be_session *s, const void *p) {
 }
 
 static void gelu(osp_be_session *s, osp_dbuf *x, int64_t n) {
-    osp_cu_flush(s);
     ARGS(gelu_args, a);
     a.x = D(x), a.n = n;
     SUBMIT(s, gelu_exec, a);
@@ -56,7 +54,6 @@ static void im2col_exec(osp_be_session *s, const void *p) {
 }
 
 static void im2col(osp_be_session *s, const osp_im2col_args *in) {
-    osp_cu_flush(s);
     ARGS(osp_im2col_args, a);
     a.col = in->col, a.x = in->x, a.C = in->C, a.t_in = in->t_in, a.t_out = in->t_out, a.ld_c = in->ld_c;
     a.ld_f = in->ld_f, a.k = in->k, a.stride = in->stride, a.pad = in->pad, a.k_major = in->k_major;
@@ -77,7 +74,6 @@ static void pack_exec(osp_be_session *s, const void *p) {
 
 static void pack_kv(osp_be_session *s, osp_dbuf *kh, osp_dbuf *vt, const osp_dbuf *k, const osp_dbuf *v, int64_t S,
                     int64_t ld, int32_t heads, int32_t hd) {
-    osp_cu_flush(s);
     ARGS(pack_args, a);
     a.kh = D(kh), a.vt = D(vt), a.k = CD(k), a.v = CD(v), a.S = S, a.ld = ld, a.heads = heads, a.hd = hd;
     SUBMIT(s, pack_exec, a);
@@ -110,7 +106,6 @@ static void fatt_exec(osp_be_session *s, const void *p) {
 
 /* production precision: the tensor-core kernel (bf16 operands) where the head size allows; reference: f32 */
 static void full_attention(osp_be_session *s, const osp_full_attn_args *in) {
-    osp_cu_flush(s);
     ARGS(fatt_args, f);
     osp_full_attn_args *a = &f.a;
     a->q = in->q, a->kh = in->kh, a->vt = in->vt, a->out = in->out, a->n = in->n, a->S = in->S, a->ld = in->ld;
@@ -122,7 +117,6 @@ static void full_attention(osp_be_session *s, const osp_full_attn_args *in) {
 /* K and V read as the projections wrote them: the flash kernel takes them so; the f32 kernel reads them packed */
 static int full_attention_rows(osp_be_session *s, const osp_full_attn_args *in) {
     if (!s->fast || !osp_cu_flash_ok(in->hd)) return 0;
-    osp_cu_flush(s);
     ARGS(fatt_args, f);
     f.a = *in;
     f.flash = 1, f.rows = 1;
@@ -144,7 +138,6 @@ static void scores_exec(osp_be_session *s, const void *p) {
 
 static void full_scores(osp_be_session *s, osp_dbuf *out, const osp_dbuf *q, const osp_dbuf *kh, int64_t n, int64_t S,
                         int64_t ld, int32_t head, int32_t hd) {
-    osp_cu_flush(s);
     ARGS(scores_args, a);
     a.out = D(out), a.q = CD(q), a.kh = CD(kh), a.n = n, a.S = S, a.ld = ld, a.head = head, a.hd = hd;
     SUBMIT(s, scores_exec, a);
@@ -180,7 +173,6 @@ static int stage_rows(osp_be_session *s, const int32_t *row, const int32_t *pos,
 
 static void rows_store(osp_be_session *s, osp_dbuf *kc, osp_dbuf *vc, const osp_dbuf *k, const osp_dbuf *v,
                        const int32_t *row, const int32_t *pos, int64_t n, int64_t ctx, int64_t ld) {
-    osp_cu_flush(s);
     ARGS(rows_args, a);
     if (!stage_rows(s, row, pos, n, &a)) return;
     a.kc = D(kc), a.vc = D(vc), a.k = CD(k), a.v = CD(v), a.n = n, a.ctx = ctx, a.ld = ld;
@@ -188,7 +180,6 @@ static void rows_store(osp_be_session *s, osp_dbuf *kc, osp_dbuf *vc, const osp_
 }
 
 static void rows_attention(osp_be_session *s, const osp_rows_attn_args *in) {
-    osp_cu_flush(s);
     ARGS(rows_args, a);
     if (!stage_rows(s, in->row, in->pos, in->n, &a)) return;
     a.q = CD(in->q), a.k = CD(in->k), a.v = CD(in->v), a.out = D(in->out), a.n = in->n, a.ctx = in->ctx;

@@ -339,6 +339,11 @@ typedef struct osp_backend {
     double (*bw_trial)(int release);
 } osp_backend;
 
+/* A token's routed experts from its router probabilities p [E] (after the softmax): the top K, ties to the lower
+ * index, into idx [K], their probabilities renormalized to sum 1 and times per_expert_scale [E] into w [K]
+ * (backend/moe_route.c: the host routing every backend that routes on the host shares). */
+void osp_moe_route_topk(const float *p, int64_t E, int64_t K, const float *per_expert_scale, int32_t *idx, float *w);
+
 /* The fused operations' sequences of plain operations (backend/fused.c): what a backend without the entry
  * gets, and what one with it may fall back to. */
 void osp_fused_add_rmsnorm(const osp_backend *be, osp_be_session *s, osp_dbuf *y, osp_dbuf *x, const osp_dbuf *t,

@@ -635,20 +635,7 @@ static void moe(osp_be_session *s, const osp_moe_args *a) {
     for (int64_t i = 0; i < N; i++) {
         float *p = probs + i * E;
         osp_ops_scalar()->softmax(p, E); /* the CPU reference's, on the host */
-        int32_t *idx = a->top_idx + i * K;
-        float *w = a->top_w + i * K, sum = 0;
-        for (int64_t k = 0; k < K; k++) { /* top-k, ties to the lower index */
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t j = 0; j < k; j++) taken |= idx[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            idx[k] = (int32_t)best;
-            w[k] = p[best];
-            sum += p[best];
-        }
-        for (int64_t k = 0; k < K; k++) w[k] = w[k] / sum * pes[idx[k]];
+        osp_moe_route_topk(p, E, K, pes, a->top_idx + i * K, a->top_w + i * K);
     }
     free(probs);
     note(s, cudaMemsetAsync(a->out, 0, sizeof(float) * (size_t)(N * H), s->st), "moe");

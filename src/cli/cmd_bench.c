@@ -1,10 +1,12 @@
 /* osprey bench: prefill and decode speed, and the decode's weight
- * bandwidth against this machine's memory bandwidth measured in the same
- * run (a STREAM-like triad on all threads). The ratio is the figure of
- * merit: decode of a dense model must stream every weight once per token. */
+ * bandwidth against this machine's read bandwidth measured in the same run
+ * (bench_bw.h: a streaming read as large as the weights, on the bench's
+ * threads; STREAM's triad beside it). The ratio is the figure of merit:
+ * decode of a dense model must stream every weight once per token. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "bench_bw.h"
 #include "cli.h"
 #include "model/whisper.h"
 #include "core/core.h"
@@ -12,95 +14,9 @@
 #include "osprey.h"
 #include "text/tokenizer.h"
 
-typedef struct triad { float *a, *b, *c; int64_t n, block; } triad;
-
-static void triad_task(void *p, int64_t t) {
-    triad *tr = p;
-    int64_t i0 = t * tr->block, i1 = i0 + tr->block < tr->n ? i0 + tr->block : tr->n;
-    float *restrict a = tr->a;
-    const float *restrict b = tr->b, *restrict c = tr->c;
-    for (int64_t i = i0; i < i1; i++) a[i] = b[i] + 3.0f * c[i];
-}
-
-static void init_task(void *p, int64_t t) {
-    triad *tr = p;
-    int64_t i0 = t * tr->block, i1 = i0 + tr->block < tr->n ? i0 + tr->block : tr->n;
-    for (int64_t i = i0; i < i1; i++) tr->a[i] = 0, tr->b[i] = 1, tr->c[i] = 2;
-}
-
 /* Models streaming fewer weight bytes per step than this decode from the
- * caches in good part: the triad runs after their decode, not inside it. */
+ * caches in good part: the probes run after their decode, not inside it. */
 #define BENCH_INTERLEAVE_BYTES (256LL << 20)
-
-/* The machine's memory bandwidth: a STREAM triad (a = b + 3c, counted as 3
- * arrays: 2 reads, 1 write) on all threads over arrays of 32 Mi floats
- * each, far beyond any cache. Its trials are interleaved with the decode
- * steps, so the decode and the triad are measured over the same seconds of
- * a shared machine whose bandwidth drifts. The figure is the best trial, as
- * STREAM reports it (the mean is kept too). On huge pages (as the weights
- * are placed: the machine's best) and on the 4 KiB pages a plain STREAM
- * binary gets. */
-typedef struct bw_probe {
-    triad tr;
-    const osp_model *dev;     /* a GPU model: its device's read probe instead of the triad */
-    double bytes, secs, best; /* totals over the trials; the best trial's GB/s */
-    int trials;
-} bw_probe;
-
-static int probe_open(bw_probe *pr, int huge) {
-    memset(pr, 0, sizeof *pr);
-    triad *tr = &pr->tr;
-    tr->n = 32LL << 20;
-    void *(*alloc)(osp_pool, size_t) = huge ? osp_malloc_huge : osp_malloc;
-    tr->a = alloc(OSP_POOL_SCRATCH, tr->n * sizeof(float));
-    tr->b = alloc(OSP_POOL_SCRATCH, tr->n * sizeof(float));
-    tr->c = alloc(OSP_POOL_SCRATCH, tr->n * sizeof(float));
-    if (!tr->a || !tr->b || !tr->c) {
-        osp_free(tr->a), osp_free(tr->b), osp_free(tr->c);
-        tr->a = tr->b = tr->c = NULL;
-        return 0;
-    }
-    int nt = osp_threads_count();
-    tr->block = (tr->n + nt - 1) / nt; /* one contiguous slice per thread, first-touched by it */
-    osp_parallel_for(nt, init_task, tr);
-    return 1;
-}
-
-/* The device's own probe (a GPU: a read kernel over a buffer far beyond its L2). */
-static int probe_open_dev(bw_probe *pr, const osp_model *m) {
-    memset(pr, 0, sizeof *pr);
-    double g;
-    if (osp_model_bw_trial(m, 0, &g) != OSP_OK) return 0; /* the first trial allocates and warms */
-    pr->dev = m;
-    return 1;
-}
-
-static void probe_trial(bw_probe *pr) {
-    if (pr->dev) {
-        double g;
-        if (osp_model_bw_trial(pr->dev, 0, &g) != OSP_OK) return;
-        pr->bytes += g * 1e9;
-        pr->secs += 1.0;
-        if (g > pr->best) pr->best = g;
-        pr->trials++;
-        return;
-    }
-    if (!pr->tr.a) return;
-    double t0 = osp_now_s();
-    osp_parallel_for(osp_threads_count(), triad_task, &pr->tr);
-    double dt = osp_now_s() - t0, bytes = 3.0 * pr->tr.n * sizeof(float);
-    pr->bytes += bytes;
-    pr->secs += dt;
-    if (dt > 0 && bytes / dt / 1e9 > pr->best) pr->best = bytes / dt / 1e9;
-    pr->trials++;
-}
-
-static double probe_gbps(const bw_probe *pr) { return pr->secs > 0 ? pr->bytes / pr->secs / 1e9 : 0; }
-
-static void probe_close(bw_probe *pr) {
-    if (pr->dev) osp_model_bw_trial(pr->dev, 1, NULL);
-    osp_free(pr->tr.a), osp_free(pr->tr.b), osp_free(pr->tr.c);
-}
 
 /* Greedy decode steps of the rows, each fed with next: a chain of steps
  * where the device queues them (osp_forward_rows_chain, as generate takes a
@@ -233,7 +149,7 @@ int osp_cmd_bench(int argc, char **argv) {
     for (int32_t b = 0; b < conc; b++) all[b] = b;
     int rc = 0;
     double *step = NULL; /* each decode step's seconds */
-    bw_probe bw_huge = {0}, bw_4k = {0};
+    osp_bw_probe rd = {0}, tri = {0}, tri4k = {0}; /* the read (or the device's), the triads */
     osp_session_opts so = {.n_rows = conc, .max_ctx = p + n + 8, .kv_bits = kv_bits, .kv_group = kv_group}; /* + the warm-up steps */
     if (osp_session_new_opts(m, &so, &s) != OSP_OK) {
         rc = osp_cli_fail("bench");
@@ -272,14 +188,16 @@ int osp_cmd_bench(int argc, char **argv) {
         t_single = a < 0 ? -1 : a;
     }
     step = malloc(sizeof(double) * n);
-    if (!step || !(on_dev ? probe_open_dev(&bw_huge, m) : probe_open(&bw_huge, 1) && probe_open(&bw_4k, 0))) {
+    if (!step || !(on_dev ? osp_bw_open_device(&rd, m)
+                          : osp_bw_open_read(&rd, (size_t)in->decode_bytes) && osp_bw_open_triad(&tri, 1) &&
+                                osp_bw_open_triad(&tri4k, 0))) {
         rc = osp_cli_fail("bench");
         goto done;
     }
-    /* the triad runs between decode steps (not timed as decode), 16 times
-     * over the run, alternating huge and 4 KiB pages; after them for a model
-     * whose weights would stay in the caches (the triad would evict them,
-     * and its bandwidth says nothing about such a model's speed) */
+    /* the probes run between decode steps (not timed as decode), 16 times
+     * over the run, taking turns (read, triad, 4 KiB triad); after them for
+     * a model whose weights would stay in the caches (a probe would evict
+     * them, and its bandwidth says nothing about such a model's speed) */
     int every = n / 16 > 0 ? n / 16 : 1, trial = 0, interleave = in->decode_bytes >= BENCH_INTERLEAVE_BYTES;
     double t_decode = 0;
     int chained = 0;
@@ -291,7 +209,8 @@ int osp_cmd_bench(int argc, char **argv) {
                 goto done;
             }
             if (i > 0) step[i - 1] += osp_now_s() - te, t_decode += osp_now_s() - te;
-            probe_trial(on_dev || trial++ % 2 == 0 ? &bw_huge : &bw_4k);
+            int k = on_dev ? 0 : trial++ % 3;
+            osp_bw_trial(k == 0 ? &rd : k == 1 ? &tri : &tri4k);
         }
         double ts = osp_now_s();
         /* greedy: the backend takes each row's token (only the ids come back from a GPU); in a chain, this call
@@ -311,8 +230,8 @@ int osp_cmd_bench(int argc, char **argv) {
         }
         step[n - 1] += osp_now_s() - te, t_decode += osp_now_s() - te;
     }
-    while (bw_huge.trials < 8 || (!on_dev && bw_4k.trials < 8))
-        probe_trial(on_dev || bw_huge.trials <= bw_4k.trials ? &bw_huge : &bw_4k);
+    while (rd.trials < 8) osp_bw_trial(&rd);
+    while (!on_dev && (tri.trials < 8 || tri4k.trials < 8)) osp_bw_trial(tri.trials <= tri4k.trials ? &tri : &tri4k);
     qsort(step, (size_t)n, sizeof *step, cmp_double);
     double t_step_median = n % 2 ? step[n / 2] : (step[n / 2 - 1] + step[n / 2]) / 2;
     if (conc > 1 && t_single >= 0) {
@@ -338,7 +257,7 @@ int osp_cmd_bench(int argc, char **argv) {
         gp.n_eos = 0; /* run all n tokens */
         gp.stop = stops;
         gp.n_stop = 1;
-        /* best of three runs, as the triad is best of eight: an interruption
+        /* best of three runs, as the probes are best of eight: an interruption
          * during the loop's microseconds would otherwise dominate it */
         for (int rep = 0; rep < 3; rep++) {
             osp_session_reset_row(s, 0);
@@ -349,26 +268,28 @@ int osp_cmd_bench(int argc, char **argv) {
         }
         osp_tokenizer_free(tok);
     }
-    double bw = bw_huge.best, bw4k = bw_4k.best, bw_mean = probe_gbps(&bw_huge);
+    double bw = rd.best, bw_mean = osp_bw_mean(&rd), btri = tri.best, btri4k = tri4k.best;
     double pp = (double)p * conc / t_prefill, tg = (double)n * conc / t_decode, per = n / t_decode;
     double dg = (double)in->decode_bytes * per / 1e9; /* weights are streamed once per step for all rows */
     /* bw_ratio = decode_gbps / mem_bw_gbps: the decode's mean GB/s over all
-     * its steps against the triad's best trial (STREAM's "best rate") among
-     * those run between the same steps. Both slowdowns from a noisy machine
-     * count against the decode only, so the ratio errs low; the median step
-     * and the triad's mean are reported beside it. */
+     * its steps against the read probe's best trial (as STREAM reports its
+     * "best rate") among those run between the same steps. Both slowdowns
+     * from a noisy machine count against the decode only, so the ratio errs
+     * low; the median step, the read's mean and the triads are beside it. */
     double dgm = t_step_median > 0 ? (double)in->decode_bytes / t_step_median / 1e9 : 0;
     if (json) {
         printf("{\"model\":\"%s\",\"device\":\"%s\",\"mem_bw_probe\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"decode_tokens\":%d,"
                "\"prefill_tok_s\":%.3f,\"decode_tok_s\":%.3f,\"decode_bytes_per_token\":%lld,"
-               "\"decode_gbps\":%.3f,\"decode_gbps_median\":%.3f,\"mem_bw_gbps\":%.3f,\"mem_bw_4k_gbps\":%.3f,"
-               "\"mem_bw_mean_gbps\":%.3f,\"mem_bw_trials\":%d,\"bw_ratio_median\":%.4f,"
-               "\"bw_ratio\":%.4f,\"bw_ratio_4k\":%.4f,\"loop_overhead_pct\":%.3f,"
+               "\"decode_gbps\":%.3f,\"decode_gbps_median\":%.3f,\"mem_bw_gbps\":%.3f,"
+               "\"mem_bw_mean_gbps\":%.3f,\"mem_bw_trials\":%d,\"triad_gbps\":%.3f,\"triad_4k_gbps\":%.3f,"
+               "\"bw_ratio_median\":%.4f,\"bw_ratio\":%.4f,\"bw_ratio_triad\":%.4f,\"bw_ratio_4k\":%.4f,"
+               "\"loop_overhead_pct\":%.3f,"
                "\"concurrency\":%d,\"per_stream_tok_s\":%.3f,\"single_tok_s\":%.3f,\"batch_speedup\":%.3f,"
                "\"kv_bits\":%d,\"kv_bytes\":%zu,\"kv_bytes_per_token\":%.1f,\"load_s\":%.3f}\n",
-               model, in->device, on_dev ? "device read" : "host triad", fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg, (long long)in->decode_bytes, dg, dgm,
-               bw, bw4k, bw_mean, bw_huge.trials + bw_4k.trials, bw > 0 ? dgm / bw : 0,
-               bw > 0 ? dg / bw : 0, bw4k > 0 ? dg / bw4k : 0, loop_pct, conc, per, single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 32, kv_bytes,
+               model, in->device, on_dev ? "device read" : "host read", fast ? "fast" : "precise", osp_threads_count(), p, n, pp, tg,
+               (long long)in->decode_bytes, dg, dgm, bw, bw_mean, rd.trials, btri, btri4k, bw > 0 ? dgm / bw : 0,
+               bw > 0 ? dg / bw : 0, btri > 0 ? dg / btri : 0, btri4k > 0 ? dg / btri4k : 0, loop_pct, conc, per,
+               single, single > 0 ? tg / single : 0, kv_bits ? kv_bits : 32, kv_bytes,
                (double)kv_bytes / ((double)conc * (p + n)), t_load);
     } else {
         printf("model:        %s (%s, %s%s)\n", model, in->architecture, in->quant_bits ? "MLX q" : in->dtype,
@@ -390,19 +311,22 @@ int osp_cmd_bench(int argc, char **argv) {
         printf("weights/step: %.1f MB -> %.2f GB/s (mean), %.2f GB/s (median step)\n", in->decode_bytes / 1e6, dg, dgm);
         if (on_dev)
             printf("memory bw:    %.2f GB/s (best device read of %d run between the decode steps, mean %.2f)\n", bw,
-                   bw_huge.trials, bw_mean);
+                   rd.trials, bw_mean);
         else
-            printf("memory bw:    %.2f GB/s (best triad on huge pages of %d run between the decode steps, mean %.2f; "
-                   "%.2f GB/s on 4 KiB pages, as STREAM)\n", bw, bw_huge.trials, bw_mean, bw4k);
-        printf("ratio:        %.1f%% of measured memory bandwidth (mean decode vs best triad; median step %.1f%%; "
-               "%.1f%% of the 4 KiB-page triad)\n",
-               bw > 0 ? 100 * dg / bw : 0, bw > 0 ? 100 * dgm / bw : 0, bw4k > 0 ? 100 * dg / bw4k : 0);
+            printf("memory bw:    %.2f GB/s (best read of %.0f MB on huge pages, %d run between the decode steps, mean "
+                   "%.2f); triad %.2f GB/s, %.2f on 4 KiB pages as STREAM\n",
+                   bw, (double)rd.n * 64 / 1e6, rd.trials, bw_mean, btri, btri4k);
+        printf("ratio:        %.1f%% of the measured read bandwidth (mean decode vs best read; median step %.1f%%)",
+               bw > 0 ? 100 * dg / bw : 0, bw > 0 ? 100 * dgm / bw : 0);
+        if (!on_dev) printf("; %.1f%% of the triad", btri > 0 ? 100 * dg / btri : 0);
+        printf("\n");
         if (loop_pct >= 0)
             printf("loop:         sampling + detokenizing + stop strings = %.2f%% of the decode forward time\n", loop_pct);
     }
 done:
-    probe_close(&bw_huge);
-    probe_close(&bw_4k);
+    osp_bw_close(&rd);
+    osp_bw_close(&tri);
+    osp_bw_close(&tri4k);
     free(step);
     free(ids);
     free(next);

@@ -1,8 +1,8 @@
 /* Whisper in `osprey synth` (--preset whisper-tiny|base|small|large-v3: a
  * random-weight WhisperForConditionalGeneration folder, bf16) and in
  * `osprey bench --model WHISPER` (the encoder per 30 s window and its GEMM
- * throughput, the decoder's tokens/s and weight bandwidth against a STREAM
- * triad run between its steps, and real-time factors of a transcription's
+ * throughput, the decoder's tokens/s and weight bandwidth against the
+ * host's read probe (bench_bw.h) run between its steps, and real-time factors of a transcription's
  * model time for 11 s and 5 min of audio). */
 #include <errno.h>
 #include <stdarg.h>
@@ -15,6 +15,7 @@
 #include "audio/audio.h"
 #include "backend/cpu/bf16t.h"
 #include "backend/ops.h"
+#include "bench_bw.h"
 #include "cli.h"
 #include "core/threadpool.h"
 #include "model/st_write.h"
@@ -210,17 +211,6 @@ int osp_whisper_synth(const char *preset, const char *dtype, const char *out, ui
 
 /* ---------------- bench ---------------- */
 
-typedef struct triad {
-    float *a, *b, *c;
-    int64_t n, block;
-} triad;
-
-static void triad_task(void *p, int64_t t) {
-    triad *tr = p;
-    int64_t i0 = t * tr->block, i1 = i0 + tr->block < tr->n ? i0 + tr->block : tr->n;
-    for (int64_t i = i0; i < i1; i++) tr->a[i] = tr->b[i] + 3.0f * tr->c[i];
-}
-
 /* The ops table's GEMM at its best in this run: W f32 [1024, 1024] times
  * 256 tokens, split over the pool as the encoder's matmuls are (blocks of 64
  * rows x 64 tokens), best of 5. The peak the encoder is measured against. */
@@ -284,22 +274,16 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
     float *mel = osp_malloc(OSP_POOL_MISC, sizeof(float) * c->n_mels * 3000);
     float *logits = osp_malloc(OSP_POOL_MISC, sizeof(float) * c->vocab);
     float *pcm = osp_malloc(OSP_POOL_MISC, sizeof(float) * 16000 * 30);
-    triad tr = {0};
-    tr.n = 64 << 20; /* 3 x 256 MiB */
-    tr.block = 1 << 16;
-    tr.a = osp_malloc_huge(OSP_POOL_SCRATCH, sizeof(float) * tr.n);
-    tr.b = osp_malloc_huge(OSP_POOL_SCRATCH, sizeof(float) * tr.n);
-    tr.c = osp_malloc_huge(OSP_POOL_SCRATCH, sizeof(float) * tr.n);
+    osp_bw_probe rd = {0}; /* the host's read probe (bench_bw.h), for a decoder on the CPU */
     osp_mel *mf = NULL;
     int rc = 1;
-    if (!mel || !logits || !pcm || !tr.a || !tr.b || !tr.c || osp_whisper_state_new(m, &s) != OSP_OK ||
+    if (!mel || !logits || !pcm || osp_whisper_state_new(m, &s) != OSP_OK ||
         osp_mel_new(c->n_mels, &mf) != OSP_OK) {
         osp_cli_fail("bench");
         goto done;
     }
     osp_whisper_state_set_fast(s, fast);
     for (int64_t i = 0; i < 16000 * 30; i++) pcm[i] = (float)(0.1 * sin(i * 0.05) + 0.05 * sin(i * 0.31));
-    for (int64_t i = 0; i < tr.n; i++) tr.a[i] = tr.b[i] = tr.c[i] = 1;
     /* front end and encoder: best of 3 windows after a warm-up */
     double t_mel = 1e30, t_enc = 1e30;
     for (int k = 0; k < 4; k++) {
@@ -313,15 +297,19 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
             t_enc = fmin(t_enc, t2 - t1);
         }
     }
-    /* decoder: n_tokens single-token steps after the 4-token prompt, a triad every 8 steps */
+    /* decoder: n_tokens single-token steps after the 4-token prompt, a read trial every 8 steps */
     int32_t ids[4] = {c->decoder_start, c->decoder_start + 1, c->decoder_start + 101, c->decoder_start + 105};
     for (int i = 0; i < 4; i++)
         if (ids[i] >= c->vocab) ids[i] = c->vocab - 1;
     if (n_tokens > c->n_text_ctx - 4) n_tokens = c->n_text_ctx - 4;
     if (osp_whisper_decode(s, ids, 4, NULL, logits) != OSP_OK) goto fail;
-    /* a GPU's decoder is measured against its own read probe (the triad reads host memory) */
+    /* a GPU's decoder is measured against its own read probe (the host's reads host memory) */
     double g0 = 0;
     const int on_dev = osp_whisper_bw_trial(m, 0, &g0) == OSP_OK;
+    if (!on_dev && !osp_bw_open_read(&rd, (size_t)decoder_bytes(c, 2))) {
+        osp_cli_fail("bench");
+        goto done;
+    }
     double t_dec = 0, bw = on_dev ? g0 : 0;
     for (int i = 0; i < n_tokens; i++) {
         int32_t next = 0;
@@ -331,12 +319,12 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
         if (osp_whisper_decode(s, &next, 1, NULL, logits) != OSP_OK) goto fail;
         t_dec += osp_now_s() - t0;
         if (i % 8 == 7) {
-            double a = osp_now_s(), g = 0;
+            double g = 0;
             if (on_dev) {
                 if (osp_whisper_bw_trial(m, 0, &g) != OSP_OK) goto fail;
             } else {
-                osp_parallel_for((tr.n + tr.block - 1) / tr.block, triad_task, &tr);
-                g = 3.0 * sizeof(float) * tr.n / (osp_now_s() - a) / 1e9;
+                osp_bw_trial(&rd);
+                g = rd.best;
             }
             bw = fmax(bw, g);
         }
@@ -360,7 +348,7 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
             snprintf(peak_s, sizeof peak_s, "%.2f", peak);
             snprintf(eff_s, sizeof eff_s, "%.3f", gflops / peak);
         }
-        const char *probe = on_dev ? "device read" : "host triad";
+        const char *probe = on_dev ? "device read" : "host read";
         if (as_json)
             printf("{\"model\":\"%s\",\"device\":\"%s\",\"precision\":\"%s\",\"threads\":%d,\"mel_s\":%.4f,\"encoder_s\":%.4f,\"encoder_gflops\":%.2f,"
                    "\"gemm_peak_gflops\":%s,\"encoder_efficiency\":%s,"
@@ -382,9 +370,7 @@ int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int
 fail:
     osp_cli_fail("bench");
 done:
-    osp_free(tr.a);
-    osp_free(tr.b);
-    osp_free(tr.c);
+    osp_bw_close(&rd);
     osp_free(mel);
     osp_free(logits);
     osp_free(pcm);

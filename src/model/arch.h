@@ -55,6 +55,17 @@ typedef struct osp_arch_ops {
     int hidden;
     /* its embedders are trained for Matryoshka widths (model/embed.h) unless config.json says otherwise */
     int matryoshka;
+    /* An encoder (model/bert.c): attention sees a row's whole input, so a call runs each row's tokens as one chunk
+     * (as many rows a chunk as fit the session's max_tok; a longer input is refused), reads and writes no KV
+     * cache, and a row attends only to its first lens[b] tokens (osp_forward_rows_hidden_lens: the rest is
+     * padding). Hidden states only. */
+    int encoder;
+    /* configure reads the activation itself (the common parser does not look at hidden_act) */
+    int own_act;
+    /* The weight-name prefixes its checkpoints use, tried in order, and the tensor whose presence picks one
+     * (NULL: the loader's decoder prefixes, "model." ..., picked by embed_tokens.weight). */
+    const char *const *prefixes;
+    const char *probe;
 } osp_arch_ops;
 
 /* The table serving an "architectures" name (or, when that is NULL, a

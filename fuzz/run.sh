@@ -23,6 +23,10 @@ config)
     done ;;
 safetensors)
     cp tests/data/goldens/llama3-q4/model.safetensors "$work/seeds/llama3-q4" ;;
+tokenizer) # job 0 (a tokenizer.json): the WordPiece and Unigram ones
+    for f in tests/data/bert/bert-tiny/tokenizer.json tests/data/bert/xlmr-tiny/tokenizer.json; do
+        { printf '\000'; cat "$f"; } > "$work/seeds/$(echo "$f" | tr / _)"
+    done ;;
 jinja)
     for f in models/fortune/chat_template.jinja tests/data/templates/gemma4/chat_template.jinja \
         tests/e2e/tools_template.jinja; do

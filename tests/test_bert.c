@@ -27,7 +27,7 @@
 #define MAXH 128
 
 /* the texts of make_golden.py, in its order; a reranker's are (query, document) pairs */
-static const char *const EMBED_TEXTS[N_IN] = {"The cat sat on the mat.", "hi", "Hello, wörld! 中国 running cats",
+static const char *const EMBED_TEXTS[N_IN] = {"The cat sat on the mat.", "hi", "Ｈello, wörld! 中国 running ﬁ cats",
                                               "the the the the the the the the the the cat"};
 static const char *const PAIRS[N_IN][2] = {{"what sat on the mat?", "The cat sat on the mat."},
                                            {"hi", "hello"},
@@ -35,6 +35,55 @@ static const char *const PAIRS[N_IN][2] = {{"what sat on the mat?", "The cat sat
                                            {"the", "the the the the the the the the"}};
 
 static double rel(double a, double r) { return fabs(a - r) / fmax(1, fabs(r)); }
+
+/* ids checked by hand against the folders' vocabularies (tests/data/bert/make_tokenizers.py) */
+static void test_ids_by_hand(void **state) {
+    (void)state;
+    static const struct {
+        const char *dir, *text;
+        int32_t n, ids[24];
+    } CASES[] = {
+        /* BertNormalizer: lowercase, accents stripped (ö -> o), CJK padded; "Ｈello" and "ﬁ" are one [UNK] each;
+         * WordPiece: wo ##r ##ld, run ##ning, cat ##s */
+        {"data/bert/bert-tiny", "Ｈello, wörld! 中国 running ﬁ cats", 15,
+         {2, 1, 11, 16, 17, 18, 12, 22, 23, 19, 20, 1, 6, 21, 3}},
+        {"data/bert/bert-tiny", "The cat sat on the mat.", 9, {2, 5, 6, 7, 8, 5, 9, 10, 3}},
+        /* Precompiled: Ｈ -> H, ö -> o, ﬁ -> fi; Viterbi: ▁ H e llo , ▁w o r ld ! ▁ <unk: 中国 fused> ▁run ning ▁ f i
+         * ▁cat s */
+        {"data/bert/xlmr-tiny", "Ｈello, wörld! 中国 running ﬁ cats", 21,
+         {0, 4, 60, 38, 17, 11, 24, 48, 51, 26, 12, 4, 3, 21, 22, 4, 39, 42, 6, 52, 2}},
+        /* ▁T he (no ▁The), ▁cat (not ▁ca t) */
+        {"data/bert/xlmr-tiny", "The cat sat on the mat.", 10, {0, 18, 19, 6, 7, 8, 5, 9, 10, 2}},
+        /* the ideographic space -> " ", spaces squeezed, each ö its own cluster (the shorter key wins) */
+        {"data/bert/xlmr-tiny", "\u00f6\u00f6x\u3000  hi", 7, {0, 4, 48, 48, 57, 14, 2}},
+    };
+    for (size_t c = 0; c < sizeof CASES / sizeof *CASES; c++) {
+        osp_tokenizer *tok;
+        assert_int_equal(osp_tokenizer_load(CASES[c].dir, &tok), OSP_OK);
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(osp_tokenizer_encode_alloc(tok, CASES[c].text, strlen(CASES[c].text), 1, &ids, &n), OSP_OK);
+        assert_int_equal(n, CASES[c].n);
+        assert_memory_equal(ids, CASES[c].ids, sizeof(int32_t) * n);
+        osp_free(ids);
+        osp_tokenizer_free(tok);
+    }
+    /* the cross-encoder's pair, and its truncation (longest first: the document, then both) */
+    osp_tokenizer *tok;
+    assert_int_equal(osp_tokenizer_load("data/bert/xlmr-reranker-tiny", &tok), OSP_OK);
+    int32_t *ids, n;
+    assert_int_equal(osp_bert_pair_ids(tok, "hi", "hello", 64, &ids, &n), OSP_OK);
+    static const int32_t pair[] = {0, 14, 2, 2, 15, 2};
+    assert_int_equal(n, 6);
+    assert_memory_equal(ids, pair, sizeof pair);
+    osp_free(ids);
+    assert_int_equal(osp_bert_pair_ids(tok, "hi hi", "the the the the", 8, &ids, &n), OSP_OK);
+    static const int32_t cut[] = {0, 14, 14, 2, 2, 5, 5, 2};
+    assert_int_equal(n, 8);
+    assert_memory_equal(ids, cut, sizeof cut);
+    osp_free(ids);
+    osp_tokenizer_free(tok);
+}
 
 /* ids of input i as the folder's tokenizer gives them (a pair as the cross-encoder encodes it) */
 static void encode(const osp_tokenizer *tok, int pairs, int i, int32_t **ids, int32_t *n) {
@@ -166,7 +215,7 @@ static void test_refusals(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_bert), cmocka_unit_test(test_xlmr),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_ids_by_hand), cmocka_unit_test(test_bert), cmocka_unit_test(test_xlmr),
                                        cmocka_unit_test(test_reranker), cmocka_unit_test(test_refusals)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,7 @@ for m in bert-tiny xlmr-tiny; do
     echo "["
     tok $D/$m "The cat sat on the mat." --add-special; echo ","
     tok $D/$m "hi" --add-special; echo ","
-    tok $D/$m "Hello, wörld! 中国 running cats" --add-special; echo ","
+    tok $D/$m "Ｈello, wörld! 中国 running ﬁ cats" --add-special; echo ","
     tok $D/$m "the the the the the the the the the the cat" --add-special
     echo "]"
   } > /tmp/osp_bert_ids_$m.json

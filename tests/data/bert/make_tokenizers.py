@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Writes the hand-built tokenizers of tests/data/bert's folders (needs nothing but python3):
 bert-tiny: WordPiece with BertNormalizer (lowercase, accents stripped, CJK padded), BertPreTokenizer and the
-[CLS] $A [SEP] template; xlmr-tiny and xlmr-reranker-tiny: Unigram with NFKC + Replace(" {2,}", " "), Metaspace
+[CLS] $A [SEP] template; xlmr-tiny and xlmr-reranker-tiny: Unigram with Precompiled (a hand-built charsmap: fullwidth H, the fi ligature, ö, the ideographic space) +
+Replace(" {2,}", " "), Metaspace
 and XLM-R's <s> $A </s> / <s> $A </s> </s> $B </s> templates. Vocabularies of at most 64 ids (the presets' size).
 
     python3 tests/data/bert/make_tokenizers.py tests/data/bert
 """
-import json, os, string, sys
+import base64, json, os, string, sys
 
 root = sys.argv[1]
 
@@ -57,6 +58,36 @@ write(f"{root}/bert-tiny", bert, {"tokenizer_class": "BertTokenizer", "do_lower_
                                   "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]",
                                   "model_max_length": 64, "clean_up_tokenization_spaces": True})
 
+# ---- Precompiled: a darts-clone double-array trie of a few keys, as spm_precompiled reads it ----
+def charsmap(pairs):
+    """[u32 trie bytes][units][NUL-terminated replacements]: unit = offset << 10 | has_leaf << 8 | label; a key's
+    value (its replacement's offset) in the unit at its node's base (label 0), bit 31 set."""
+    blob = b""; trie = {}
+    for k, v in pairs:
+        node = trie
+        for b in k.encode():
+            node = node.setdefault(b, {})
+        node[None] = len(blob); blob += v.encode() + b"\0"
+    units = [0] * 1024; used = {0}
+
+    def place(node, pos):  # the node's unit is at pos; find its base
+        labels = [0 if k is None else k for k in node]
+        base = 1
+        while any((base ^ c) in used for c in labels): base += 1
+        for c in labels: used.add(base ^ c)
+        leaf = None in node
+        units[pos] = units[pos] & 0xFF | (pos ^ base) << 10 | (leaf << 8 if pos else 0)
+        if leaf: units[base] = node[None] | 1 << 31
+        for c, child in node.items():
+            if c is None: continue
+            units[base ^ c] = c
+            place(child, base ^ c)
+    place(trie, 0)
+    n = max(used) + 1
+    data = b"".join(u.to_bytes(4, "little") for u in units[:n])
+    return base64.b64encode(len(data).to_bytes(4, "little") + data + blob).decode()
+
+
 # ---- Unigram ----
 M = "\u2581"
 pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), (M, -3.0), (M + "the", -2.0),
@@ -72,8 +103,10 @@ mask = len(pieces) - 1
 xlmr = {
     "version": "1.0", "truncation": None, "padding": None,
     "added_tokens": [added(t, i) for i, t in enumerate(names[:4])] + [added("<mask>", mask)],
-    "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Replace",
-                   "pattern": {"Regex": " {2,}"}, "content": " "}]},
+    "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Precompiled", "precompiled_charsmap": charsmap([("\uff28", "H"), ("\ufb01", "fi"), ("\u00f6", "o"),
+                                                                  ("\u3000", " "), ("\u00f6\u00f6", "oe")])},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]},
     "pre_tokenizer": {"type": "Metaspace", "replacement": M, "prepend_scheme": "always", "split": True},
     "post_processor": {"type": "TemplateProcessing", "single": [sp("<s>"), seq("A"), sp("</s>")],
                        "pair": [sp("<s>"), seq("A"), sp("</s>"), sp("</s>"), seq("B"), sp("</s>")],

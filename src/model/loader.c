@@ -73,7 +73,7 @@ static void fill_info(osp_model *m) {
     in->n_eos = c->n_eos;
     in->bos_id = c->bos_id;
     in->has_head = !c->no_head;
-    for (int i = 0; i < c->n_layers; i++) {
+    for (int i = 0; i < c->n_layers && !c->arch->encoder; i++) { /* (an encoder keeps no KV cache) */
         in->n_sliding_layers += c->layer_sliding[i];
         if (c->layer_kv_donor[i] >= 0) { /* shares its donor's cache */
             in->n_kv_shared_layers++;

@@ -68,6 +68,35 @@ static void test_ids_by_hand(void **state) {
         osp_free(ids);
         osp_tokenizer_free(tok);
     }
+    /* WordPiece's decoder: the prefix dropped, a space before other pieces, cleanup's " ." -> "." */
+    osp_tokenizer *wp;
+    assert_int_equal(osp_tokenizer_load("data/bert/bert-tiny", &wp), OSP_OK);
+    static const int32_t cats[] = {2, 5, 6, 21, 10, 3};
+    char *text;
+    assert_int_equal(osp_tokenizer_decode(wp, cats, 6, OSP_DECODE_SKIP_SPECIAL, &text, NULL), OSP_OK);
+    assert_string_equal(text, "the cats.");
+    osp_free(text);
+    osp_tokenizer_free(wp);
+    /* Unigram's byte fallback: an unknown character is its bytes' <0xNN> pieces when they all exist, else unk */
+    static const char *const UNI[2] = {
+        "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\u2581\",\"prepend_scheme\":\"always\"},"
+        "\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"byte_fallback\":true,\"vocab\":[[\"<unk>\",0],"
+        "[\"\u2581\",-1],[\"a\",-1],[\"<0xC3>\",-5],[\"<0xA9>\",-5]]}}",
+        "{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"\u2581\",\"prepend_scheme\":\"always\"},"
+        "\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"byte_fallback\":true,\"vocab\":[[\"<unk>\",0],"
+        "[\"\u2581\",-1],[\"a\",-1],[\"<0xC3>\",-5]]}}"};
+    static const int32_t want[2][4] = {{1, 2, 3, 4}, {1, 2, 0, -1}};
+    for (int k = 0; k < 2; k++) {
+        osp_tokenizer *u;
+        assert_int_equal(osp_tokenizer_load_json(UNI[k], strlen(UNI[k]), NULL, 0, "unigram", &u), OSP_OK);
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(osp_tokenizer_encode_alloc(u, "a\u00e9", 3, 0, &ids, &n), OSP_OK);
+        assert_int_equal(n, k ? 3 : 4);
+        assert_memory_equal(ids, want[k], sizeof(int32_t) * n);
+        osp_free(ids);
+        osp_tokenizer_free(u);
+    }
     /* the cross-encoder's pair, and its truncation (longest first: the document, then both) */
     osp_tokenizer *tok;
     assert_int_equal(osp_tokenizer_load("data/bert/xlmr-reranker-tiny", &tok), OSP_OK);

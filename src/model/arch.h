@@ -1,5 +1,6 @@
 /* model/arch: an architecture is a table. Each file under model/ that
- * implements one (llama.c: Llama, Qwen2, Qwen3, Gemma 3; gemma4.c: Gemma 4)
+ * implements one (llama.c: Llama, Qwen2, Qwen3, Gemma 3; gemma4.c: Gemma 4;
+ * bert.c: the BERT and XLM-RoBERTa encoders)
  * owns its config keys, its weights' names and shapes, and its forward body;
  * the shared code (config.c, loader.c, session.c, forward.c) reads the table
  * and never names an architecture. A new architecture is a new file with a

@@ -645,7 +645,7 @@ int osp_cmd_synth(int argc, char **argv) {
     char path[4200];
     osp_status st = w ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
     if (st == OSP_OK) st = osp_config_parse(cfg, "config", &c); /* the engine's own parser: the layout it binds */
-    c.no_head = bare;
+    c.no_head = bare || c.no_head; /* an encoder's configure says it has none */
     if (st == OSP_OK) st = plan_build(&c, &p);
     if (st == OSP_OK) st = plan_declare(&p, w);
     if (st == OSP_OK) st = osp_st_writer_set_meta(w, "format", bits ? "mlx" : "pt");

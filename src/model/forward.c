@@ -4,7 +4,8 @@
  * architecture's forward_chunk (arch.h).
  *
  * Input ids [B, T]; row b continues at its own position kv->pos[b]. All
- * math is the backend's; reference precision is f32 throughout. */
+ * math is the backend's; reference precision is f32 throughout. An encoder
+ * (arch.h's encoder) runs each row whole instead, without the KV cache. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/options.h"
@@ -40,6 +41,7 @@ static osp_status read_hidden(osp_session *s, const hidden_out *h, int32_t nb, i
 static osp_status encoder_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
                                const int32_t *lens, const hidden_out *hid) {
     const int64_t H = s->m->cfg.hidden;
+    if (!hid) return osp_err(OSP_ERR_UNSUPPORTED, "%s: an encoder gives hidden states only", s->m->dir);
     if (n_tok > s->sc.max_tok)
         return osp_err(OSP_ERR_RANGE, "an encoder runs an input whole: %d tokens are more than this session's %d",
                        n_tok, s->sc.max_tok);

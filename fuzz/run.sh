@@ -18,7 +18,7 @@ mkdir -p "$corpus" "$work/seeds" "$art"
 cp fuzz/seeds/"$name"/* "$work/seeds/" 2>/dev/null || true
 case $name in
 config)
-    for f in tests/data/goldens/*/config.json models/fortune/config.json; do
+    for f in tests/data/goldens/*/config.json tests/data/bert/*/config.json models/fortune/config.json; do
         cp "$f" "$work/seeds/$(echo "$f" | tr / _)"
     done ;;
 safetensors)

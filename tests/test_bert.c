@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <jansson.h>
 #include "model/bert.h"
+#include "model/config.h"
 #include "model/embed.h"
 #include "model/safetensors.h"
 #include "osprey.h"
@@ -246,8 +248,42 @@ static void test_refusals(void **state) {
     osp_model_free(m);
 }
 
+/* configs an encoder refuses, each naming what it does not run */
+static void test_config_refusals(void **state) {
+    (void)state;
+    static const struct {
+        const char *extra, *needle;
+        osp_status want;
+    } CASES[] = {
+        {"\"hidden_act\": \"relu\"", "hidden_act 'relu'", OSP_ERR_UNSUPPORTED},
+        {"\"position_embedding_type\": \"relative_key\"", "relative_key", OSP_ERR_UNSUPPORTED},
+        {"\"is_decoder\": true", "is_decoder", OSP_ERR_UNSUPPORTED},
+        {"\"num_attention_heads\": 5", "heads x head size", OSP_ERR_UNSUPPORTED},
+        {"\"pad_token_id\": 64", "pad_token_id 64", OSP_ERR_FORMAT},
+        {"\"architectures\": [\"XLMRobertaForSequenceClassification\"], \"id2label\": {\"0\": \"a\", \"1\": \"b\"}",
+         "2 labels", OSP_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "{\"architectures\": [\"XLMRobertaModel\"], \"hidden_size\": 64, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 64,"
+                 " \"max_position_embeddings\": 66, %s}",
+                 CASES[i].extra);
+        json_t *root = json_loads(text, 0, NULL); /* a repeated key: the last wins */
+        assert_non_null(root);
+        osp_config c;
+        osp_status st = osp_config_parse(root, "config.json", &c);
+        osp_config_free(&c);
+        json_decref(root);
+        if (st != CASES[i].want || !strstr(osp_last_error(), CASES[i].needle))
+            fail_msg("%s: status %d, '%s'", CASES[i].extra, st, osp_last_error());
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_ids_by_hand), cmocka_unit_test(test_bert), cmocka_unit_test(test_xlmr),
-                                       cmocka_unit_test(test_reranker), cmocka_unit_test(test_refusals)};
+                                       cmocka_unit_test(test_reranker), cmocka_unit_test(test_refusals),
+                                       cmocka_unit_test(test_config_refusals)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

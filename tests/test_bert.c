@@ -246,6 +246,12 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_bert_pair_scores(s, pi, pl, 1, &sc), OSP_ERR_UNSUPPORTED); /* no classifier */
     osp_session_free(s);
     osp_model_free(m);
+    /* an encoder without sentence-transformers files has no pooling to guess */
+    osp_embed_config c;
+    assert_int_equal(osp_model_load("data/bert/xlmr-reranker-tiny", &m), OSP_OK);
+    assert_int_equal(osp_embed_config_load(m, &c), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "modules.json"));
+    osp_model_free(m);
 }
 
 /* configs an encoder refuses, each naming what it does not run */

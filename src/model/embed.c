@@ -113,6 +113,9 @@ osp_status osp_embed_config_load(const osp_model *m, osp_embed_config *c) {
         rc = read_modules(m->dir, mods, c);
         json_decref(mods);
         OSP_TRY(rc);
+    } else if (m->cfg.arch->encoder) { /* no documented default for the family: CLS (bge) or mean (MiniLM) */
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: an encoder pools as its sentence-transformers files say "
+                       "(modules.json, 1_Pooling/config.json), and the folder has none", m->dir);
     } else {
         c->pooling = OSP_POOLING_LAST, c->normalize = 1;
         snprintf(c->source, sizeof c->source, "default");

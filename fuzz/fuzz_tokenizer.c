@@ -4,7 +4,9 @@
  *         encoded and decoded with it;
  *   odd:  the rest is text, encoded (with and without specials) and decoded
  *         by the real tokenizers in FUZZ_TOKENIZERS (a ':'-separated list of
- *         folders or tokenizer.json files; default: the bundled model's). */
+ *         folders or tokenizer.json files; default: the bundled model's, and
+ *         the encoders' WordPiece and Unigram tokenizers of tests/data/bert).
+ * The seeds (fuzz/run.sh) include those tokenizer.json files as job 0. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +19,7 @@ static int n_toks;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     const char *env = getenv("FUZZ_TOKENIZERS");
-    char *list = strdup(env ? env : "models/fortune");
+    char *list = strdup(env ? env : "models/fortune:tests/data/bert/bert-tiny:tests/data/bert/xlmr-tiny");
     for (char *p = strtok(list, ":"); p && n_toks < 8; p = strtok(NULL, ":"))
         if (osp_tokenizer_load(p, &toks[n_toks]) == OSP_OK) n_toks++;
     free(list);

@@ -18,11 +18,15 @@ mkdir -p "$corpus" "$work/seeds" "$art"
 cp fuzz/seeds/"$name"/* "$work/seeds/" 2>/dev/null || true
 case $name in
 config)
-    for f in tests/data/goldens/*/config.json models/fortune/config.json; do
+    for f in tests/data/goldens/*/config.json tests/data/bert/*/config.json models/fortune/config.json; do
         cp "$f" "$work/seeds/$(echo "$f" | tr / _)"
     done ;;
 safetensors)
     cp tests/data/goldens/llama3-q4/model.safetensors "$work/seeds/llama3-q4" ;;
+tokenizer) # job 0 (a tokenizer.json): the WordPiece and Unigram ones
+    for f in tests/data/bert/bert-tiny/tokenizer.json tests/data/bert/xlmr-tiny/tokenizer.json; do
+        { printf '\000'; cat "$f"; } > "$work/seeds/$(echo "$f" | tr / _)"
+    done ;;
 jinja)
     for f in models/fortune/chat_template.jinja tests/data/templates/gemma4/chat_template.jinja \
         tests/e2e/tools_template.jinja; do

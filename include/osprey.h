@@ -169,6 +169,11 @@ osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb,
  * call) wanted of each row, out [nb, hidden]; pos NULL: every position, out [nb, n_tok, hidden]. */
 osp_status osp_forward_rows_hidden(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
                                    int32_t n_tok, const int32_t *pos, float *out);
+/* The same, row b's input being its first lens[b] tokens (1..n_tok; the rest padding, as a batch padded on the
+ * right): an encoder (bidirectional attention) attends to those only; a causal model's positions never see the
+ * padding after them, so lens changes nothing there. lens NULL: every row has n_tok. */
+osp_status osp_forward_rows_hidden_lens(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
+                                        int32_t n_tok, const int32_t *lens, const int32_t *pos, float *out);
 
 /* Greedy decoding as a chain of steps, so that a GPU need not wait for the
  * host between them. With ids [nb] (a chain begins): the step of the rows

@@ -540,10 +540,10 @@ static void test_errors(void **s) {
     free(cut);
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []", OSP_ERR_FORMAT, "truncated");
     expect_error("{\"model\": {\"type\": \"BPE\" \"vocab\": {}}}", OSP_ERR_FORMAT, "byte 25: expected ','");
-    expect_error(mini_json("WordPiece", "null", "null", "null"), OSP_ERR_UNSUPPORTED, "WordPiece");
-    expect_error(mini_json("Unigram", "null", "null", "null"), OSP_ERR_UNSUPPORTED, "Unigram");
+    expect_error(mini_json("WordLevel", "null", "null", "null"), OSP_ERR_UNSUPPORTED, "WordLevel");
+    expect_error(mini_json("Unigram", "null", "null", "null"), OSP_ERR_FORMAT, "Unigram"); /* vocab not a list */
     expect_error(mini_json("BPE", "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"\"}", "null", "null"),
-                 OSP_ERR_UNSUPPORTED, "Precompiled");
+                 OSP_ERR_FORMAT, "Precompiled"); /* an empty charsmap has no trie */
     expect_error(mini_json("BPE", "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Bogus\"}]}",
                            "null", "null"),
                  OSP_ERR_UNSUPPORTED, "Bogus");

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "cli.h"
+#include "encoder_tools.h"
 #include "core/core.h"
 #include "core/threadpool.h"
 #include "model/arch.h"
@@ -610,9 +611,10 @@ int osp_cmd_synth(int argc, char **argv) {
     if (a.preset && osp_whisper_preset_known(a.preset)) return osp_whisper_synth(a.preset, a.dtype, a.out, a.seed);
 
     json_t *cfg = NULL;
-    int bare = 0;
+    int bare = 0, enc = 0;
     if (a.preset) {
         cfg = preset_config(a.preset, &bare);
+        if (!cfg && (cfg = osp_encoder_preset_config(a.preset))) bare = enc = 1;
         if (!cfg)
             return synth_fail("unknown preset '%s' (llama-3.2-1b, qwen3-0.6b, gemma-3-1b, "
                               "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny)", a.preset);
@@ -643,13 +645,13 @@ int osp_cmd_synth(int argc, char **argv) {
     char path[4200];
     osp_status st = w ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
     if (st == OSP_OK) st = osp_config_parse(cfg, "config", &c); /* the engine's own parser: the layout it binds */
-    c.no_head = bare;
+    c.no_head = bare || c.no_head; /* an encoder's configure says it has none */
     if (st == OSP_OK) st = plan_build(&c, &p);
     if (st == OSP_OK) st = plan_declare(&p, w);
     if (st == OSP_OK) st = osp_st_writer_set_meta(w, "format", bits ? "mlx" : "pt");
     if (st == OSP_OK) st = synth_mkdir(a.out);
     if (st == OSP_OK) st = synth_write_config(cfg, bits, group, p.qover, a.out);
-    if (st == OSP_OK && bare) st = write_st_files(a.out, c.hidden);
+    if (st == OSP_OK && bare) st = enc ? osp_encoder_synth_files(a.preset, a.out) : write_st_files(a.out, c.hidden);
     if (st == OSP_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", a.out);
         synth_fill_ctx fc = {&p};

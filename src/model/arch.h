@@ -1,5 +1,6 @@
 /* model/arch: an architecture is a table. Each file under model/ that
- * implements one (llama.c: Llama, Qwen2, Qwen3, Gemma 3; gemma4.c: Gemma 4)
+ * implements one (llama.c: Llama, Qwen2, Qwen3, Gemma 3; gemma4.c: Gemma 4;
+ * bert.c: the BERT and XLM-RoBERTa encoders)
  * owns its config keys, its weights' names and shapes, and its forward body;
  * the shared code (config.c, loader.c, session.c, forward.c) reads the table
  * and never names an architecture. A new architecture is a new file with a
@@ -55,6 +56,17 @@ typedef struct osp_arch_ops {
     int hidden;
     /* its embedders are trained for Matryoshka widths (model/embed.h) unless config.json says otherwise */
     int matryoshka;
+    /* An encoder (model/bert.c): attention sees a row's whole input, so a call runs each row's tokens as one chunk
+     * (as many rows a chunk as fit the session's max_tok; a longer input is refused), reads and writes no KV
+     * cache, and a row attends only to its first lens[b] tokens (osp_forward_rows_hidden_lens: the rest is
+     * padding). Hidden states only. */
+    int encoder;
+    /* configure reads the activation itself (the common parser does not look at hidden_act) */
+    int own_act;
+    /* The weight-name prefixes its checkpoints use, tried in order, and the tensor whose presence picks one
+     * (NULL: the loader's decoder prefixes, "model." ..., picked by embed_tokens.weight). */
+    const char *const *prefixes;
+    const char *probe;
 } osp_arch_ops;
 
 /* The table serving an "architectures" name (or, when that is NULL, a

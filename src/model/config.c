@@ -207,7 +207,7 @@ osp_status osp_config_parse(json_t *root, const char *path, osp_config *c) {
     if (!tie) tie = json_object_get(root, "tie_word_embeddings");
     c->tie_embeddings = tie ? json_is_true(tie) : c->arch->tie_default;
     c->attn_scale = (float)pow((double)c->head_dim, -0.5); /* head_dim**-0.5, as the reference */
-    OSP_TRY(parse_act(tc, path, c));
+    if (!c->arch->own_act) OSP_TRY(parse_act(tc, path, c));
     OSP_TRY(parse_layers(tc, path, c));
     OSP_TRY(parse_ropes(tc, path, c));
     c->bos_id = get_int(tc, "bos_token_id", get_int(root, "bos_token_id", -1));

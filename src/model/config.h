@@ -71,6 +71,13 @@ typedef struct osp_config {
     int double_wide;           /* use_double_wide_mlp: KV-shared layers have twice the MLP width */
     int moe;                   /* enable_moe_block */
     int32_t n_experts, top_k_experts, moe_intermediate;
+
+    /* encoders (model/bert.c) */
+    int32_t n_pos_embed;       /* max_position_embeddings: rows of the learned position table */
+    int32_t type_vocab;        /* type_vocab_size: rows of the token-type table (type 0 is used) */
+    int32_t pad_id;            /* pad_token_id; XLM-R counts positions from it (padding_idx + 1 + t) */
+    int pos_from_pad;          /* XLM-R's position ids: transformers' create_position_ids_from_input_ids */
+    int32_t n_labels;          /* a sequence-classification head's outputs (0: none) */
 } osp_config;
 
 /* Parse config.json text (the object at the root, or its text_config). */

@@ -113,6 +113,9 @@ osp_status osp_embed_config_load(const osp_model *m, osp_embed_config *c) {
         rc = read_modules(m->dir, mods, c);
         json_decref(mods);
         OSP_TRY(rc);
+    } else if (m->cfg.arch->encoder) { /* no documented default for the family: CLS (bge) or mean (MiniLM) */
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: an encoder pools as its sentence-transformers files say "
+                       "(modules.json, 1_Pooling/config.json), and the folder has none", m->dir);
     } else {
         c->pooling = OSP_POOLING_LAST, c->normalize = 1;
         snprintf(c->source, sizeof c->source, "default");
@@ -163,6 +166,8 @@ osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, 
     int64_t tok = (int64_t)rows * ctx;
     osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .max_tokens = (int32_t)(tok < 2048 ? (tok < rows ? rows : tok) : 2048)};
     if (o.max_tokens < rows) o.max_tokens = rows;
+    int32_t whole = ctx > 0 && ctx < m->cfg.max_pos ? ctx : m->cfg.max_pos;
+    if (m->cfg.arch->encoder && o.max_tokens < whole) o.max_tokens = whole; /* an encoder runs an input whole */
     return osp_session_new_opts(m, &o, out);
 }
 
@@ -189,9 +194,9 @@ osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_
             rows[b] = b;
             pos[b] = c->pooling == OSP_POOLING_CLS ? 0 : L - 1;
             memcpy(buf + (int64_t)b * T, ids[i0 + b], sizeof(int32_t) * (size_t)L);
-            for (int32_t t = L; t < T; t++) buf[(int64_t)b * T + t] = ids[i0 + b][L - 1]; /* padding: unseen */
+            for (int32_t t = L; t < T; t++) buf[(int64_t)b * T + t] = ids[i0 + b][L - 1]; /* padding: unseen (lens) */
         }
-        rc = osp_forward_rows_hidden(s, rows, nb, buf, T, all ? NULL : pos, h);
+        rc = osp_forward_rows_hidden_lens(s, rows, nb, buf, T, len + i0, all ? NULL : pos, h);
         for (int32_t b = 0; b < nb && rc == OSP_OK; b++)
             osp_embed_pool(c->pooling, h + (int64_t)b * (all ? T : 1) * H, len[i0 + b], H, out + (int64_t)(i0 + b) * H);
         for (int32_t b = 0; b < nb; b++) osp_session_reset_row(s, b);

@@ -21,9 +21,11 @@
  * are trained for it); otherwise a width other than the full one is refused.
  *
  * Batching (osp_embed_run): up to the session's rows at once, each group
- * padded on the right to its longest member. Attention is causal, so a
- * position never sees the padding after it: a row's states are its own
- * (within the matmuls' rounding of a larger batch). Rows are reset after.
+ * padded on the right to its longest member. A causal model's position
+ * never sees the padding after it, and an encoder (model/bert.c) attends to
+ * each row's own length (osp_forward_rows_hidden_lens): a row's states are
+ * its own (within the matmuls' rounding of a larger batch). Rows are reset
+ * after. An encoder's session holds a whole input in one step.
  */
 #ifndef OSP_EMBED_H
 #define OSP_EMBED_H

@@ -4,7 +4,8 @@
  * architecture's forward_chunk (arch.h).
  *
  * Input ids [B, T]; row b continues at its own position kv->pos[b]. All
- * math is the backend's; reference precision is f32 throughout. */
+ * math is the backend's; reference precision is f32 throughout. An encoder
+ * (arch.h's encoder) runs each row whole instead, without the KV cache. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/options.h"
@@ -35,9 +36,38 @@ static osp_status read_hidden(osp_session *s, const hidden_out *h, int32_t nb, i
     return OSP_OK;
 }
 
+/* An encoder's call (arch.h's encoder): each row's n_tok tokens are one chunk, as many rows a chunk as fit the
+ * session's max_tok; no KV cache is reserved, read or written, and no position advances. */
+static osp_status encoder_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
+                               const int32_t *lens, const hidden_out *hid) {
+    const int64_t H = s->m->cfg.hidden;
+    if (!hid) return osp_err(OSP_ERR_UNSUPPORTED, "%s: an encoder gives hidden states only", s->m->dir);
+    if (n_tok > s->sc.max_tok)
+        return osp_err(OSP_ERR_RANGE, "an encoder runs an input whole: %d tokens are more than this session's %d",
+                       n_tok, s->sc.max_tok);
+    int32_t per = s->sc.max_tok / n_tok;
+    for (int32_t b0 = 0; b0 < nb; b0 += per) {
+        int32_t g = nb - b0 < per ? nb - b0 : per;
+        memcpy(s->sc.ids, ids + (int64_t)b0 * n_tok, sizeof(int32_t) * (size_t)g * (size_t)n_tok);
+        for (int32_t b = 0; b < g; b++) s->sc.bpos[b] = 0;
+        s->rows = rows + b0;
+        s->nb = g;
+        s->lens = lens ? lens + b0 : NULL;
+        s->hidden = 1;
+        s->be->begin_chunk(s->bs, g, n_tok);
+        osp_status rc = s->m->cfg.arch->forward_chunk(s, s->sc.ids, n_tok, 0, NULL, n_tok);
+        s->hidden = 0, s->lens = NULL;
+        OSP_TRY(rc);
+        OSP_TRY(s->be->status(s->bs));
+        hidden_out h = {hid->pos ? hid->pos + b0 : NULL, hid->out + (int64_t)b0 * (hid->pos ? 1 : n_tok) * H};
+        OSP_TRY(read_hidden(s, &h, g, 0, n_tok, n_tok));
+    }
+    return OSP_OK;
+}
+
 static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
                                int all_logits, float *logits, int32_t *out_ids, const uint8_t *need, int defer,
-                               const hidden_out *hid) {
+                               const hidden_out *hid, const int32_t *lens) {
     const osp_config *c = &s->m->cfg;
     osp_kv *kv = s->kv;
     if (!hid && c->no_head)
@@ -61,6 +91,10 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
                 return osp_err(OSP_ERR_RANGE, "token id %d is outside the vocabulary (0..%d)", id, c->vocab - 1);
         }
     }
+    for (int32_t b = 0; lens && b < nb; b++)
+        if (lens[b] < 1 || lens[b] > n_tok)
+            return osp_err(OSP_ERR_RANGE, "row %d: length %d is not within the call's %d tokens", b, lens[b], n_tok);
+    if (c->arch->encoder) return encoder_rows(s, rows, nb, ids, n_tok, lens, hid);
     for (int32_t b = 0; b < nb; b++) OSP_TRY(osp_kv_reserve(kv, rows[b], kv->pos[rows[b]] + n_tok));
     s->rows = rows;
     s->nb = nb;
@@ -94,7 +128,7 @@ osp_status osp_forward_rows(osp_session *s, const int32_t *rows, int32_t nb, con
                             int all_logits, float *logits) {
     NO_CHAIN(s);
     if (!ids) return osp_err(OSP_ERR_INVALID, "forward without token ids");
-    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL, 0, NULL);
+    return forward_rows(s, rows, nb, ids, n_tok, all_logits, logits, NULL, NULL, 0, NULL, NULL);
 }
 
 osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
@@ -102,18 +136,23 @@ osp_status osp_forward_rows_ids(osp_session *s, const int32_t *rows, int32_t nb,
     NO_CHAIN(s);
     if (!logits || !next || !ids)
         return osp_err(OSP_ERR_INVALID, "forward with ids out needs token ids, a logits area and the ids' room");
-    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits, 0, NULL);
+    return forward_rows(s, rows, nb, ids, n_tok, 0, logits, next, need_logits, 0, NULL, NULL);
 }
 
 osp_status osp_forward_rows_hidden(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids, int32_t n_tok,
                                    const int32_t *pos, float *out) {
+    return osp_forward_rows_hidden_lens(s, rows, nb, ids, n_tok, NULL, pos, out);
+}
+
+osp_status osp_forward_rows_hidden_lens(osp_session *s, const int32_t *rows, int32_t nb, const int32_t *ids,
+                                        int32_t n_tok, const int32_t *lens, const int32_t *pos, float *out) {
     NO_CHAIN(s);
     if (!ids || !out) return osp_err(OSP_ERR_INVALID, "forward for hidden states needs token ids and room for them");
     for (int32_t b = 0; pos && b < nb; b++)
         if (pos[b] < 0 || pos[b] >= n_tok)
             return osp_err(OSP_ERR_RANGE, "row %d: position %d is not among the call's %d tokens", b, pos[b], n_tok);
     hidden_out h = {pos, out};
-    return forward_rows(s, rows, nb, ids, n_tok, 0, NULL, NULL, NULL, 0, &h);
+    return forward_rows(s, rows, nb, ids, n_tok, 0, NULL, NULL, NULL, 0, &h, lens);
 }
 
 /* ---- chains of greedy steps (osp_forward_rows_chain) ----
@@ -156,7 +195,7 @@ static osp_status chain_wait(osp_session *s) { return s->be->ids_wait ? s->be->i
 /* queue a step of the chain's rows fed with ids (host), or with the in-flight step's (NULL); its ids go to the
  * other buffer, which becomes the in-flight step's */
 static osp_status chain_step(osp_session *s, const int32_t *ids, float *logits) {
-    osp_status rc = forward_rows(s, s->chain_rows, s->chain_nb, ids, 1, 0, logits, chain_buf(s, 1), NULL, 1, NULL);
+    osp_status rc = forward_rows(s, s->chain_rows, s->chain_nb, ids, 1, 0, logits, chain_buf(s, 1), NULL, 1, NULL, NULL);
     s->chain_buf ^= 1;
     s->chain = CHAIN_FLIGHT;
     return rc;

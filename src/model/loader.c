@@ -17,24 +17,34 @@ static const char *PREFIXES[] = {"model.", "model.language_model.", "language_mo
 static const char *HEADS[] = {"lm_head", "lm_head", "language_model.lm_head", "lm_head"};
 #define N_PREFIXES ((int)(sizeof PREFIXES / sizeof *PREFIXES))
 
+/* The checkpoint's names with prefix pi: the architecture's own prefixes (an encoder's "bert.", "roberta.", none)
+ * or the decoders' */
+static osp_tnames names_of(const osp_config *c, int pi) {
+    if (c->arch->prefixes) return (osp_tnames){c->arch->prefixes[pi], "lm_head"};
+    return (osp_tnames){PREFIXES[pi], HEADS[pi]};
+}
+
 static osp_status bind_all(osp_model *m) {
     const osp_config *c = &m->cfg;
+    const char *const *prefixes = c->arch->prefixes ? c->arch->prefixes : PREFIXES;
+    const char *probe = c->arch->prefixes ? c->arch->probe : "embed_tokens.weight";
     char n[512];
     int pi = -1;
-    for (int i = 0; i < N_PREFIXES && pi < 0; i++) {
-        snprintf(n, sizeof n, "%sembed_tokens.weight", PREFIXES[i]);
+    for (int i = 0; (c->arch->prefixes ? prefixes[i] != NULL : i < N_PREFIXES) && pi < 0; i++) {
+        snprintf(n, sizeof n, "%s%s", prefixes[i], probe);
         if (osp_st_find(m->st, n)) pi = i;
     }
-    if (pi < 0) return osp_err(OSP_ERR_FORMAT, "%s: tensor 'model.embed_tokens.weight' is missing", m->dir);
+    if (pi < 0) return osp_err(OSP_ERR_FORMAT, "%s: tensor '%s%s' is missing", m->dir, prefixes[0], probe);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return osp_err(OSP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < c->n_layers; i++) m->layers[i].layer_scalar = 1.0f;
     m->prefix = pi;
+    osp_tnames names = names_of(c, pi);
     /* no head: a bare model's weights (no prefix), or an untied config whose head is absent (Qwen3-Embedding-8B
-     * says tie_word_embeddings false and has no lm_head); such a model embeds, it does not generate */
-    snprintf(n, sizeof n, "%s.weight", HEADS[pi]);
-    m->cfg.no_head = !*PREFIXES[pi] || (!c->tie_embeddings && !osp_st_find(m->st, n));
-    osp_tnames names = {PREFIXES[pi], HEADS[pi]};
+     * says tie_word_embeddings false and has no lm_head); such a model embeds, it does not generate. An encoder
+     * never has one. */
+    snprintf(n, sizeof n, "%s.weight", names.head);
+    m->cfg.no_head = c->arch->encoder || !*names.prefix || (!c->tie_embeddings && !osp_st_find(m->st, n));
     OSP_TRY(c->arch->layout(c, m, &names, osp_bind_visit, m));
     if (c->tie_embeddings && !c->no_head) { /* the head reads the embedding's weights, streamed every step */
         m->head = m->embed;
@@ -63,7 +73,7 @@ static void fill_info(osp_model *m) {
     in->n_eos = c->n_eos;
     in->bos_id = c->bos_id;
     in->has_head = !c->no_head;
-    for (int i = 0; i < c->n_layers; i++) {
+    for (int i = 0; i < c->n_layers && !c->arch->encoder; i++) { /* (an encoder keeps no KV cache) */
         in->n_sliding_layers += c->layer_sliding[i];
         if (c->layer_kv_donor[i] >= 0) { /* shares its donor's cache */
             in->n_kv_shared_layers++;
@@ -124,7 +134,7 @@ static osp_status collect(void *ctx, const osp_tdesc *d) {
 
 /* Walk the model's layout with the collector (twice: count, then fill). */
 static osp_status walk(osp_model *m, collect_ctx *c) {
-    osp_tnames names = {PREFIXES[m->prefix], HEADS[m->prefix]};
+    osp_tnames names = names_of(&m->cfg, m->prefix);
     OSP_TRY(m->cfg.arch->layout(&m->cfg, m, &names, collect, c));
     if (!c->vectors && m->cfg.tie_embeddings && !m->cfg.no_head) put(c, &m->head); /* the embedding's weights, streamed as the head */
     return OSP_OK;

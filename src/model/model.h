@@ -27,6 +27,7 @@ typedef struct osp_layer {
     osp_vec post_attn_norm; /* [hidden] Gemma: post_attention_layernorm, else NULL */
     osp_vec mlp_norm;       /* [hidden] llama: post_attention_layernorm; Gemma: pre_feedforward_layernorm */
     osp_vec post_mlp_norm;  /* [hidden] Gemma: post_feedforward_layernorm */
+    osp_vec post_attn_norm_b, post_mlp_norm_b; /* [hidden] encoders' LayerNorm biases (model/bert.c), else NULL */
     osp_vec q_norm, k_norm; /* [head_dim] or NULL */
     osp_vec bq, bk, bv, bo; /* biases or NULL */
     osp_vec bg, bu, bd;
@@ -64,6 +65,13 @@ struct osp_model {
     osp_weight ple_model_proj; /* [n_layers * P, hidden] */
     osp_vec ple_proj_norm;     /* [P] */
     float embed_ple_scale;     /* sqrt(P), in f32 like embed_scale */
+    /* encoders (model/bert.c) */
+    osp_weight pos_embed;      /* [n_pos_embed, hidden] learned absolute positions (gathered) */
+    osp_weight type_embed;     /* [type_vocab, hidden] token types (gathered) */
+    osp_vec embed_norm, embed_norm_b; /* [hidden] the embeddings' LayerNorm */
+    osp_weight cls_dense;      /* [hidden, hidden] classifier.dense (gathered: read on the host, in the mapping) */
+    osp_weight cls_out;        /* [n_labels, hidden] classifier.out_proj (the same) */
+    osp_vec cls_dense_b, cls_out_b; /* [hidden], [n_labels] their biases */
     char dtype_name[16];
     int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
@@ -100,6 +108,7 @@ struct osp_session {
     const uint8_t *head_need; /* [nb] with head_ids: rows whose logits are wanted too */
     int head_defer;      /* the running call's head may defer its ids (osp_head_args.defer_ids) */
     int hidden;          /* the running call wants hidden states, not logits (arch.h's hidden) */
+    const int32_t *lens; /* [nb] an encoder's call: the tokens each row attends to (the rest is padding); NULL: all */
     /* a chain of greedy steps (osp_forward_rows_chain) */
     int chain;           /* a step of it is in flight */
     int chain_ahead;     /* 1 (the default; OSP_CHAIN=0: 0): queue a step before its input ids reach the host */

@@ -28,6 +28,7 @@ void osp_tokenizer_free(osp_tokenizer *t) {
     osp_free(t->vmap);
     osp_free(t->cp_id);
     osp_free(t->pairs);
+    osp_free(t->uni_score);
     osp_free(t->cs_prefix);
     osp_free(t->eow_suffix);
     tk_added_free(t);
@@ -150,6 +151,8 @@ static osp_status encode(tk_ctx *c, const char *text, size_t len, int add_specia
     /* 4. the model */
     for (size_t i = 0; st == OSP_OK && i < res->n; i++) {
         if (res->p[i].id >= 0) st = tk_ivec_push(ids, res->p[i].id);
+        else if (t->model == TK_MODEL_WORDPIECE) st = tk_wordpiece_piece(c, &res->p[i], ids);
+        else if (t->model == TK_MODEL_UNIGRAM) st = tk_unigram_piece(c, &res->p[i], ids);
         else st = tk_bpe_piece(c, &res->p[i], ids);
     }
     /* 5. post-process */

@@ -1,5 +1,6 @@
 /* text/tokenizer: Hugging Face tokenizer.json tokenizers (BPE, byte-level
- * and SentencePiece-style) and tiktoken rank files, reproduced exactly.
+ * and SentencePiece-style, WordPiece, Unigram) and tiktoken rank files,
+ * reproduced exactly.
  *
  * A loaded osp_tokenizer is immutable and may be shared by threads; every
  * call takes its scratch from the call itself (the pre-token cache inside is
@@ -8,7 +9,7 @@
  * Encode runs the Hugging Face pipeline in its order:
  *   added tokens (non-normalized ones on the raw text, longest match first)
  *   -> normalizer (per remaining piece) -> added tokens (normalized ones)
- *   -> pre-tokenizer -> BPE model -> post-processor (only with add_special).
+ *   -> pre-tokenizer -> model -> post-processor (only with add_special).
  * Decode runs the tokenizer.json decoder over the token strings ("decode"
  * here never applies transformers' clean_up_tokenization_spaces unless the
  * caller asks with OSP_DECODE_CLEANUP_SPACES).
@@ -18,13 +19,18 @@
  *   model         BPE (vocab, merges as "a b" or ["a","b"], unk_token,
  *                 fuse_unk, byte_fallback, ignore_merges,
  *                 continuing_subword_prefix, end_of_word_suffix; dropout
- *                 must be null or 0)
- *   normalizer    NFC NFD NFKC NFKD Lowercase Replace Prepend Strip Sequence
+ *                 must be null or 0); WordPiece (unk_token,
+ *                 continuing_subword_prefix, max_input_chars_per_word:
+ *                 tokenizer_wordpiece.c); Unigram ([[piece, score], ...],
+ *                 unk_id, byte_fallback; Viterbi: tokenizer_unigram.c)
+ *   normalizer    NFC NFD NFKC NFKD Lowercase Replace Prepend Strip
+ *                 BertNormalizer Precompiled Sequence
  *   pre_tokenizer ByteLevel Split Metaspace Digits Punctuation Whitespace
- *                 WhitespaceSplit Sequence
+ *                 WhitespaceSplit BertPreTokenizer Sequence
  *   post_processor TemplateProcessing ByteLevel RobertaProcessing
  *                 BertProcessing Sequence (ids only; no offsets are kept)
- *   decoder       ByteLevel ByteFallback Fuse Strip Replace Metaspace Sequence
+ *   decoder       ByteLevel ByteFallback Fuse Strip Replace Metaspace WordPiece
+ *                 Sequence
  * `truncation` and `padding` are batch-shaping options of the reference
  * library, not tokenization: they are ignored.
  *

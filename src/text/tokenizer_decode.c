@@ -73,6 +73,15 @@ static osp_status parse_one(osp_tokenizer *t, json_t *j) {
         st->prepend = scheme != TK_PREPEND_NEVER;
         return OSP_OK;
     }
+    if (!strcmp(type, "WordPiece")) {
+        json_t *pre = json_object_get(j, "prefix");
+        const char *p = json_is_string(pre) ? json_string_value(pre) : "##";
+        OSP_TRY(add_step(t, TD_WORDPIECE, &st));
+        st->content_len = json_is_string(pre) ? json_string_length(pre) : 2;
+        st->content = tk_strndup(p, st->content_len);
+        st->cleanup = !json_is_false(json_object_get(j, "cleanup"));
+        return st->content ? OSP_OK : osp_err(OSP_ERR_NOMEM, "%s: out of memory", t->name);
+    }
     return osp_err(OSP_ERR_UNSUPPORTED, "%s: decoder type '%s' is not supported", t->name, type);
 }
 
@@ -304,6 +313,39 @@ static osp_status metaspace(tk_arena *ar, const tk_dec *d, const dlist *in, dlis
     return OSP_OK;
 }
 
+/* WordPiece (tokenizers' wordpiece.rs): a token after the first loses its prefix, or gets a space before it; then,
+ * with cleanup, transformers' clean_up_tokenization on each token */
+static osp_status wordpiece(tk_arena *ar, const tk_dec *d, const dlist *in, dlist *out, int first) {
+    static const char *const R[][2] = {{" .", "."},     {" ?", "?"},         {" !", "!"},     {" ,", ","},
+                                       {" ' ", "'"},   {" n't", "n't"},     {" 'm", "'m"},   {" do not", " don't"},
+                                       {" 's", "'s"},   {" 've", "'ve"},     {" 're", "'re"}};
+    for (size_t i = 0; i < in->n; i++) {
+        const char *s = in->p[i].s;
+        size_t n = in->p[i].n, k = 0;
+        int strip = !(first && i == 0) && n >= d->content_len && !memcmp(s, d->content, d->content_len);
+        int space = !(first && i == 0) && !strip;
+        char *a = tk_arena_alloc(ar, n + 2);
+        if (!a) return osp_err(OSP_ERR_NOMEM, "tokenizer: out of memory");
+        if (space) a[k++] = ' ';
+        memcpy(a + k, s + (strip ? d->content_len : 0), n - (strip ? d->content_len : 0));
+        k += n - (strip ? d->content_len : 0);
+        for (size_t r = 0; d->cleanup && r < sizeof R / sizeof *R; r++) { /* each replacement shortens or keeps */
+            size_t pl = strlen(R[r][0]), rl = strlen(R[r][1]), w = 0;
+            for (size_t x = 0; x < k;) {
+                if (k - x >= pl && !memcmp(a + x, R[r][0], pl)) {
+                    memmove(a + w, R[r][1], rl);
+                    w += rl, x += pl;
+                } else {
+                    a[w++] = a[x++];
+                }
+            }
+            k = w;
+        }
+        OSP_TRY(dpush(out, a, k));
+    }
+    return OSP_OK;
+}
+
 struct tk_decode_scratch {
     tk_arena ar;
     dlist a, b;
@@ -366,6 +408,7 @@ osp_status tk_decode_ids_s(const osp_tokenizer *t, const int32_t *ids, size_t n,
         case TD_FUSE: st = join(&ar, &a, &b); fused = 1; break;
         case TD_STRIP: st = strip(&ar, d, &a, &b, first, fused); break;
         case TD_METASPACE: st = metaspace(&ar, d, &a, &b, first); break;
+        case TD_WORDPIECE: st = wordpiece(&ar, d, &a, &b, first); break;
         case TD_REPLACE:
             if (d->pat.is_regex && !rx.md) st = tk_rx_init(&rx);
             if (st == OSP_OK) st = replace(&ar, &rx, &sp, d, &a, &b);

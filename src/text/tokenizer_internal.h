@@ -141,13 +141,15 @@ osp_status tk_spans_push(tk_spans *v, uint32_t a, uint32_t b);
 
 /* ---- pipeline steps ---- */
 
-enum { TN_NFC, TN_NFD, TN_NFKC, TN_NFKD, TN_LOWER, TN_REPLACE, TN_PREPEND, TN_STRIP };
+enum { TN_NFC, TN_NFD, TN_NFKC, TN_NFKD, TN_LOWER, TN_REPLACE, TN_PREPEND, TN_STRIP, TN_BERT, TN_PRECOMPILED };
+enum { TK_BERT_CLEAN = 1, TK_BERT_CHINESE = 2, TK_BERT_ACCENTS = 4, TK_BERT_LOWER = 8 }; /* BertNormalizer's steps */
 typedef struct tk_norm {
     int type;
     tk_pattern pat;
-    char *content;
+    char *content;      /* Precompiled: the charsmap's bytes (base64-decoded) */
     size_t content_len;
     int left, right;
+    int flags;          /* BertNormalizer: TK_BERT_* */
 } tk_norm;
 
 enum { TB_REMOVED, TB_ISOLATED, TB_MERGED_PREV, TB_MERGED_NEXT, TB_CONTIGUOUS };
@@ -165,7 +167,7 @@ typedef struct tk_pretok {
     int individual;
 } tk_pretok;
 
-enum { TD_BYTELEVEL, TD_BYTEFALLBACK, TD_FUSE, TD_STRIP, TD_REPLACE, TD_METASPACE };
+enum { TD_BYTELEVEL, TD_BYTEFALLBACK, TD_FUSE, TD_STRIP, TD_REPLACE, TD_METASPACE, TD_WORDPIECE };
 typedef struct tk_dec {
     int type;
     tk_pattern pat;
@@ -174,6 +176,7 @@ typedef struct tk_dec {
     uint32_t cp; /* Strip content / Metaspace replacement */
     int start, stop;
     int prepend; /* Metaspace: prepend_scheme != never */
+    int cleanup; /* WordPiece: transformers' clean_up_tokenization per token (content: the prefix) */
 } tk_dec;
 
 typedef struct tk_added {
@@ -230,6 +233,13 @@ struct osp_tokenizer {
     tk_pair_slot *pairs;
     uint32_t pmask;
     size_t n_pairs;
+
+    /* the model: BPE (merges, the options below), WordPiece (cs_prefix, unk_id) or Unigram */
+    int model;             /* TK_MODEL_* */
+    int32_t wp_max_chars;  /* WordPiece: a longer word is one unk */
+    double *uni_score;     /* [n_vocab] Unigram: each piece's score (log probability) */
+    double uni_min_score;  /* Unigram: the lowest score (an unknown char costs it minus 10) */
+    int32_t uni_max_len;   /* Unigram: the longest piece, in bytes */
 
     /* BPE options */
     int32_t unk_id;
@@ -369,6 +379,19 @@ osp_status tk_parse_pattern(osp_tokenizer *t, struct json_t *pat, const char *wh
 /* tokenizer_bpe.c */
 osp_status tk_bpe_piece(tk_ctx *c, const tk_piece *pc, tk_ivec *out);
 void tk_ctx_free_bpe(tk_ctx *c);
+
+/* tokenizer_wordpiece.c: BertNormalizer, the WordPiece model */
+enum { TK_MODEL_BPE, TK_MODEL_WORDPIECE, TK_MODEL_UNIGRAM };
+osp_status tk_lowercase(tk_ctx *c, const char *s, size_t n, const char **o, size_t *on); /* tokenizer_norm.c */
+osp_status tk_bert_normalize(tk_ctx *c, int flags, const char *s, size_t n, const char **o, size_t *on);
+osp_status tk_wordpiece_piece(tk_ctx *c, const tk_piece *pc, tk_ivec *out);
+
+/* tokenizer_unigram.c: the Unigram model (Viterbi), the Precompiled normalizer */
+osp_status tk_unigram_parse_vocab(osp_tokenizer *t, tk_json *j); /* [[piece, score], ...] */
+osp_status tk_unigram_piece(tk_ctx *c, const tk_piece *pc, tk_ivec *out);
+osp_status tk_precompiled_parse(osp_tokenizer *t, tk_norm *st, const char *b64, size_t n);
+osp_status tk_precompiled_normalize(tk_ctx *c, const tk_norm *st, const char *s, size_t n, const char **o,
+                                    size_t *on);
 
 /* tokenizer_decode.c */
 osp_status tk_decoder_parse(osp_tokenizer *t, const void *json);

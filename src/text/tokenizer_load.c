@@ -198,6 +198,7 @@ typedef struct model_hdr {
     size_t merges_prefix; /* continuing_subword_prefix length they were read with */
     int merges_done;
     char *unk;
+    int64_t unk_id; /* Unigram's unk_id (-1: none) */
     double dropout;
 } model_hdr;
 
@@ -405,8 +406,10 @@ static osp_status parse_model(osp_tokenizer *t, tk_json *j, model_hdr *mh) {
         tkj_ws(j);
         if (!strcmp(key.p, "type")) {
             if ((st = tkj_string(j, &val)) != OSP_OK) break;
-            if (strcmp(val.p, "BPE") != 0) {
-                st = osp_err(OSP_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)",
+            if (!strcmp(val.p, "WordPiece")) t->model = TK_MODEL_WORDPIECE;
+            else if (!strcmp(val.p, "Unigram")) t->model = TK_MODEL_UNIGRAM;
+            else if (strcmp(val.p, "BPE") != 0) {
+                st = osp_err(OSP_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (BPE, WordPiece, Unigram)",
                              t->name, val.p);
                 break;
             }
@@ -416,7 +419,7 @@ static osp_status parse_model(osp_tokenizer *t, tk_json *j, model_hdr *mh) {
                 st = tkj_error(j, "vocab given twice");
                 break;
             }
-            st = parse_vocab(t, j);
+            st = j->p < j->end && *j->p == '[' ? tk_unigram_parse_vocab(t, j) : parse_vocab(t, j);
             mh->vocab_done = 1;
         } else if (!strcmp(key.p, "merges")) {
             mh->merges.b = j->p;
@@ -436,6 +439,16 @@ static osp_status parse_model(osp_tokenizer *t, tk_json *j, model_hdr *mh) {
         } else if (!strcmp(key.p, "end_of_word_suffix")) {
             st = opt_string_field(j, &val, &t->eow_suffix);
             t->eow_suffix_len = t->eow_suffix ? strlen(t->eow_suffix) : 0;
+        } else if (!strcmp(key.p, "unk_id")) { /* Unigram */
+            int64_t v = -1;
+            if (!(j->p + 4 <= j->end && !memcmp(j->p, "null", 4))) st = tkj_int(j, &v);
+            else j->p += 4;
+            mh->unk_id = v;
+        } else if (!strcmp(key.p, "max_input_chars_per_word")) { /* WordPiece */
+            int64_t v;
+            if ((st = tkj_int(j, &v)) == OSP_OK && (v < 1 || v > INT32_MAX))
+                st = tkj_error(j, "max_input_chars_per_word must be positive");
+            t->wp_max_chars = (int32_t)v;
         } else if (!strcmp(key.p, "fuse_unk")) {
             st = read_bool(j, "fuse_unk must be a boolean", &t->fuse_unk);
         } else if (!strcmp(key.p, "byte_fallback")) {
@@ -465,7 +478,26 @@ static osp_status parse_model(osp_tokenizer *t, tk_json *j, model_hdr *mh) {
     tk_buf_free(&val);
     if (st != OSP_OK) return st;
     if (!mh->has_type)
-        return osp_err(OSP_ERR_UNSUPPORTED, "%s: model has no \"type\" (only BPE is supported)", t->name);
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s: model has no \"type\" (BPE, WordPiece, Unigram)", t->name);
+    if ((t->model == TK_MODEL_UNIGRAM) != (t->uni_score != NULL))
+        return osp_err(OSP_ERR_FORMAT, "%s: a %s model needs its vocab as %s", t->name,
+                       t->model == TK_MODEL_UNIGRAM ? "Unigram" : "BPE or WordPiece",
+                       t->model == TK_MODEL_UNIGRAM ? "[[piece, score], ...]" : "{token: id, ...}");
+    if (t->model == TK_MODEL_UNIGRAM) {
+        if (mh->unk_id < -1 || mh->unk_id >= t->n_vocab) return osp_err(OSP_ERR_FORMAT, "%s: unk_id %lld is not in the vocab", t->name, (long long)mh->unk_id);
+        t->unk_id = (int32_t)mh->unk_id;
+        return OSP_OK;
+    }
+    if (t->model == TK_MODEL_WORDPIECE) {
+        if (!mh->vocab_done) return osp_err(OSP_ERR_FORMAT, "%s: WordPiece model without vocab", t->name);
+        if (!t->wp_max_chars) t->wp_max_chars = 100;
+        if (!t->cs_prefix) { /* tokenizers' default "##" */
+            t->cs_prefix = tk_strndup("##", 2);
+            t->cs_prefix_len = 2;
+            if (!t->cs_prefix) return osp_err(OSP_ERR_NOMEM, "%s: out of memory", t->name);
+        }
+        return OSP_OK;
+    }
     if (mh->dropout > 0)
         return osp_err(OSP_ERR_UNSUPPORTED, "%s: BPE dropout %g is not supported (encoding would be random)",
                        t->name, mh->dropout);
@@ -604,7 +636,7 @@ static osp_status load_stage(osp_tokenizer *t, span sp, const char *what,
 static osp_status load_json(osp_tokenizer *t, const char *json, size_t len, const char *cfg, size_t cfg_len) {
     tk_json j = {json, json, json + len, t->name};
     top_spans ts = {0};
-    model_hdr mh = {0};
+    model_hdr mh = {.unk_id = -1};
     osp_status st = walk_top(t, &j, &ts, &mh);
     int32_t max_id = t->n_vocab - 1;
     for (int32_t i = 0; i < t->n_added; i++)

@@ -73,6 +73,23 @@ static osp_status parse_one(osp_tokenizer *t, json_t *j) {
         st->right = json_is_true(json_object_get(j, "strip_right"));
         return OSP_OK;
     }
+    if (!strcmp(type, "BertNormalizer")) { /* strip_accents null: as lowercase (tokenizers' bert.rs) */
+        OSP_TRY(add_step(t, &st));
+        st->type = TN_BERT;
+        json_t *sa = json_object_get(j, "strip_accents");
+        int lower = !json_is_false(json_object_get(j, "lowercase"));
+        st->flags = (!json_is_false(json_object_get(j, "clean_text")) ? TK_BERT_CLEAN : 0) |
+                    (!json_is_false(json_object_get(j, "handle_chinese_chars")) ? TK_BERT_CHINESE : 0) |
+                    ((json_is_boolean(sa) ? json_is_true(sa) : lower) ? TK_BERT_ACCENTS : 0) | (lower ? TK_BERT_LOWER : 0);
+        return OSP_OK;
+    }
+    if (!strcmp(type, "Precompiled")) {
+        json_t *map = json_object_get(j, "precompiled_charsmap");
+        if (!json_is_string(map)) return osp_err(OSP_ERR_FORMAT, "%s: Precompiled normalizer without a charsmap", t->name);
+        OSP_TRY(add_step(t, &st));
+        st->type = TN_PRECOMPILED;
+        return tk_precompiled_parse(t, st, json_string_value(map), json_string_length(map));
+    }
     return osp_err(OSP_ERR_UNSUPPORTED, "%s: normalizer type '%s' is not supported", t->name, type);
 }
 
@@ -115,7 +132,7 @@ static osp_status unicode_form(tk_ctx *c, int type, const char *s, size_t n, con
     return OSP_OK;
 }
 
-static osp_status lowercase(tk_ctx *c, const char *s, size_t n, const char **o, size_t *on) {
+osp_status tk_lowercase(tk_ctx *c, const char *s, size_t n, const char **o, size_t *on) {
     char *a = tk_arena_alloc(&c->arena, n * 3 / 2 + 8); /* lowercase grows a char by at most 1.5x */
     if (!a) return osp_err(OSP_ERR_NOMEM, "tokenizer: out of memory");
     size_t k = 0;
@@ -195,7 +212,9 @@ osp_status tk_normalize(tk_ctx *c, const char *s, size_t n, const char **out, si
         case TN_NFD:
         case TN_NFKC:
         case TN_NFKD: OSP_TRY(unicode_form(c, st->type, s, n, &s, &n)); break;
-        case TN_LOWER: OSP_TRY(lowercase(c, s, n, &s, &n)); break;
+        case TN_LOWER: OSP_TRY(tk_lowercase(c, s, n, &s, &n)); break;
+        case TN_BERT: OSP_TRY(tk_bert_normalize(c, st->flags, s, n, &s, &n)); break;
+        case TN_PRECOMPILED: OSP_TRY(tk_precompiled_normalize(c, st, s, n, &s, &n)); break;
         case TN_REPLACE: OSP_TRY(replace(c, st, s, n, &s, &n)); break;
         case TN_STRIP: strip(st, s, n, &s, &n); break;
         case TN_PREPEND:

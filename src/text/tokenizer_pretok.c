@@ -126,6 +126,11 @@ static osp_status parse_one(osp_tokenizer *t, json_t *j) {
     }
     if (!strcmp(type, "Whitespace")) return regex_step(t, TP_WHITESPACE, "\\w+|[^\\w\\s]+", TB_REMOVED, 1, "Whitespace");
     if (!strcmp(type, "WhitespaceSplit")) return regex_step(t, TP_WSPLIT, "\\s", TB_REMOVED, 0, "WhitespaceSplit");
+    if (!strcmp(type, "BertPreTokenizer")) { /* tokenizers' bert.rs: split on whitespace, then punctuation isolated */
+        OSP_TRY(regex_step(t, TP_WSPLIT, "\\s", TB_REMOVED, 0, "BertPreTokenizer"));
+        return regex_step(t, TP_PUNCT, "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]", TB_ISOLATED, 0,
+                          "BertPreTokenizer");
+    }
     if (!strcmp(type, "CharDelimiterSplit")) {
         uint32_t cp;
         char b[4];

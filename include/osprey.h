@@ -287,6 +287,9 @@ typedef struct osp_gen_params {
     osp_logprob_cb on_logprob;   /* NULL = no logprobs */
     void *logprob_user;
     int32_t top_logprobs;        /* 0..20 alternatives reported to on_logprob */
+    struct osp_grammar_matcher *grammar; /* structured output (grammar/grammar.h): each token is sampled among those
+                                  it allows, then committed to it; the eos tokens only where it accepts. NULL = none.
+                                  The caller owns it; such a stream takes no ids and does not speculate */
 } osp_gen_params;
 
 typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELLED } osp_finish;
@@ -358,7 +361,7 @@ int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_
                       int32_t *n_keep, int32_t *next, osp_status *rc);
 int osp_stream_greedy(const osp_stream *g);
 const osp_gen_params *osp_stream_params(const osp_stream *g);
-/* 0 when its sampler cannot be verified by rejection (XTC). */
+/* 0 when its tokens cannot be drafted and verified: XTC sampling (no rejection rule), or a grammar. */
 int osp_stream_can_speculate(const osp_stream *g);
 /* The first n prompt tokens were not computed (their KV came from a cache):
  * stats count them as cached and the prefill speed over the rest. */

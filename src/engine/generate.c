@@ -9,10 +9,12 @@
  * buffers when text is held back.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/sampler.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "text/detok.h"
 #include "text/stop.h"
@@ -72,6 +74,7 @@ struct osp_stream {
     float *pbuf, *rbuf;        /* speculative verification: the target's distribution, the residual [V] */
     int32_t *top, *top_scratch;
     float *top_lp;
+    uint32_t *allowed;         /* with a grammar: the tokens it allows now, a bitset [ceil(V / 32)] */
     osp_gen_stats st;
     double t0, t_first;
     int over;
@@ -89,6 +92,7 @@ void osp_stream_free(osp_stream *g) {
     free(g->top);
     free(g->top_scratch);
     free(g->top_lp);
+    free(g->allowed);
     free(g);
 }
 
@@ -126,6 +130,8 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
         if (rc == OSP_OK && (!g->lp || !g->top || !g->top_lp || !g->top_scratch))
             rc = osp_err(OSP_ERR_NOMEM, "out of memory");
     }
+    if (rc == OSP_OK && p->grammar && !(g->allowed = malloc(sizeof(uint32_t) * (((size_t)V + 31) / 32))))
+        rc = osp_err(OSP_ERR_NOMEM, "out of memory");
     if (rc != OSP_OK) {
         osp_stream_free(g);
         return rc;
@@ -191,8 +197,10 @@ static int emit(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, o
     if (g->p.on_logprob) {
         int32_t k = g->p.top_logprobs;
         if (k > 0) osp_top_k_indices(g->lp, g->V, k, g->top, g->top_scratch);
-        for (int32_t i = 0; i < k; i++) g->top_lp[i] = g->lp[g->top[i]];
-        g->p.on_logprob(g->p.logprob_user, tok_id, g->lp[tok_id], g->top, g->top_lp, k);
+        /* a grammar leaves tokens at -inf, which JSON cannot carry: OpenAI's floor instead */
+        for (int32_t i = 0; i < k; i++) g->top_lp[i] = g->lp[g->top[i]] > -9999.0f ? g->lp[g->top[i]] : -9999.0f;
+        g->p.on_logprob(g->p.logprob_user, tok_id, g->lp[tok_id] > -9999.0f ? g->lp[tok_id] : -9999.0f, g->top,
+                        g->top_lp, k);
     }
     const char *text = "", *emit;
     size_t len = 0, emit_len;
@@ -226,22 +234,71 @@ static void first_token_time(osp_stream *g, double tl) {
     }
 }
 
+/* The grammar's mask on the logits: what it does not allow goes to -inf; the eos tokens stay only where it
+ * accepts (all of them: a model may end a turn with any). 0 when it allows nothing (a broken invariant: a live
+ * parse can always go on or end). */
+static int grammar_mask(osp_stream *g, float *logits) {
+    size_t words = ((size_t)g->V + 31) / 32;
+    memset(g->allowed, 0, sizeof(uint32_t) * words);
+    osp_grammar_matcher_mask(g->p.grammar, g->allowed);
+    int accepting = osp_grammar_matcher_accepting(g->p.grammar);
+    for (int32_t i = 0; i < g->p.n_eos; i++) {
+        int32_t e = g->p.eos[i];
+        if (e < 0 || e >= g->V) continue;
+        if (accepting) g->allowed[e >> 5] |= 1u << (e & 31);
+        else g->allowed[e >> 5] &= ~(1u << (e & 31));
+    }
+    int any = 0;
+    for (size_t w = 0; w < words; w++) {
+        uint32_t b = g->allowed[w];
+        any |= b != 0;
+        if (b == 0xffffffffu) continue;
+        int32_t t0 = (int32_t)w * 32, n = g->V - t0 < 32 ? g->V - t0 : 32;
+        for (int32_t k = 0; k < n; k++)
+            if (!(b >> k & 1)) logits[t0 + k] = -INFINITY;
+    }
+    return any;
+}
+
+/* The sampled token into the grammar (eos ends the stream: nothing to commit). 0 when it refuses it. */
+static int grammar_commit(osp_stream *g, int32_t tok_id) {
+    if (!g->p.grammar || is_eos(&g->p, tok_id)) return 1;
+    return osp_grammar_matcher_commit(g->p.grammar, tok_id);
+}
+
 int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
     *rc = OSP_OK;
     if (g->over) return 0;
     double tl = osp_now_s();
     first_token_time(g, tl);
+    if (g->p.grammar && !grammar_mask(g, logits)) {
+        *rc = osp_err(OSP_ERR_INTERNAL, "structured output: the grammar allows no token here");
+        stream_end(g, 0);
+        return 0;
+    }
     int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);
+    if (!grammar_commit(g, tok_id)) {
+        *rc = osp_err(OSP_ERR_INTERNAL, "structured output: the grammar refused the sampled token %d", tok_id);
+        stream_end(g, 0);
+        return 0;
+    }
     return emit(g, tok_id, row_pos, next, rc, tl);
 }
 
-int osp_stream_takes_id(const osp_stream *g) { return !g->p.on_logprob && osp_sampler_is_argmax(&g->p.sampler); }
+int osp_stream_takes_id(const osp_stream *g) {
+    return !g->p.on_logprob && !g->p.grammar && osp_sampler_is_argmax(&g->p.sampler);
+}
 
 int osp_stream_next_id(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, osp_status *rc) {
     *rc = OSP_OK;
     if (g->over) return 0;
     double tl = osp_now_s();
     first_token_time(g, tl);
+    if (!grammar_commit(g, tok_id)) { /* (a grammar's stream takes no ids: a caller's mistake) */
+        *rc = osp_err(OSP_ERR_INVALID, "structured output: token %d is outside the grammar", tok_id);
+        stream_end(g, 0);
+        return 0;
+    }
     return emit(g, tok_id, row_pos, next, rc, tl);
 }
 
@@ -249,7 +306,7 @@ int osp_stream_greedy(const osp_stream *g) { return g->p.sampler.temperature == 
 
 const osp_gen_params *osp_stream_params(const osp_stream *g) { return &g->p; }
 
-int osp_stream_can_speculate(const osp_stream *g) { return !(g->p.sampler.xtc_probability > 0); }
+int osp_stream_can_speculate(const osp_stream *g) { return !(g->p.sampler.xtc_probability > 0) && !g->p.grammar; }
 
 int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_t K, const float *q, int32_t row_pos0,
                       int32_t *n_keep, int32_t *next, osp_status *rc) {

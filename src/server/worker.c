@@ -166,6 +166,7 @@ struct srv_slot {
     int looked_up;      /* the prefix cache was asked (when its prefill began) */
     int64_t reserved;   /* KV bytes held for it */
     long long seq;      /* admission order */
+    osp_grammar_matcher *gm; /* structured output: the row's parse (made and used on this thread only), or NULL */
 };
 
 static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
@@ -182,6 +183,10 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     sl->has_pending = 0;
     if (s->spec) osp_spec_reset_row(s->spec, sl->row);
     sl->decoding = 0; /* its row is empty: slot_end resets it */
+    if (j->grammar) {
+        OSP_TRY(osp_grammar_matcher_new(srv_grammar_of(j->grammar), s->gvocab, &sl->gm));
+        gp.grammar = sl->gm;
+    }
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
 }
 
@@ -237,7 +242,9 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
         srv_job_end(j, 200, NULL, &st);
     }
     osp_stream_free(sl->st);
+    osp_grammar_matcher_free(sl->gm);
     sl->st = NULL;
+    sl->gm = NULL;
     osp_session_reset_row(s->session, sl->row); /* its KV goes back */
     srv_job_release(j);
     pthread_mutex_lock(&s->qmu);

@@ -290,6 +290,9 @@ typedef struct osp_gen_params {
     struct osp_grammar_matcher *grammar; /* structured output (grammar/grammar.h): each token is sampled among those
                                   it allows, then committed to it; the eos tokens only where it accepts. NULL = none.
                                   The caller owns it; such a stream takes no ids and does not speculate */
+    const char *grammar_trigger; /* with a grammar: it holds from the byte after this text (when the reply writes
+                                  it) until the grammar is complete, then waits for the text again (tool calls
+                                  among free text); NULL: from the first token to the end */
 } osp_gen_params;
 
 typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELLED } osp_finish;

@@ -75,6 +75,9 @@ struct osp_stream {
     int32_t *top, *top_scratch;
     float *top_lp;
     uint32_t *allowed;         /* with a grammar: the tokens it allows now, a bitset [ceil(V / 32)] */
+    int g_on;                  /* the grammar holds now (always, without a trigger) */
+    int g_n;                   /* commits to it since it began to hold (a trigger's grammar is rolled back) */
+    size_t trig_have;          /* bytes of the trigger matched at the text's end */
     osp_gen_stats st;
     double t0, t_first;
     int over;
@@ -136,6 +139,7 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
         osp_stream_free(g);
         return rc;
     }
+    g->g_on = p->grammar && !(p->grammar_trigger && *p->grammar_trigger);
     memcpy(g->hist, prompt, sizeof(int32_t) * n_prompt);
     g->nh = n_prompt;
     g->st.n_prompt = n_prompt;
@@ -181,6 +185,34 @@ static void stream_end(osp_stream *g, int flush) {
         st->n_generated > 1 ? (st->n_generated - 1) / (t2 - g->t_first > 1e-9 ? t2 - g->t_first : 1e-9) : 0;
 }
 
+/* A trigger's grammar begins where the text writes the trigger, with the bytes after it in the same piece. If
+ * the grammar refuses them the text is not what it constrains: it waits for the trigger again. */
+static void watch_trigger(osp_stream *g, const char *text, size_t len) {
+    const char *t = g->p.grammar_trigger;
+    size_t tl = strlen(t);
+    for (size_t i = 0; i < len; i++) {
+        size_t k = g->trig_have;
+        for (;;) { /* the longest prefix of the trigger that ends here (as in Knuth-Morris-Pratt) */
+            if (t[k] == text[i]) {
+                k++;
+                break;
+            }
+            if (k == 0) break;
+            size_t j = k - 1;
+            while (j > 0 && memcmp(t, t + k - j, j)) j--;
+            k = j;
+        }
+        g->trig_have = k;
+        if (k < tl) continue;
+        g->trig_have = 0;
+        g->g_n = 0;
+        if (i + 1 < len && !osp_grammar_matcher_commit_bytes(g->p.grammar, text + i + 1, len - i - 1)) continue;
+        g->g_n = i + 1 < len;
+        g->g_on = 1;
+        return;
+    }
+}
+
 /* A sampled token's way out: history, eos, logprobs (g->lp holds its
  * position's), text, stop strings, limits. Returns 1 with *next = the token
  * when the stream goes on. */
@@ -208,6 +240,7 @@ static int emit(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, o
         stream_end(g, 0);
         return 0;
     }
+    if (g->p.grammar && !g->g_on && g->p.grammar_trigger) watch_trigger(g, text, len);
     int stopped = osp_stop_feed(g->stop, text, len, &emit, &emit_len), more = 0;
     if (g->cb && g->cb(g->user, tok_id, emit, emit_len)) {
         st->finish = OSP_FINISH_CANCELLED;
@@ -235,35 +268,44 @@ static void first_token_time(osp_stream *g, double tl) {
 }
 
 /* The grammar's mask on the logits: what it does not allow goes to -inf; the eos tokens stay only where it
- * accepts (all of them: a model may end a turn with any). 0 when it allows nothing (a broken invariant: a live
- * parse can always go on or end). */
+ * accepts (all of them: a model may end a turn with any). A trigger's grammar that is complete lets go instead
+ * (rolled back to its start, it waits for the trigger again). 0 when it allows nothing (a broken invariant: a
+ * live parse can always go on or end). */
 static int grammar_mask(osp_stream *g, float *logits) {
     size_t words = ((size_t)g->V + 31) / 32;
     memset(g->allowed, 0, sizeof(uint32_t) * words);
     osp_grammar_matcher_mask(g->p.grammar, g->allowed);
     int accepting = osp_grammar_matcher_accepting(g->p.grammar);
+    int64_t n_set = 0, n_eos = 0;
     for (int32_t i = 0; i < g->p.n_eos; i++) {
         int32_t e = g->p.eos[i];
         if (e < 0 || e >= g->V) continue;
         if (accepting) g->allowed[e >> 5] |= 1u << (e & 31);
         else g->allowed[e >> 5] &= ~(1u << (e & 31));
     }
-    int any = 0;
+    for (int32_t i = 0; accepting && i < g->p.n_eos; i++) n_eos += g->p.eos[i] >= 0 && g->p.eos[i] < g->V;
+    for (size_t w = 0; w < words; w++) n_set += __builtin_popcount(g->allowed[w]);
+    if (g->p.grammar_trigger && accepting && n_set <= n_eos) {
+        osp_grammar_matcher_rollback(g->p.grammar, g->g_n);
+        g->g_n = 0, g->g_on = 0;
+        return 1;
+    }
     for (size_t w = 0; w < words; w++) {
         uint32_t b = g->allowed[w];
-        any |= b != 0;
         if (b == 0xffffffffu) continue;
         int32_t t0 = (int32_t)w * 32, n = g->V - t0 < 32 ? g->V - t0 : 32;
         for (int32_t k = 0; k < n; k++)
             if (!(b >> k & 1)) logits[t0 + k] = -INFINITY;
     }
-    return any;
+    return n_set > 0;
 }
 
 /* The sampled token into the grammar (eos ends the stream: nothing to commit). 0 when it refuses it. */
 static int grammar_commit(osp_stream *g, int32_t tok_id) {
-    if (!g->p.grammar || is_eos(&g->p, tok_id)) return 1;
-    return osp_grammar_matcher_commit(g->p.grammar, tok_id);
+    if (!g->p.grammar || !g->g_on || is_eos(&g->p, tok_id)) return 1;
+    int ok = osp_grammar_matcher_commit(g->p.grammar, tok_id);
+    g->g_n += ok;
+    return ok;
 }
 
 int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
@@ -271,7 +313,7 @@ int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next
     if (g->over) return 0;
     double tl = osp_now_s();
     first_token_time(g, tl);
-    if (g->p.grammar && !grammar_mask(g, logits)) {
+    if (g->p.grammar && g->g_on && !grammar_mask(g, logits)) {
         *rc = osp_err(OSP_ERR_INTERNAL, "structured output: the grammar allows no token here");
         stream_end(g, 0);
         return 0;

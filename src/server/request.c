@@ -172,13 +172,27 @@ static int settle_grammar(srv *s, srv_job *j, const char *prefix, perr *e) {
     return 0;
 }
 
-/* A forced tool call (force 1: any of the tools, 2: the function name) held to the tools' parameter schemas:
- * what follows the forced opening (request.c's forced_opening) is the call's rest in the format's syntax. Only
- * the JSON formats: Gemma 4's own notation is not JSON Schema's (its forced calls are not constrained). */
+/* Tool calls held to the tools' parameter schemas. A forced call (force 1: any of the tools, 2: the function
+ * name): what follows the forced opening (forced_opening) is the call's rest in the format's syntax. Not forced
+ * (0), with a tool that is strict: each call, from its opening marker on (the grammar's trigger), names a tool
+ * and gives its arguments (a strict tool's under its schema, another's any object); the text around is free.
+ * Only the JSON formats (and calls without forcing only where a call has an opening marker): Gemma 4's own
+ * notation is not JSON Schema's. */
 static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_t *tools, int force, const char *name,
                         perr *e) {
     if (!s->gvocab || (f->calls != OSP_REPLY_CALLS_JSON_BLOCK && f->calls != OSP_REPLY_CALLS_JSON_REPLY)) return 0;
-    size_t nt = json_array_size(tools), n = 0, any = strlen(f->force.any);
+    size_t nt = json_array_size(tools), n = 0, any = strlen(f->force.any), i;
+    json_t *t;
+    const char *sep = ""; /* without forcing: what comes between the call's marker and its name */
+    if (!force) {
+        int strict = 0;
+        json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
+        size_t ol = f->tool_open ? strlen(f->tool_open) : 0;
+        if (!strict || f->calls != OSP_REPLY_CALLS_JSON_BLOCK || strncmp(f->force.open, f->tool_open, ol)) return 0;
+        sep = f->force.open + ol;
+        any = 0;
+        j->grammar_trigger = f->tool_open;
+    }
     osp_grammar_part *alts = calloc(nt ? nt : 1, sizeof *alts);
     char **texts = calloc(nt ? nt * 2 : 1, sizeof *texts);
     srv_buf suffix = {0};
@@ -189,8 +203,6 @@ static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_
         snprintf(e->msg, sizeof e->msg, "out of memory");
         rc = -1;
     }
-    size_t i;
-    json_t *t;
     json_array_foreach(tools, i, t) {
         if (rc) break;
         json_t *fn = json_object_get(t, "function");
@@ -203,10 +215,11 @@ static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_
             rc = -1;
             break;
         }
+        if (!force && !json_is_true(get(fn, "strict"))) params = NULL; /* any object */
         texts[2 * n] = params ? json_dumps(params, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\":\"object\"}");
-        if (force == 1) { /* the opening wrote the format's `any`: the name's text from there */
+        if (force != 2) { /* the name's text (after the format's `any`, which a forced opening wrote) */
             srv_buf pre = {0};
-            srv_buf_addf(&pre, "%s%s%s", f->force.name_pre, fname, f->force.name_post);
+            srv_buf_addf(&pre, "%s%s%s%s", sep, f->force.name_pre, fname, f->force.name_post);
             texts[2 * n + 1] = pre.p && pre.len >= any ? strdup(pre.p + any) : NULL;
             srv_buf_free(&pre);
         }
@@ -635,7 +648,8 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
             osp_free(text);
             return fail_job(j, &e, status, err);
         }
-    } else if (settle_grammar(s, j, j->start_in_reasoning ? fmt->force.close_think : NULL, &e)) {
+    } else if (settle_grammar(s, j, j->start_in_reasoning ? fmt->force.close_think : NULL, &e) ||
+               (!j->grammar && tools && tool_grammar(s, j, fmt, tools, 0, NULL, &e))) {
         osp_free(text);
         return fail_job(j, &e, status, err);
     }

@@ -109,6 +109,7 @@ typedef struct srv_job {
     int parallel_tools;       /* parallel_tool_calls: 0 keeps only the first call */
     char *forced;             /* text the reply starts with (a forced tool call's opening), or NULL */
     struct srv_grammar *grammar; /* structured output (structured.c): the reply is held to it; a reference, or NULL */
+    const char *grammar_trigger; /* the grammar holds from this text on (osp_gen_params.grammar_trigger), or NULL */
     char *rf_schema;          /* while parsing: the response format's JSON Schema (text), or NULL */
     const char *rf_param;     /* the field it came from */
     struct srv_rsp_job *rsp;  /* a Responses job: its request's side (responses.h), owned by the route */

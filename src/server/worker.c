@@ -186,6 +186,7 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     if (j->grammar) {
         OSP_TRY(osp_grammar_matcher_new(srv_grammar_of(j->grammar), s->gvocab, &sl->gm));
         gp.grammar = sl->gm;
+        gp.grammar_trigger = j->grammar_trigger;
     }
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
 }

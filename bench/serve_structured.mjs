@@ -11,7 +11,8 @@
 // array of objects), so that a constrained stream is never forced to stop;
 // aggregate tokens/s = all completion tokens / the round's wall time. Rounds
 // alternate plain and constrained (one of each per run; the first pair is a
-// warm-up: the grammar's compile and its first masks). Medians of --runs, and
+// warm-up: the grammar's compile and its first masks). The server's CPU time
+// per token (all threads, /proc) is reported beside. Medians of --runs, and
 // the median of each run's ratio (its pair ran back to back: steadier on a
 // shared machine).
 import fs from 'node:fs';
@@ -75,34 +76,43 @@ async function one(base, seed, constrained) {
   return tokens;
 }
 
-async function round(base, constrained, seed0) {
-  const t0 = performance.now();
-  const toks = await Promise.all(Array.from({ length: C }, (_, i) => one(base, seed0 + i, constrained)));
+// the server's CPU time (user + system, all threads) in seconds: on a shared machine the steadier figure
+const TICK = 100; // USER_HZ
+function cpuSeconds(pid) {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(f[11]) + Number(f[12])) / TICK;
+}
+
+async function round(srv, constrained, seed0) {
+  const t0 = performance.now(), c0 = cpuSeconds(srv.proc.pid);
+  const toks = await Promise.all(Array.from({ length: C }, (_, i) => one(srv.base, seed0 + i, constrained)));
   const s = (performance.now() - t0) / 1e3, n = toks.reduce((a, b) => a + b, 0);
-  return { tokens: n, seconds: s, tok_s: n / s };
+  return { tokens: n, seconds: s, tok_s: n / s, cpu_us_tok: ((cpuSeconds(srv.proc.pid) - c0) / n) * 1e6 };
 }
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 const srv = await startServer(['--parallel', String(C), ...serverFlags], { model });
 try {
-  await round(srv.base, false, 1);
-  await round(srv.base, true, 1);
+  await round(srv, false, 1);
+  await round(srv, true, 1);
   const plain = [], held = [];
   for (let r = 0; r < RUNS; r++) {
     for (const constrained of r % 2 ? [true, false] : [false, true]) // alternate which goes first
-      (constrained ? held : plain).push(await round(srv.base, constrained, 100 + r * C));
+      (constrained ? held : plain).push(await round(srv, constrained, 100 + r * C));
   }
   const p = median(plain.map((x) => x.tok_s)), h = median(held.map((x) => x.tok_s));
   const pair = median(held.map((x, i) => x.tok_s / plain[i].tok_s)); // each run's pair ran back to back
   const out = { model: path.basename(model), streams: C, tokens_each: N, runs: RUNS, plain_tok_s: p, schema_tok_s: h,
-                ratio: h / p, pair_ratio: pair, plain: plain.map((x) => x.tok_s), schema: held.map((x) => x.tok_s),
+                ratio: h / p, pair_ratio: pair, plain_cpu_us_tok: median(plain.map((x) => x.cpu_us_tok)),
+                schema_cpu_us_tok: median(held.map((x) => x.cpu_us_tok)), plain: plain.map((x) => x.tok_s), schema: held.map((x) => x.tok_s),
                 tokens: { plain: plain.map((x) => x.tokens), schema: held.map((x) => x.tokens) } };
   if (asJson) console.log(JSON.stringify(out));
   else
     console.log(`${out.model}: ${C} streams x ${N} tokens, median of ${RUNS}: plain ${p.toFixed(0)} tok/s, ` +
                 `with a schema ${h.toFixed(0)} tok/s (${((h / p - 1) * 100).toFixed(1)}%; ` +
-                `median of the runs' own ratios ${((pair - 1) * 100).toFixed(1)}%)`);
+                `median of the runs' own ratios ${((pair - 1) * 100).toFixed(1)}%); server CPU per token: plain ` +
+                `${out.plain_cpu_us_tok.toFixed(0)} us, with a schema ${out.schema_cpu_us_tok.toFixed(0)} us`);
 } finally {
   await srv.stop();
 }

@@ -346,6 +346,11 @@ int osp_stream_takes_id(const osp_stream *g);
 /* osp_stream_next for such a stream, with the token its logits' argmax is
  * (osp_forward_rows_ids): the same report, decision and stats. */
 int osp_stream_next_id(osp_stream *g, int32_t token, int32_t row_pos, int32_t *next, osp_status *rc);
+/* With a grammar: its mask for the next token, computed now rather than in
+ * osp_stream_next (which then only applies it), so that a caller can compute
+ * it on another thread during the forward pass (the stream must not be used
+ * meanwhile; masks of grammars sharing a vocab one thread at a time). */
+void osp_stream_mask_ahead(osp_stream *g);
 /* End it now (finish = cancelled); nothing more is reported. */
 void osp_stream_cancel(osp_stream *g);
 /* Speculative verification. logits [K+1, vocab] (modified) were computed

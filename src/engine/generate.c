@@ -78,6 +78,8 @@ struct osp_stream {
     int g_on;                  /* the grammar holds now (always, without a trigger) */
     int g_n;                   /* commits to it since it began to hold (a trigger's grammar is rolled back) */
     size_t trig_have;          /* bytes of the trigger matched at the text's end */
+    int mask_ready;            /* allowed holds the mask for the next token (osp_stream_mask_ahead) */
+    int64_t n_allowed;
     osp_gen_stats st;
     double t0, t_first;
     int over;
@@ -267,11 +269,10 @@ static void first_token_time(osp_stream *g, double tl) {
     }
 }
 
-/* The grammar's mask on the logits: what it does not allow goes to -inf; the eos tokens stay only where it
- * accepts (all of them: a model may end a turn with any). A trigger's grammar that is complete lets go instead
- * (rolled back to its start, it waits for the trigger again). 0 when it allows nothing (a broken invariant: a
- * live parse can always go on or end). */
-static int grammar_mask(osp_stream *g, float *logits) {
+/* The grammar's allowed tokens now, into g->allowed (n_allowed of them): the eos tokens only where it accepts
+ * (all of them: a model may end a turn with any). A trigger's grammar that is complete lets go instead (rolled
+ * back to its start, it waits for the trigger again: g_on = 0). */
+static void grammar_bits(osp_stream *g) {
     size_t words = ((size_t)g->V + 31) / 32;
     memset(g->allowed, 0, sizeof(uint32_t) * words);
     osp_grammar_matcher_mask(g->p.grammar, g->allowed);
@@ -282,14 +283,29 @@ static int grammar_mask(osp_stream *g, float *logits) {
         if (e < 0 || e >= g->V) continue;
         if (accepting) g->allowed[e >> 5] |= 1u << (e & 31);
         else g->allowed[e >> 5] &= ~(1u << (e & 31));
+        n_eos += accepting;
     }
-    for (int32_t i = 0; accepting && i < g->p.n_eos; i++) n_eos += g->p.eos[i] >= 0 && g->p.eos[i] < g->V;
     for (size_t w = 0; w < words; w++) n_set += __builtin_popcount(g->allowed[w]);
+    g->n_allowed = n_set;
     if (g->p.grammar_trigger && accepting && n_set <= n_eos) {
         osp_grammar_matcher_rollback(g->p.grammar, g->g_n);
         g->g_n = 0, g->g_on = 0;
-        return 1;
     }
+}
+
+void osp_stream_mask_ahead(osp_stream *g) {
+    if (g->over || !g->p.grammar || !g->g_on || g->mask_ready) return;
+    grammar_bits(g);
+    g->mask_ready = 1;
+}
+
+/* The grammar's mask on the logits (computed ahead, or now): what it does not allow goes to -inf. 0 when it
+ * allows nothing (a broken invariant: a live parse can always go on or end). */
+static int grammar_mask(osp_stream *g, float *logits) {
+    if (!g->mask_ready) grammar_bits(g);
+    g->mask_ready = 0;
+    if (!g->g_on) return 1; /* a trigger's grammar let go */
+    size_t words = ((size_t)g->V + 31) / 32;
     for (size_t w = 0; w < words; w++) {
         uint32_t b = g->allowed[w];
         if (b == 0xffffffffu) continue;
@@ -297,7 +313,7 @@ static int grammar_mask(osp_stream *g, float *logits) {
         for (int32_t k = 0; k < n; k++)
             if (!(b >> k & 1)) logits[t0 + k] = -INFINITY;
     }
-    return n_set > 0;
+    return g->n_allowed > 0;
 }
 
 /* The sampled token into the grammar (eos ends the stream: nothing to commit). 0 when it refuses it. */

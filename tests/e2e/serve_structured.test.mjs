@@ -267,3 +267,25 @@ test('a strict tool without forcing: the call the model writes is held to the sc
     assert.ok(validate([{ schema: paramsOf.get_weather, text: m.tool_calls[0].function.arguments }])[0].ok);
   });
 });
+
+test('with speculative decoding on, constrained rows decode without drafts beside rows that draft', async () => {
+  const s = await startServer(['--parallel', '4', '--spec-ngram']);
+  try {
+    const c = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const messages = [{ role: 'user', content: 'a fortune about cats' }];
+    const rf = { type: 'json_schema', json_schema: { name: 'person', schema: schemas.person } };
+    const [a, b, plain] = await Promise.all([
+      c.chat.completions.create({ ...base(21), messages, response_format: rf }),
+      c.chat.completions.create({ ...base(22), messages, response_format: rf, temperature: 0 }),
+      c.chat.completions.create({ model: 'fortune', messages, temperature: 0, max_tokens: 64 }),
+    ]);
+    for (const r of [a, b]) {
+      assert.equal(r.choices[0].finish_reason, 'stop');
+      assert.ok(validate([{ schema: schemas.person, text: r.choices[0].message.content }])[0].ok, r.choices[0].message.content);
+      assert.equal(r.timings.draft_n, 0);
+    }
+    assert.ok(plain.choices[0].message.content.length > 0);
+  } finally {
+    assert.equal((await s.stop()).code, 0);
+  }
+});

@@ -107,6 +107,15 @@ test('json_schema on chat and completions, streamed and not, 16 at once: every s
     );
   }
   checkAll(await Promise.all(jobs));
+  // the grammar cache: one lookup a request (requests at once may each compile what none has finished yet);
+  // a schema sent again is a hit
+  const stats = async () => (await raw(srv.base, '/stats', { method: 'GET' })).json.grammar_cache;
+  const st = await stats();
+  assert.equal(st.compiles + st.hits, jobs.length);
+  assert.ok(st.compiles >= Object.keys(schemas).length);
+  await client.completions.create({ ...base(99), max_tokens: 4, prompt: 'x',
+    response_format: { type: 'json_schema', json_schema: { name: 'list', schema: schemas.list } } });
+  assert.deepEqual(await stats(), { ...st, hits: st.hits + 1 });
 });
 
 test('json_object, and llama-server\'s top-level json_schema', async () => {

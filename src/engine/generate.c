@@ -211,6 +211,7 @@ static void watch_trigger(osp_stream *g, const char *text, size_t len) {
         if (i + 1 < len && !osp_grammar_matcher_commit_bytes(g->p.grammar, text + i + 1, len - i - 1)) continue;
         g->g_n = i + 1 < len;
         g->g_on = 1;
+        g->mask_ready = 0;
         return;
     }
 }
@@ -296,7 +297,7 @@ static void grammar_bits(osp_stream *g) {
 void osp_stream_mask_ahead(osp_stream *g) {
     if (g->over || !g->p.grammar || !g->g_on || g->mask_ready) return;
     grammar_bits(g);
-    g->mask_ready = 1;
+    g->mask_ready = g->g_on; /* (a trigger's grammar that let go has no mask for the next token) */
 }
 
 /* The grammar's mask on the logits (computed ahead, or now): what it does not allow goes to -inf. 0 when it

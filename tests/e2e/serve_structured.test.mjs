@@ -277,6 +277,21 @@ test('a strict tool without forcing: the call the model writes is held to the sc
   });
 });
 
+test('strict tools without forcing: after a call closes the text is free, and the next call is held again', async () => {
+  const answer = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n' +
+                 '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "kelvin"}}\n</tool_call>';
+  const messages = [{ role: 'user', content: answer }];
+  await withCopyModel(messages, tools, answer, '', async (s) => {
+    const c = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const r = await c.chat.completions.create({ model: 'copy', messages, tools, temperature: 0, max_tokens: 120 });
+    const calls = r.choices[0].message.tool_calls ?? [];
+    assert.equal(calls.length, 2, JSON.stringify(r.choices[0].message));
+    assert.deepEqual(JSON.parse(calls[0].function.arguments), { a: 1, b: 2 });
+    assert.equal(calls[1].function.name, 'get_weather');
+    assert.ok(validate([{ schema: paramsOf.get_weather, text: calls[1].function.arguments }])[0].ok, calls[1].function.arguments);
+  });
+});
+
 test('with speculative decoding on, constrained rows decode without drafts beside rows that draft', async () => {
   const s = await startServer(['--parallel', '4', '--spec-ngram']);
   try {

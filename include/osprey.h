@@ -287,6 +287,12 @@ typedef struct osp_gen_params {
     osp_logprob_cb on_logprob;   /* NULL = no logprobs */
     void *logprob_user;
     int32_t top_logprobs;        /* 0..20 alternatives reported to on_logprob */
+    struct osp_grammar_matcher *grammar; /* structured output (grammar/grammar.h): each token is sampled among those
+                                  it allows, then committed to it; the eos tokens only where it accepts. NULL = none.
+                                  The caller owns it; such a stream takes no ids and does not speculate */
+    const char *grammar_trigger; /* with a grammar: it holds from the byte after this text (when the reply writes
+                                  it) until the grammar is complete, then waits for the text again (tool calls
+                                  among free text); NULL: from the first token to the end */
 } osp_gen_params;
 
 typedef enum osp_finish { OSP_FINISH_STOP, OSP_FINISH_LENGTH, OSP_FINISH_CANCELLED } osp_finish;
@@ -340,6 +346,11 @@ int osp_stream_takes_id(const osp_stream *g);
 /* osp_stream_next for such a stream, with the token its logits' argmax is
  * (osp_forward_rows_ids): the same report, decision and stats. */
 int osp_stream_next_id(osp_stream *g, int32_t token, int32_t row_pos, int32_t *next, osp_status *rc);
+/* With a grammar: its mask for the next token, computed now rather than in
+ * osp_stream_next (which then only applies it), so that a caller can compute
+ * it on another thread during the forward pass (the stream must not be used
+ * meanwhile; masks of grammars sharing a vocab one thread at a time). */
+void osp_stream_mask_ahead(osp_stream *g);
 /* End it now (finish = cancelled); nothing more is reported. */
 void osp_stream_cancel(osp_stream *g);
 /* Speculative verification. logits [K+1, vocab] (modified) were computed
@@ -358,7 +369,7 @@ int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_
                       int32_t *n_keep, int32_t *next, osp_status *rc);
 int osp_stream_greedy(const osp_stream *g);
 const osp_gen_params *osp_stream_params(const osp_stream *g);
-/* 0 when its sampler cannot be verified by rejection (XTC). */
+/* 0 when its tokens cannot be drafted and verified: XTC sampling (no rejection rule), or a grammar. */
 int osp_stream_can_speculate(const osp_stream *g);
 /* The first n prompt tokens were not computed (their KV came from a cache):
  * stats count them as cached and the prefill speed over the rest. */

@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 PKGS="build-essential cmake pkg-config libjansson-dev libcmocka-dev libpcre2-dev libutf8proc-dev libssl-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev zlib1g-dev"
 # scripts/test.sh adds what only the tests need (clang + libFuzzer for fuzz/)
 PKGS="$PKGS ${OSP_TEST_PKGS:-}"
+# python3-jsonschema validates structured output in the end-to-end tests (tests/e2e/validate_json.py)
+PKGS="$PKGS python3-jsonschema"
 missing=""
 # node + npm drive the end-to-end tests (the npm `openai` client); a
 # machine that already has a node (e.g. from NodeSource) keeps it.

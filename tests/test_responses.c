@@ -104,7 +104,8 @@ static void test_translate_tools(void **st) {
                    "\"format\":{\"type\":\"grammar\"}}]}", NULL, &q, msg);
     assert_non_null(c);
     assert_json(json_object_get(c, "tools"),
-                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}},"
+                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"},"
+                "\"strict\":true}},"
                 "{\"type\":\"function\",\"function\":{\"name\":\"apply_patch\",\"parameters\":{\"type\":\"object\","
                 "\"properties\":{\"input\":{\"type\":\"string\"}},\"required\":[\"input\"]}}}]");
     assert_json(json_object_get(c, "tool_choice"), "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
@@ -146,7 +147,7 @@ static void test_translate_refusals(void **st) {
         {"{\"input\":\"x\",\"metadata\":[]}", "'metadata'"},
         {"{\"input\":\"x\",\"instructions\":5}", "'instructions'"},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", "json_schema"},
-        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_object\"}}}", "structured output"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}", "yaml"},
         {"{\"input\":\"x\",\"reasoning\":{\"effort\":1}}", "reasoning.effort"},
         {"{\"input\":\"x\",\"include\":[1]}", "'include'"},
         {"{\"input\":\"x\",\"tools\":{}}", "'tools'"},

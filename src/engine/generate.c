@@ -9,14 +9,42 @@
  * buffers when text is held back.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/sampler.h"
+#include "grammar/grammar.h"
 #include "model/model.h"
 #include "text/detok.h"
 #include "text/stop.h"
 #include "text/tokenizer.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+/* A grammar's masked logits (-inf) make the sampler's exponentials of them subnormal (its exp clamps rather than
+ * reaching 0), which x86 computes in microcode, many times slower than the rest of the pass. While a grammar's
+ * stream samples, its thread flushes them to zero (FTZ and DAZ in MXCSR, restored after): probabilities below
+ * the smallest normal float are 0, and other streams' numbers are untouched. */
+static unsigned flush_subnormals(int on) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned csr = _mm_getcsr();
+    if (on) _mm_setcsr(csr | 0x8040);
+    return csr;
+#else
+    (void)on;
+    return 0;
+#endif
+}
+
+static void restore_subnormals(int on, unsigned csr) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (on) _mm_setcsr(csr);
+#else
+    (void)on, (void)csr;
+#endif
+}
 
 static void add_eos(int32_t *buf, int32_t *n, int32_t id) {
     if (id < 0 || *n >= 32) return;
@@ -72,6 +100,12 @@ struct osp_stream {
     float *pbuf, *rbuf;        /* speculative verification: the target's distribution, the residual [V] */
     int32_t *top, *top_scratch;
     float *top_lp;
+    uint32_t *allowed;         /* with a grammar: the tokens it allows now, a bitset [ceil(V / 32)] */
+    int g_on;                  /* the grammar holds now (always, without a trigger) */
+    int g_n;                   /* commits to it since it began to hold (a trigger's grammar is rolled back) */
+    size_t trig_have;          /* bytes of the trigger matched at the text's end */
+    int mask_ready;            /* allowed holds the mask for the next token (osp_stream_mask_ahead) */
+    int64_t n_allowed;
     osp_gen_stats st;
     double t0, t_first;
     int over;
@@ -89,6 +123,7 @@ void osp_stream_free(osp_stream *g) {
     free(g->top);
     free(g->top_scratch);
     free(g->top_lp);
+    free(g->allowed);
     free(g);
 }
 
@@ -126,10 +161,13 @@ osp_status osp_stream_new(const osp_model *m, const osp_tokenizer *tok, const in
         if (rc == OSP_OK && (!g->lp || !g->top || !g->top_lp || !g->top_scratch))
             rc = osp_err(OSP_ERR_NOMEM, "out of memory");
     }
+    if (rc == OSP_OK && p->grammar && !(g->allowed = malloc(sizeof(uint32_t) * (((size_t)V + 31) / 32))))
+        rc = osp_err(OSP_ERR_NOMEM, "out of memory");
     if (rc != OSP_OK) {
         osp_stream_free(g);
         return rc;
     }
+    g->g_on = p->grammar && !(p->grammar_trigger && *p->grammar_trigger);
     memcpy(g->hist, prompt, sizeof(int32_t) * n_prompt);
     g->nh = n_prompt;
     g->st.n_prompt = n_prompt;
@@ -175,6 +213,35 @@ static void stream_end(osp_stream *g, int flush) {
         st->n_generated > 1 ? (st->n_generated - 1) / (t2 - g->t_first > 1e-9 ? t2 - g->t_first : 1e-9) : 0;
 }
 
+/* A trigger's grammar begins where the text writes the trigger, with the bytes after it in the same piece. If
+ * the grammar refuses them the text is not what it constrains: it waits for the trigger again. */
+static void watch_trigger(osp_stream *g, const char *text, size_t len) {
+    const char *t = g->p.grammar_trigger;
+    size_t tl = strlen(t);
+    for (size_t i = 0; i < len; i++) {
+        size_t k = g->trig_have;
+        for (;;) { /* the longest prefix of the trigger that ends here (as in Knuth-Morris-Pratt) */
+            if (t[k] == text[i]) {
+                k++;
+                break;
+            }
+            if (k == 0) break;
+            size_t j = k - 1;
+            while (j > 0 && memcmp(t, t + k - j, j)) j--;
+            k = j;
+        }
+        g->trig_have = k;
+        if (k < tl) continue;
+        g->trig_have = 0;
+        g->g_n = 0;
+        if (i + 1 < len && !osp_grammar_matcher_commit_bytes(g->p.grammar, text + i + 1, len - i - 1)) continue;
+        g->g_n = i + 1 < len;
+        g->g_on = 1;
+        g->mask_ready = 0;
+        return;
+    }
+}
+
 /* A sampled token's way out: history, eos, logprobs (g->lp holds its
  * position's), text, stop strings, limits. Returns 1 with *next = the token
  * when the stream goes on. */
@@ -191,8 +258,10 @@ static int emit(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, o
     if (g->p.on_logprob) {
         int32_t k = g->p.top_logprobs;
         if (k > 0) osp_top_k_indices(g->lp, g->V, k, g->top, g->top_scratch);
-        for (int32_t i = 0; i < k; i++) g->top_lp[i] = g->lp[g->top[i]];
-        g->p.on_logprob(g->p.logprob_user, tok_id, g->lp[tok_id], g->top, g->top_lp, k);
+        /* a grammar leaves tokens at -inf, which JSON cannot carry: OpenAI's floor instead */
+        for (int32_t i = 0; i < k; i++) g->top_lp[i] = g->lp[g->top[i]] > -9999.0f ? g->lp[g->top[i]] : -9999.0f;
+        g->p.on_logprob(g->p.logprob_user, tok_id, g->lp[tok_id] > -9999.0f ? g->lp[tok_id] : -9999.0f, g->top,
+                        g->top_lp, k);
     }
     const char *text = "", *emit;
     size_t len = 0, emit_len;
@@ -200,6 +269,7 @@ static int emit(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, o
         stream_end(g, 0);
         return 0;
     }
+    if (g->p.grammar && !g->g_on && g->p.grammar_trigger) watch_trigger(g, text, len);
     int stopped = osp_stop_feed(g->stop, text, len, &emit, &emit_len), more = 0;
     if (g->cb && g->cb(g->user, tok_id, emit, emit_len)) {
         st->finish = OSP_FINISH_CANCELLED;
@@ -226,22 +296,97 @@ static void first_token_time(osp_stream *g, double tl) {
     }
 }
 
+/* The grammar's allowed tokens now, into g->allowed (n_allowed of them): the eos tokens only where it accepts
+ * (all of them: a model may end a turn with any). A trigger's grammar that is complete lets go instead (rolled
+ * back to its start, it waits for the trigger again: g_on = 0). */
+static void grammar_bits(osp_stream *g) {
+    size_t words = ((size_t)g->V + 31) / 32;
+    memset(g->allowed, 0, sizeof(uint32_t) * words);
+    osp_grammar_matcher_mask(g->p.grammar, g->allowed);
+    int accepting = osp_grammar_matcher_accepting(g->p.grammar);
+    int64_t n_set = 0, n_eos = 0;
+    for (int32_t i = 0; i < g->p.n_eos; i++) {
+        int32_t e = g->p.eos[i];
+        if (e < 0 || e >= g->V) continue;
+        if (accepting) g->allowed[e >> 5] |= 1u << (e & 31);
+        else g->allowed[e >> 5] &= ~(1u << (e & 31));
+        n_eos += accepting;
+    }
+    for (size_t w = 0; w < words; w++) n_set += __builtin_popcount(g->allowed[w]);
+    g->n_allowed = n_set;
+    if (g->p.grammar_trigger && accepting && n_set <= n_eos) {
+        osp_grammar_matcher_rollback(g->p.grammar, g->g_n);
+        g->g_n = 0, g->g_on = 0;
+    }
+}
+
+void osp_stream_mask_ahead(osp_stream *g) {
+    if (g->over || !g->p.grammar || !g->g_on || g->mask_ready) return;
+    grammar_bits(g);
+    g->mask_ready = g->g_on; /* (a trigger's grammar that let go has no mask for the next token) */
+}
+
+/* The grammar's mask on the logits (computed ahead, or now): what it does not allow goes to -inf. 0 when it
+ * allows nothing (a broken invariant: a live parse can always go on or end). */
+static int grammar_mask(osp_stream *g, float *logits) {
+    if (!g->mask_ready) grammar_bits(g);
+    g->mask_ready = 0;
+    if (!g->g_on) return 1; /* a trigger's grammar let go */
+    size_t words = ((size_t)g->V + 31) / 32;
+    for (size_t w = 0; w < words; w++) {
+        uint32_t b = g->allowed[w];
+        if (b == 0xffffffffu) continue;
+        int32_t t0 = (int32_t)w * 32, n = g->V - t0 < 32 ? g->V - t0 : 32;
+        for (int32_t k = 0; k < n; k++)
+            if (!(b >> k & 1)) logits[t0 + k] = -INFINITY;
+    }
+    return g->n_allowed > 0;
+}
+
+/* The sampled token into the grammar (eos ends the stream: nothing to commit). 0 when it refuses it. */
+static int grammar_commit(osp_stream *g, int32_t tok_id) {
+    if (!g->p.grammar || !g->g_on || is_eos(&g->p, tok_id)) return 1;
+    int ok = osp_grammar_matcher_commit(g->p.grammar, tok_id);
+    g->g_n += ok;
+    return ok;
+}
+
 int osp_stream_next(osp_stream *g, float *logits, int32_t row_pos, int32_t *next, osp_status *rc) {
     *rc = OSP_OK;
     if (g->over) return 0;
     double tl = osp_now_s();
     first_token_time(g, tl);
+    if (g->p.grammar && g->g_on && !grammar_mask(g, logits)) {
+        *rc = osp_err(OSP_ERR_INTERNAL, "structured output: the grammar allows no token here");
+        stream_end(g, 0);
+        return 0;
+    }
+    int held = g->p.grammar && g->g_on;
+    unsigned csr = flush_subnormals(held);
     int32_t tok_id = osp_sampler_sample(g->sampler, logits, g->hist, g->nh, g->lp);
+    restore_subnormals(held, csr);
+    if (!grammar_commit(g, tok_id)) {
+        *rc = osp_err(OSP_ERR_INTERNAL, "structured output: the grammar refused the sampled token %d", tok_id);
+        stream_end(g, 0);
+        return 0;
+    }
     return emit(g, tok_id, row_pos, next, rc, tl);
 }
 
-int osp_stream_takes_id(const osp_stream *g) { return !g->p.on_logprob && osp_sampler_is_argmax(&g->p.sampler); }
+int osp_stream_takes_id(const osp_stream *g) {
+    return !g->p.on_logprob && !g->p.grammar && osp_sampler_is_argmax(&g->p.sampler);
+}
 
 int osp_stream_next_id(osp_stream *g, int32_t tok_id, int32_t row_pos, int32_t *next, osp_status *rc) {
     *rc = OSP_OK;
     if (g->over) return 0;
     double tl = osp_now_s();
     first_token_time(g, tl);
+    if (!grammar_commit(g, tok_id)) { /* (a grammar's stream takes no ids: a caller's mistake) */
+        *rc = osp_err(OSP_ERR_INVALID, "structured output: token %d is outside the grammar", tok_id);
+        stream_end(g, 0);
+        return 0;
+    }
     return emit(g, tok_id, row_pos, next, rc, tl);
 }
 
@@ -249,7 +394,7 @@ int osp_stream_greedy(const osp_stream *g) { return g->p.sampler.temperature == 
 
 const osp_gen_params *osp_stream_params(const osp_stream *g) { return &g->p; }
 
-int osp_stream_can_speculate(const osp_stream *g) { return !(g->p.sampler.xtc_probability > 0); }
+int osp_stream_can_speculate(const osp_stream *g) { return !(g->p.sampler.xtc_probability > 0) && !g->p.grammar; }
 
 int osp_stream_verify(osp_stream *g, float *logits, const int32_t *draft, int32_t K, const float *q, int32_t row_pos0,
                       int32_t *n_keep, int32_t *next, osp_status *rc) {

@@ -66,4 +66,16 @@ void osp_grammar_matcher_rollback(osp_grammar_matcher *m, int n);
 /* 1 when the text so far is a complete sentence of the grammar. */
 int osp_grammar_matcher_accepting(const osp_grammar_matcher *m);
 
+/* compose.c: a choice of sequences, each literal text, a JSON Schema's
+ * value, literal text (prefix / suffix may be NULL or "", schema NULL for
+ * none): a tool call in a model family's syntax, the arguments constrained
+ * by the tool's parameters. A schema's error names its alternative. */
+typedef struct osp_grammar_part {
+    const char *prefix;
+    const char *schema;
+    size_t schema_len;
+    const char *suffix;
+} osp_grammar_part;
+osp_status osp_grammar_from_parts(const osp_grammar_part *alts, int n, osp_grammar **out);
+
 #endif

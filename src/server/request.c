@@ -74,6 +74,8 @@ static int bool_field(const json_t *b, const char *k, int *out, perr *e) {
 static void job_free_fields(srv_job *j) {
     osp_free(j->prompt);
     free(j->forced);
+    free(j->rf_schema);
+    srv_grammar_release(j->grammar);
     for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
     free(j->stops);
     free(j->bias);
@@ -113,6 +115,131 @@ void srv_job_release(srv_job *j) {
     close(j->wake_fd);
     pthread_mutex_destroy(&j->mu);
     free(j);
+}
+
+/* The schema a response format asks for, as JSON text in j->rf_schema (compiled once the prompt is known:
+ * settle_grammar): response_format json_object (any object, or llama-server's "schema") or json_schema
+ * ({"json_schema": {"name", "schema", "strict"}}), or llama-server's top-level json_schema. */
+static int response_format(const json_t *b, srv_job *j, perr *e) {
+    const json_t *schema = NULL, *v;
+    int any_object = 0;
+    if ((v = get(b, "grammar")) && !(json_is_string(v) && !json_string_length(v)))
+        FAIL(e, "grammar", "'grammar' (GBNF) is not supported: give a JSON Schema in 'response_format' or 'json_schema'");
+    if ((v = get(b, "response_format"))) {
+        const char *t = srv_json_type(v);
+        if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema")))
+            FAIL(e, "response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": ...}}");
+        if (!strcmp(t, "json_object")) {
+            schema = get(v, "schema");
+            any_object = !schema;
+        } else if (!strcmp(t, "json_schema")) {
+            json_t *js = get(v, "json_schema");
+            if (js && !json_is_object(js)) FAIL(e, "response_format", "'response_format.json_schema' must be an object");
+            json_t *x;
+            if (js && (x = get(js, "name")) && !json_is_string(x))
+                FAIL(e, "response_format", "'response_format.json_schema.name' must be a string");
+            if (js && (x = get(js, "strict")) && !json_is_boolean(x))
+                FAIL(e, "response_format", "'response_format.json_schema.strict' must be a boolean");
+            schema = js && get(js, "schema") ? get(js, "schema") : get(v, "schema"); /* (llama-server: beside type) */
+            if (!schema) FAIL(e, "response_format", "'response_format.json_schema.schema' is required");
+        }
+        j->rf_param = "response_format";
+    }
+    if ((v = get(b, "json_schema"))) {
+        if (schema || any_object) FAIL(e, "json_schema", "give a schema either in 'response_format' or in 'json_schema', not both");
+        schema = v;
+        j->rf_param = "json_schema";
+    }
+    if (any_object && !(j->rf_schema = strdup("{\"type\":\"object\"}"))) FAIL(e, j->rf_param, "out of memory");
+    if (!schema) return 0;
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        FAIL(e, j->rf_param, "'%s': a JSON Schema must be an object or a boolean", j->rf_param);
+    if (!(j->rf_schema = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY))) FAIL(e, j->rf_param, "out of memory");
+    return 0;
+}
+
+/* The response format's grammar, after prefix (text the reply must start with: the close of a reasoning block
+ * the prompt opened), or none. */
+static int settle_grammar(srv *s, srv_job *j, const char *prefix, perr *e) {
+    if (!j->rf_schema) return 0;
+    if (!s->gvocab) FAIL(e, j->rf_param, "structured output is not available with this model's tokenizer");
+    char why[400];
+    osp_grammar_part part = {.prefix = prefix, .schema = j->rf_schema, .schema_len = strlen(j->rf_schema)};
+    j->grammar = prefix && *prefix ? srv_grammar_parts(s->gcache, &part, 1, why, sizeof why)
+                                   : srv_grammar_schema(s->gcache, part.schema, part.schema_len, why, sizeof why);
+    if (!j->grammar) FAIL(e, j->rf_param, "'%s': the JSON Schema cannot be used: %s", j->rf_param, why);
+    return 0;
+}
+
+/* Tool calls held to the tools' parameter schemas. A forced call (force 1: any of the tools, 2: the function
+ * name): what follows the forced opening (forced_opening) is the call's rest in the format's syntax. Not forced
+ * (0), with a tool that is strict: each call, from its opening marker on (the grammar's trigger), names a tool
+ * and gives its arguments (a strict tool's under its schema, another's any object); the text around is free.
+ * Only the JSON formats (and calls without forcing only where a call has an opening marker): Gemma 4's own
+ * notation is not JSON Schema's. */
+static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_t *tools, int force, const char *name,
+                        perr *e) {
+    if (!s->gvocab || (f->calls != OSP_REPLY_CALLS_JSON_BLOCK && f->calls != OSP_REPLY_CALLS_JSON_REPLY)) return 0;
+    size_t nt = json_array_size(tools), n = 0, any = strlen(f->force.any), i;
+    json_t *t;
+    const char *sep = ""; /* without forcing: what comes between the call's marker and its name */
+    if (!force) {
+        int strict = 0;
+        json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
+        size_t ol = f->tool_open ? strlen(f->tool_open) : 0;
+        if (!strict || f->calls != OSP_REPLY_CALLS_JSON_BLOCK || strncmp(f->force.open, f->tool_open, ol)) return 0;
+        sep = f->force.open + ol;
+        any = 0;
+        j->grammar_trigger = f->tool_open;
+    }
+    osp_grammar_part *alts = calloc(nt ? nt : 1, sizeof *alts);
+    char **texts = calloc(nt ? nt * 2 : 1, sizeof *texts);
+    srv_buf suffix = {0};
+    srv_buf_addf(&suffix, "}%s%s", f->tool_close ? "\n" : "", f->tool_close ? f->tool_close : "");
+    int rc = 0;
+    if (!alts || !texts || !suffix.p) {
+        e->status = 500;
+        snprintf(e->msg, sizeof e->msg, "out of memory");
+        rc = -1;
+    }
+    json_array_foreach(tools, i, t) {
+        if (rc) break;
+        json_t *fn = json_object_get(t, "function");
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (force == 2 && strcmp(fname, name)) continue;
+        json_t *params = get(fn, "parameters");
+        if (params && !json_is_object(params) && !json_is_boolean(params)) {
+            e->status = 400, e->param = "tools";
+            snprintf(e->msg, sizeof e->msg, "tools[%zu]: 'parameters' must be a JSON Schema object", i);
+            rc = -1;
+            break;
+        }
+        if (!force && !json_is_true(get(fn, "strict"))) params = NULL; /* any object */
+        texts[2 * n] = params ? json_dumps(params, JSON_COMPACT | JSON_ENCODE_ANY) : strdup("{\"type\":\"object\"}");
+        if (force != 2) { /* the name's text (after the format's `any`, which a forced opening wrote) */
+            srv_buf pre = {0};
+            srv_buf_addf(&pre, "%s%s%s%s", sep, f->force.name_pre, fname, f->force.name_post);
+            texts[2 * n + 1] = pre.p && pre.len >= any ? strdup(pre.p + any) : NULL;
+            srv_buf_free(&pre);
+        }
+        alts[n] = (osp_grammar_part){.prefix = texts[2 * n + 1], .schema = texts[2 * n],
+                                     .schema_len = texts[2 * n] ? strlen(texts[2 * n]) : 0, .suffix = suffix.p};
+        n++;
+    }
+    if (!rc && n) {
+        char why[400];
+        j->grammar = srv_grammar_parts(s->gcache, alts, (int)n, why, sizeof why);
+        if (!j->grammar) {
+            e->status = 400, e->param = "tools";
+            snprintf(e->msg, sizeof e->msg, "tools: a function's 'parameters' cannot be used as a JSON Schema: %s", why);
+            rc = -1;
+        }
+    }
+    for (size_t k = 0; texts && k < 2 * nt; k++) free(texts[k]);
+    free(texts), free(alts);
+    srv_buf_free(&suffix);
+    return rc;
 }
 
 /* Fields shared by chat and completions. */
@@ -207,12 +334,7 @@ static int parse_common(srv *s, const json_t *b, srv_job *j, int32_t *max_tokens
         j->gp.sampler.logit_bias = j->bias;
         j->gp.sampler.n_logit_bias = k;
     }
-    if ((v = get(b, "response_format"))) {
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-            FAIL(e, "response_format", "response_format other than {\"type\": \"text\"} is not supported");
-    }
-    return 0;
+    return response_format(b, j, e);
 }
 
 /* Tokens of the prompt fit the context; settle max_tokens. */
@@ -519,6 +641,17 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
         memcpy(t2, text, len), memcpy(t2 + len, j->forced, fl + 1);
         osp_free(text);
         text = t2, len += fl;
+        /* a forced call is the whole reply: its grammar replaces a response format's */
+        free(j->rf_schema);
+        j->rf_schema = NULL;
+        if (tool_grammar(s, j, fmt, tools, force, force_name, &e)) {
+            osp_free(text);
+            return fail_job(j, &e, status, err);
+        }
+    } else if (settle_grammar(s, j, j->start_in_reasoning ? fmt->force.close_think : NULL, &e) ||
+               (!j->grammar && tools && tool_grammar(s, j, fmt, tools, 0, NULL, &e))) {
+        osp_free(text);
+        return fail_job(j, &e, status, err);
     }
     size_t n = 0;
     osp_status rc = osp_tokenizer_encode_alloc(s->tok, text, len, 0, &j->prompt, &n);
@@ -620,7 +753,7 @@ srv_job *srv_parse_completion(srv *s, const json_t *b, int *status, json_t **err
         snprintf(e.msg, sizeof e.msg, "'prompt' must be a string or a list of token ids");
         return fail_job(j, &e, status, err);
     }
-    if (fit_context(s, j, max_tokens, &e)) return fail_job(j, &e, status, err);
+    if (fit_context(s, j, max_tokens, &e) || settle_grammar(s, j, NULL, &e)) return fail_job(j, &e, status, err);
     srv_make_id(j->id, sizeof j->id, "cmpl");
     return j;
 }

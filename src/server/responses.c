@@ -186,8 +186,9 @@ static int tools_of(const json_t *tools, json_t *chat, srv_rsp_req *q, rerr *e) 
                          : p    ? json_deep_copy(p)
                                 : json_pack("{s:s}", "type", "object");
         if (custom) json_array_append(q->custom, n);
-        json_t *f = json_pack("{s:O,s:o}", "name", n, "parameters", params);
+        json_t *f = json_pack("{s:O,s:o}", "name", n, "parameters", params), *strict = get(t, "strict");
         if (d) json_object_set(f, "description", d);
+        if (json_is_boolean(strict)) json_object_set(f, "strict", strict);
         json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", f));
     }
     if (json_array_size(out)) json_object_set_new(chat, "tools", out);
@@ -228,11 +229,23 @@ static int options_of(const json_t *body, json_t *chat, srv_rsp_req *q, rerr *e)
     }
     if ((v = get(body, "text"))) {
         if (!json_is_object(v)) RFAIL(e, "'text' must be an object");
-        const char *f = (x = get(v, "format")) ? type_of(x) : "text";
+        json_t *fm = get(v, "format");
+        const char *f = fm ? type_of(fm) : "text";
         if (!f) RFAIL(e, "'text.format' must be an object with a 'type'");
-        if (strcmp(f, "text"))
-            RFAIL(e, "'text.format' of type '%.40s' is not supported: this server has no structured output (only "
-                     "{\"type\": \"text\"})", f);
+        if (!strcmp(f, "json_object")) {
+            json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", "json_object"));
+        } else if (!strcmp(f, "json_schema")) { /* flat here; nested in chat's response_format (request.c checks it) */
+            json_t *js = json_object();
+            for (const char *const *k = (const char *const[]){"name", "schema", "strict", "description", NULL}; *k; k++)
+                if ((x = get(fm, *k))) json_object_set(js, *k, x);
+            if (!get(fm, "schema")) {
+                json_decref(js);
+                RFAIL(e, "'text.format' of type json_schema needs a 'schema'");
+            }
+            json_object_set_new(chat, "response_format", json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", js));
+        } else if (strcmp(f, "text")) {
+            RFAIL(e, "'text.format' must be of type text, json_object or json_schema, not '%.40s'", f);
+        }
         if ((x = get(v, "verbosity")) && !json_is_string(x)) RFAIL(e, "'text.verbosity' must be a string");
     }
     if ((v = get(body, "include"))) {
@@ -466,7 +479,9 @@ json_t *srv_rsp_object(const json_t *body, const char *id, long long created, co
                                                   echo(rs, "summary", json_null())));
     json_object_set_new(o, "store", echo(body, "store", json_true()));
     json_object_set_new(o, "temperature", echo(body, "temperature", json_null()));
-    json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
+    json_t *tx = get(body, "text");
+    json_object_set_new(o, "text", get(tx, "format") ? json_pack("{s:O}", "format", get(tx, "format"))
+                                                     : json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(o, "tool_choice", echo(body, "tool_choice", json_string("auto")));
     json_object_set_new(o, "tools", echo(body, "tools", json_array()));
     json_object_set_new(o, "top_p", echo(body, "top_p", json_null()));

@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include "osprey.h"
+#include "grammar/grammar.h"
 #include "server/conn.h"
 #include "server/reply.h"
 #include "server/server.h"
@@ -107,6 +108,10 @@ typedef struct srv_job {
     int parse_reasoning, parse_tools, start_in_reasoning;
     int parallel_tools;       /* parallel_tool_calls: 0 keeps only the first call */
     char *forced;             /* text the reply starts with (a forced tool call's opening), or NULL */
+    struct srv_grammar *grammar; /* structured output (structured.c): the reply is held to it; a reference, or NULL */
+    const char *grammar_trigger; /* the grammar holds from this text on (osp_gen_params.grammar_trigger), or NULL */
+    char *rf_schema;          /* while parsing: the response format's JSON Schema (text), or NULL */
+    const char *rf_param;     /* the field it came from */
     struct srv_rsp_job *rsp;  /* a Responses job: its request's side (responses.h), owned by the route */
     char id[64];
     long long created;
@@ -200,7 +205,23 @@ typedef struct srv {
     osp_tokenizer *audio_tok;
     struct osp_wbatch *audio_batch;
     struct srv_embed *embed;  /* the embedding model (embed.c), or NULL */
+    osp_grammar_vocab *gvocab;/* structured output: the tokenizer's trie (NULL: none for this tokenizer) */
+    struct srv_gcache *gcache;/* compiled grammars (structured.c) */
 } srv;
+
+/* structured.c: compiled grammars in an LRU shared by requests, by what
+ * they were compiled from; a job holds a reference until it ends (entries
+ * are freed only when no job holds them). NULL with the compiler's message
+ * in err when it does not compile. */
+typedef struct srv_grammar srv_grammar;
+typedef struct srv_gcache srv_gcache;
+srv_gcache *srv_gcache_new(void);
+void srv_gcache_free(srv_gcache *c);
+srv_grammar *srv_grammar_schema(srv_gcache *c, const char *schema, size_t len, char *err, size_t cap);
+srv_grammar *srv_grammar_parts(srv_gcache *c, const osp_grammar_part *alts, int n, char *err, size_t cap);
+osp_grammar *srv_grammar_of(srv_grammar *g);
+void srv_grammar_release(srv_grammar *g);
+void srv_gcache_counts(srv_gcache *c, long long *hits, long long *misses, int *entries);
 
 /* setup.c */
 int srv_setup(srv *s);    /* model, tokenizer, template, session, budget; 0 ok (else osp_last_error) */

@@ -169,6 +169,16 @@ int srv_setup(srv *s) {
     s->logits = malloc(sizeof(float) * (size_t)c->parallel * in->vocab);
     if (!s->logits || srv_slots_init(s)) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
     osp_gen_defaults(s->model, s->tok, &s->defaults, s->eos);
+    /* structured output: the vocabulary's trie, once (a tokenizer larger than the model's vocabulary has tokens
+     * the model cannot produce: no grammars then) */
+    if (osp_grammar_vocab_from_tokenizer(s->tok, &s->gvocab) != OSP_OK ||
+        osp_grammar_vocab_size(s->gvocab) > in->vocab) {
+        OSP_LOG(1, "osprey serve: no structured output for this tokenizer (%s)",
+                s->gvocab ? "more tokens than the model's vocabulary" : osp_last_error());
+        osp_grammar_vocab_free(s->gvocab);
+        s->gvocab = NULL;
+    }
+    if (!(s->gcache = srv_gcache_new())) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
     s->n_eos = s->defaults.n_eos;
     if (c->temp >= 0) s->defaults.sampler.temperature = c->temp;
     if (c->top_p >= 0) s->defaults.sampler.top_p = c->top_p;
@@ -199,6 +209,9 @@ void srv_teardown(srv *s) {
     free(s->slots);
     free(s->logits);
     osp_chat_template_free(s->tmpl);
+    srv_gcache_free(s->gcache);
+    osp_grammar_vocab_free(s->gvocab);
+    s->gcache = NULL, s->gvocab = NULL;
     osp_tokenizer_free(s->tok);
     osp_model_free(s->model);
     s->session = NULL, s->slots = NULL, s->logits = NULL, s->tmpl = NULL, s->tok = NULL, s->model = NULL;

@@ -88,6 +88,12 @@ json_t *srv_stats_json(srv *s) {
                                                               c.draft_accepted, "acceptance",
                                                               c.draft ? (double)c.draft_accepted / c.draft : 0.0)
                                                   : json_null());
+    if (s->gcache) { /* structured output's compiled grammars (structured.c) */
+        long long gh, gm;
+        int ge;
+        srv_gcache_counts(s->gcache, &gh, &gm, &ge);
+        json_object_set_new(o, "grammar_cache", json_pack("{s:I, s:I, s:i}", "hits", gh, "compiles", gm, "entries", ge));
+    }
     json_object_set_new(o, "write_timeouts", json_integer(c.stalled));
     json_object_set_new(o, "model_identity", s->identity[0] ? json_string(s->identity) : json_null());
     return o;

@@ -166,6 +166,7 @@ struct srv_slot {
     int looked_up;      /* the prefix cache was asked (when its prefill began) */
     int64_t reserved;   /* KV bytes held for it */
     long long seq;      /* admission order */
+    osp_grammar_matcher *gm; /* structured output: the row's parse (made and used on this thread only), or NULL */
 };
 
 static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
@@ -182,6 +183,11 @@ static osp_status slot_begin(srv *s, srv_slot *sl, srv_job *j) {
     sl->has_pending = 0;
     if (s->spec) osp_spec_reset_row(s->spec, sl->row);
     sl->decoding = 0; /* its row is empty: slot_end resets it */
+    if (j->grammar) {
+        OSP_TRY(osp_grammar_matcher_new(srv_grammar_of(j->grammar), s->gvocab, &sl->gm));
+        gp.grammar = sl->gm;
+        gp.grammar_trigger = j->grammar_trigger;
+    }
     return osp_stream_new(s->model, s->tok, j->prompt, j->n_prompt, s->ctx, &gp, on_text, j, &sl->st);
 }
 
@@ -237,7 +243,9 @@ static void slot_end(srv *s, srv_slot *sl, osp_status rc) {
         srv_job_end(j, 200, NULL, &st);
     }
     osp_stream_free(sl->st);
+    osp_grammar_matcher_free(sl->gm);
     sl->st = NULL;
+    sl->gm = NULL;
     osp_session_reset_row(s->session, sl->row); /* its KV goes back */
     srv_job_release(j);
     pthread_mutex_lock(&s->qmu);
@@ -362,6 +370,75 @@ static void chain_next(srv *s, wchain *c, int32_t *prev) {
     }
 }
 
+/* Grammar masks during the forward pass: before a decode step, the rows held to a grammar hand their streams to
+ * this thread, which computes each one's mask for the token the step will give (osp_stream_mask_ahead: it
+ * depends only on the tokens so far); the worker waits for it before it samples. One thread: the vocab's mask
+ * cache has one user at a time (the worker computes masks itself, inline, only while this thread is idle). */
+typedef struct wmask {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    osp_stream **st; /* [P] */
+    int n, busy, stop, started;
+} wmask;
+
+static void *mask_main(void *arg) {
+    wmask *m = arg;
+    pthread_mutex_lock(&m->mu);
+    for (;;) {
+        while (!m->busy && !m->stop) pthread_cond_wait(&m->cv, &m->mu);
+        if (m->stop) break;
+        pthread_mutex_unlock(&m->mu);
+        for (int i = 0; i < m->n; i++) osp_stream_mask_ahead(m->st[i]);
+        pthread_mutex_lock(&m->mu);
+        m->busy = 0;
+        pthread_cond_broadcast(&m->cv);
+    }
+    pthread_mutex_unlock(&m->mu);
+    return NULL;
+}
+
+static void mask_init(wmask *m, int P) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cv, NULL);
+    m->st = malloc(sizeof(osp_stream *) * P);
+    m->started = m->st && !pthread_create(&m->th, NULL, mask_main, m); /* else: masks inline */
+}
+
+/* the batch's grammar rows to the thread (0 when there are none) */
+static int mask_start(wmask *m, srv_slot **batch, int nb) {
+    if (!m->started) return 0;
+    int n = 0;
+    for (int b = 0; b < nb; b++)
+        if (osp_stream_params(batch[b]->st)->grammar) m->st[n++] = batch[b]->st;
+    if (!n) return 0;
+    pthread_mutex_lock(&m->mu);
+    m->n = n, m->busy = 1;
+    pthread_cond_broadcast(&m->cv);
+    pthread_mutex_unlock(&m->mu);
+    return 1;
+}
+
+static void mask_wait(wmask *m) {
+    pthread_mutex_lock(&m->mu);
+    while (m->busy) pthread_cond_wait(&m->cv, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void mask_free(wmask *m) {
+    if (m->started) {
+        pthread_mutex_lock(&m->mu);
+        m->stop = 1;
+        pthread_cond_broadcast(&m->cv);
+        pthread_mutex_unlock(&m->mu);
+        pthread_join(m->th, NULL);
+    }
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cv);
+    free(m->st);
+}
+
 static void *worker_main(void *arg) {
     srv *s = arg;
     int P = s->parallel;
@@ -384,6 +461,8 @@ static void *worker_main(void *arg) {
         free(chosen), free(want), free(c.batch), free(c.rows), free(c.got), free(c.why), free(c.ends);
         return NULL;
     }
+    wmask mk;
+    mask_init(&mk, P);
     for (;;) {
         pthread_mutex_lock(&s->qmu);
         for (;;) {
@@ -530,7 +609,9 @@ static void *worker_main(void *arg) {
         /* the backend takes every row's greedy token; only the rows whose sampling needs more get their logits
          * (the same step always: one graph per row count on a GPU) */
         for (int b = 0; b < nb; b++) want[b] = !osp_stream_takes_id(batch[b]->st);
+        int masking = mask_start(&mk, batch, nb);
         osp_status rc = osp_forward_rows_ids(s->session, rows, nb, ids, 1, want, s->logits, chosen);
+        if (masking) mask_wait(&mk);
         for (int b = 0; b < nb; b++) {
             srv_slot *sl = batch[b];
             osp_status src = rc;
@@ -546,6 +627,7 @@ static void *worker_main(void *arg) {
         }
     }
     chain_stop(s, &c);
+    mask_free(&mk);
     free(rows), free(ids), free(batch), free(fresh), free(need), free(streams), free(use), free(more), free(rcs);
     free(chosen), free(want), free(c.batch), free(c.rows), free(c.got), free(c.why), free(c.ends);
     return NULL;

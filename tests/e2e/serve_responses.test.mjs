@@ -205,7 +205,7 @@ test('bad bodies: each a 400 in OpenAI\'s error shape that says why', async () =
     [{ input: [{ role: 'robot', content: 'x' }] }, 'role'],
     [{ input: [{ type: 'function_call', name: 'f' }] }, 'call_id'],
     [{ input: [{ type: 'item_reference', id: 'x' }] }, 'item_reference'],
-    [{ input: 'x', text: { format: { type: 'json_schema', name: 's', schema: {} } } }, 'json_schema'],
+    [{ input: 'x', text: { format: { type: 'json_schema', name: 's' } } }, 'json_schema'], // (no schema)
     [{ input: 'x', tools: [{ type: 'function' }] }, 'name'],
     [{ input: 'x', tools: [{ type: 'teleport' }] }, 'teleport'],
     [{ input: 'x', tool_choice: { type: 'web_search' } }, 'tool_choice'],

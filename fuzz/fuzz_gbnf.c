@@ -26,7 +26,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size > 4096) return 0;
     osp_grammar *g;
-    if (osp_grammar_from_gbnf((const char *)data, size, &g) != OSP_OK) return 0;
+    if (osp_grammar_from_gbnf((const char *)data, size, NULL, &g) != OSP_OK) return 0;
     osp_grammar_matcher *m;
     if (osp_grammar_matcher_new(g, voc, &m) == OSP_OK) {
         const int32_t n = osp_grammar_vocab_size(voc), eos = osp_grammar_vocab_eos(voc);

@@ -24,7 +24,7 @@ static osp_grammar_vocab *byte_vocab(void) {
 
 static osp_grammar *compile(const char *text) {
     osp_grammar *g = NULL;
-    osp_status st = osp_grammar_from_gbnf(text, strlen(text), &g);
+    osp_status st = osp_grammar_from_gbnf(text, strlen(text), NULL, &g);
     if (st != OSP_OK) fail_msg("grammar did not compile: %s\n%s", osp_last_error(), text);
     return g;
 }
@@ -145,6 +145,12 @@ static void test_characters(void **st) {
     assert_false(TAKES(g, v, "12-a|"));
     assert_false(TAKES(g, v, "12-aa|xx"));
     osp_grammar_free(g);
+    /* after a literal prefix (the server's: the close of a reasoning block the prompt opened) */
+    assert_int_equal(osp_grammar_from_gbnf("root ::= [0-9]+\n", 16, "</think>\n", &g), OSP_OK);
+    assert_true(TAKES(g, v, "</think>\n42"));
+    assert_false(TAKES(g, v, "42"));
+    assert_false(TAKES(g, v, "</think>\n"));
+    osp_grammar_free(g);
     /* a root that takes the empty text */
     g = compile("root ::= \"a\"*\n");
     assert_true(TAKES(g, v, ""));
@@ -182,7 +188,7 @@ static void test_mask(void **st) {
 
 static void expect_error(const char *text, const char *says) {
     osp_grammar *g = NULL;
-    osp_status st = osp_grammar_from_gbnf(text, strlen(text), &g);
+    osp_status st = osp_grammar_from_gbnf(text, strlen(text), NULL, &g);
     if (st == OSP_OK) fail_msg("compiled, but should not have:\n%s", text);
     assert_null(g);
     if (!strstr(osp_last_error(), says)) fail_msg("error '%s' does not say '%s'", osp_last_error(), says);

@@ -802,7 +802,7 @@ static void gb_free(gb *g) {
     gr_b_free(&g->b);
 }
 
-osp_status osp_grammar_from_gbnf(const char *text, size_t len, osp_grammar **out) {
+osp_status osp_grammar_from_gbnf(const char *text, size_t len, const char *prefix, osp_grammar **out) {
     *out = NULL;
     if (len > GB_MAX_TEXT) return osp_err(OSP_ERR_INVALID, "grammar: over %d bytes", GB_MAX_TEXT);
     gb g;
@@ -836,6 +836,13 @@ osp_status osp_grammar_from_gbnf(const char *text, size_t len, osp_grammar **out
                 g.st = s == GB_NONE ? gr_b_prod(&g.b, start, NULL, 0) : gr_b_prod(&g.b, start, &s, 1);
             }
         }
+    }
+    if (!g.st && prefix && *prefix) { /* start -> the prefix's bytes, then root */
+        int32_t two[2], s2 = gr_b_nt(&g.b);
+        g.st = gr_b_lit(&g.b, prefix, strlen(prefix), &two[0]);
+        two[1] = start;
+        if (!g.st) g.st = gr_b_prod(&g.b, s2, two, 2);
+        start = s2;
     }
     if (!g.st) g.st = gr_b_finish(&g.b, start, out);
     osp_status st = g.st;

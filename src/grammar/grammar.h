@@ -45,9 +45,9 @@ osp_status osp_grammar_from_json_schema(const char *schema, size_t len, osp_gram
  * ends; bytes, ASCII classes, \d\w\s, groups, |, * + ? {n,m}). */
 osp_status osp_grammar_from_regex(const char *re, size_t len, osp_grammar **out);
 /* Compile a grammar in llama.cpp's GBNF (gbnf.c says what it takes);
- * `root` is the start. A malformed grammar is OSP_ERR_INVALID naming the
- * line and column. */
-osp_status osp_grammar_from_gbnf(const char *text, size_t len, osp_grammar **out);
+ * `root` is the start, after the literal text prefix (NULL or "": none). A
+ * malformed grammar is OSP_ERR_INVALID naming the line and column. */
+osp_status osp_grammar_from_gbnf(const char *text, size_t len, const char *prefix, osp_grammar **out);
 void osp_grammar_free(osp_grammar *g);
 
 osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, osp_grammar_matcher **out);

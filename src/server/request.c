@@ -123,8 +123,11 @@ void srv_job_release(srv_job *j) {
 static int response_format(const json_t *b, srv_job *j, perr *e) {
     const json_t *schema = NULL, *v;
     int any_object = 0;
-    if ((v = get(b, "grammar")) && !(json_is_string(v) && !json_string_length(v)))
-        FAIL(e, "grammar", "'grammar' (GBNF) is not supported: give a JSON Schema in 'response_format' or 'json_schema'");
+    const json_t *gbnf = NULL;
+    if ((v = get(b, "grammar"))) {
+        if (!json_is_string(v)) FAIL(e, "grammar", "'grammar' must be a string (a GBNF grammar)");
+        if (json_string_length(v)) gbnf = v; /* (llama-server: "" is none) */
+    }
     if ((v = get(b, "response_format"))) {
         const char *t = srv_json_type(v);
         if (!t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema")))
@@ -151,6 +154,13 @@ static int response_format(const json_t *b, srv_job *j, perr *e) {
         schema = v;
         j->rf_param = "json_schema";
     }
+    if (gbnf) {
+        if (schema || any_object)
+            FAIL(e, "grammar", "give either a GBNF 'grammar' or a JSON Schema ('%s'), not both", j->rf_param);
+        if (!(j->rf_schema = strdup(json_string_value(gbnf)))) FAIL(e, "grammar", "out of memory");
+        j->rf_gbnf = 1, j->rf_param = "grammar";
+        return 0;
+    }
     if (any_object && !(j->rf_schema = strdup("{\"type\":\"object\"}"))) FAIL(e, j->rf_param, "out of memory");
     if (!schema) return 0;
     if (!json_is_object(schema) && !json_is_boolean(schema))
@@ -165,6 +175,11 @@ static int settle_grammar(srv *s, srv_job *j, const char *prefix, perr *e) {
     if (!j->rf_schema) return 0;
     if (!s->gvocab) FAIL(e, j->rf_param, "structured output is not available with this model's tokenizer");
     char why[400];
+    if (j->rf_gbnf) {
+        if (!(j->grammar = srv_grammar_gbnf(s->gcache, j->rf_schema, strlen(j->rf_schema), prefix, why, sizeof why)))
+            FAIL(e, "grammar", "'grammar' cannot be used: %s", why);
+        return 0;
+    }
     osp_grammar_part part = {.prefix = prefix, .schema = j->rf_schema, .schema_len = strlen(j->rf_schema)};
     j->grammar = prefix && *prefix ? srv_grammar_parts(s->gcache, &part, 1, why, sizeof why)
                                    : srv_grammar_schema(s->gcache, part.schema, part.schema_len, why, sizeof why);
@@ -643,7 +658,7 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
         text = t2, len += fl;
         /* a forced call is the whole reply: its grammar replaces a response format's */
         free(j->rf_schema);
-        j->rf_schema = NULL;
+        j->rf_schema = NULL, j->rf_gbnf = 0;
         if (tool_grammar(s, j, fmt, tools, force, force_name, &e)) {
             osp_free(text);
             return fail_job(j, &e, status, err);

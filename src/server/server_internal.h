@@ -112,6 +112,7 @@ typedef struct srv_job {
     const char *grammar_trigger; /* the grammar holds from this text on (osp_gen_params.grammar_trigger), or NULL */
     char *rf_schema;          /* while parsing: the response format's JSON Schema (text), or NULL */
     const char *rf_param;     /* the field it came from */
+    int rf_gbnf;              /* rf_schema is a GBNF grammar (llama-server's `grammar`), not a JSON Schema */
     struct srv_rsp_job *rsp;  /* a Responses job: its request's side (responses.h), owned by the route */
     char id[64];
     long long created;
@@ -219,6 +220,8 @@ srv_gcache *srv_gcache_new(void);
 void srv_gcache_free(srv_gcache *c);
 srv_grammar *srv_grammar_schema(srv_gcache *c, const char *schema, size_t len, char *err, size_t cap);
 srv_grammar *srv_grammar_parts(srv_gcache *c, const osp_grammar_part *alts, int n, char *err, size_t cap);
+/* A GBNF grammar (llama-server's `grammar`) after the literal prefix (NULL: none). */
+srv_grammar *srv_grammar_gbnf(srv_gcache *c, const char *text, size_t len, const char *prefix, char *err, size_t cap);
 osp_grammar *srv_grammar_of(srv_grammar *g);
 void srv_grammar_release(srv_grammar *g);
 void srv_gcache_counts(srv_gcache *c, long long *hits, long long *misses, int *entries);

@@ -94,10 +94,12 @@ static srv_grammar *lookup(srv_gcache *c, const char *key, size_t n, uint64_t h)
 }
 
 typedef struct gsrc {
-    const char *schema; /* a JSON Schema's text ... */
+    const char *schema; /* a JSON Schema's text (or a GBNF grammar's) ... */
     size_t len;
     const osp_grammar_part *alts; /* ... or pieces */
     int n;
+    int gbnf;           /* schema is GBNF, after the literal prefix */
+    const char *prefix;
 } gsrc;
 
 /* The cached grammar for key, compiled from src on a miss (outside the
@@ -120,7 +122,8 @@ static srv_grammar *get(srv_gcache *c, char *key, size_t kn, const gsrc *src, ch
     atomic_fetch_add(&c->misses, 1);
     osp_grammar *g = NULL;
     osp_status st = src->alts ? osp_grammar_from_parts(src->alts, src->n, &g)
-                              : osp_grammar_from_json_schema(src->schema, src->len, &g);
+                    : src->gbnf ? osp_grammar_from_gbnf(src->schema, src->len, src->prefix, &g)
+                                : osp_grammar_from_json_schema(src->schema, src->len, &g);
     if (st != OSP_OK) {
         snprintf(err, cap, "%s", osp_last_error());
         free(key);
@@ -179,6 +182,19 @@ srv_grammar *srv_grammar_parts(srv_gcache *c, const osp_grammar_part *alts, int 
         return NULL;
     }
     gsrc src = {.alts = alts, .n = n};
+    return get(c, k.p, k.len, &src, err, cap);
+}
+
+srv_grammar *srv_grammar_gbnf(srv_gcache *c, const char *text, size_t len, const char *prefix, char *err, size_t cap) {
+    srv_buf k = {0};
+    srv_buf_add(&k, "G", 1);
+    key_piece(&k, prefix, prefix ? strlen(prefix) : 0);
+    key_piece(&k, text, len);
+    if (!k.p) {
+        snprintf(err, cap, "out of memory");
+        return NULL;
+    }
+    gsrc src = {.schema = text, .len = len, .gbnf = 1, .prefix = prefix};
     return get(c, k.p, k.len, &src, err, cap);
 }
 

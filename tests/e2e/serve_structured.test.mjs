@@ -129,6 +129,34 @@ test('json_object, and llama-server\'s top-level json_schema', async () => {
   checkAll(await Promise.all(jobs));
 });
 
+test('llama-server\'s grammar (GBNF) on chat and completions, streamed and not: every stopped reply is in its language', async () => {
+  const answer = { gbnf: 'root ::= ("yes" | "no" | "maybe") "!"  # an answer\n', re: /^(yes|no|maybe)!$/ };
+  const list = { gbnf: 'root ::= "[" num ("," num){0,3} "]"\nnum  ::= "-"? [1-9] [0-9]?\n', re: /^\[-?[1-9][0-9]?(,-?[1-9][0-9]?){0,3}\]$/ };
+  const jobs = [];
+  for (const [g, seed] of [[answer, 1], [list, 2], [answer, 3], [list, 4]]) {
+    jobs.push(client.chat.completions.create({ ...base(seed), messages: [{ role: 'user', content: 'a fortune' }], grammar: g.gbnf })
+      .then((r) => [g, r.choices[0].message.content, r.choices[0].finish_reason]));
+    jobs.push(raw(srv.base, '/v1/completions', { body: JSON.stringify({ ...base(seed), prompt: 'A list:', grammar: g.gbnf, stream: false }) })
+      .then((r) => [g, r.json.choices[0].text, r.json.choices[0].finish_reason]));
+    jobs.push((async () => {
+      const s = await client.chat.completions.create({ ...base(seed + 10), messages: [{ role: 'user', content: 'hi' }], grammar: g.gbnf, stream: true });
+      let text = '', finish = null;
+      for await (const c of s) {
+        text += c.choices[0]?.delta?.content ?? '';
+        finish = c.choices[0]?.finish_reason ?? finish;
+      }
+      return [g, text, finish];
+    })());
+  }
+  let stops = 0;
+  for (const [g, text, finish] of await Promise.all(jobs)) {
+    if (finish !== 'stop') continue;
+    stops++;
+    assert.match(text, g.re);
+  }
+  assert.ok(stops >= 6, `only ${stops} of 12 replies stopped`);
+});
+
 test('a constrained reply cut by max_tokens ends with "length"', async () => {
   const r = await client.chat.completions.create({ ...base(7), max_tokens: 3, messages: [{ role: 'user', content: 'hi' }],
     response_format: { type: 'json_schema', json_schema: { name: 'p', schema: schemas.person } } });
@@ -174,7 +202,10 @@ test('bad schemas and unsupported fields are a 400 naming the field', async () =
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'strin' } } } }, 'response_format', /unknown type/],
     [{ json_schema: { type: 'object', properties: { a: { $ref: 'http://x/y' } } } }, 'json_schema', /ref/],
     [{ response_format: { type: 'json_object' }, json_schema: { type: 'object' } }, 'json_schema', /not both/],
-    [{ grammar: 'root ::= "a"' }, 'grammar', /GBNF/],
+    [{ grammar: 'root ::= thing' }, 'grammar', /'thing' is used but not defined/],
+    [{ grammar: 'root ::= "a' }, 'grammar', /unterminated literal/],
+    [{ grammar: 7 }, 'grammar', /must be a string/],
+    [{ grammar: 'root ::= "a"', json_schema: { type: 'object' } }, 'grammar', /not both/],
   ];
   for (const [extra, param, msg] of cases) {
     for (const route of ['/v1/chat/completions', '/v1/completions']) {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -349,11 +350,116 @@ static void test_real_vocabs(void **st) {
     osp_tokenizer_free(t);
 }
 
+/* Matchers on several threads over shared grammars and one vocab give the
+ * single thread's masks. Each path picks its tokens from its own masks by a
+ * seeded rule, so a wrong mask also changes the path. The cache's budget is
+ * small so that clears run while other threads read entries. */
+#define MT_THREADS 4
+#define MT_PATHS 6
+#define MT_STEPS 40
+typedef struct mt_run {
+    osp_grammar **g;
+    int ng;
+    const osp_grammar_vocab *v;
+    uint64_t *want; /* [ng][MT_PATHS][MT_STEPS]: hash of each mask, 0 after the end */
+    uint64_t *got;
+    int first;      /* the grammar this thread starts at */
+} mt_run;
+
+static uint64_t mask_hash(const uint32_t *a, int32_t w) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < w; i++) h = (h ^ a[i]) * 1099511628211ull;
+    return h | 1;
+}
+static void *mt_paths(void *arg) {
+    mt_run *r = arg;
+    int32_t n = osp_grammar_vocab_size(r->v), w = (n + 31) / 32;
+    uint32_t *a = malloc(sizeof(uint32_t) * w);
+    for (int k = 0; k < r->ng; k++) {
+        int gi = (r->first + k) % r->ng;
+        for (int p = 0; p < MT_PATHS; p++) {
+            osp_grammar_matcher *m;
+            if (osp_grammar_matcher_new(r->g[gi], r->v, &m)) break;
+            uint64_t *out = r->got + ((size_t)gi * MT_PATHS + p) * MT_STEPS;
+            uint32_t seed = 2654435761u * (uint32_t)(gi * MT_PATHS + p + 1);
+            for (int s = 0; s < MT_STEPS; s++) {
+                osp_grammar_matcher_mask(m, a);
+                out[s] = mask_hash(a, w);
+                int32_t na = 0, pick = -1;
+                for (int32_t i = 0; i < w; i++) na += __builtin_popcount(a[i]);
+                if (a[osp_grammar_vocab_eos(r->v) >> 5] >> (osp_grammar_vocab_eos(r->v) & 31) & 1) na--;
+                if (na <= 0) break;
+                seed = seed * 1103515245u + 12345u;
+                int32_t kth = (int32_t)((seed >> 8) % (uint32_t)na);
+                for (int32_t t = 0; t < n && pick < 0; t++)
+                    if ((a[t >> 5] >> (t & 31) & 1) && t != osp_grammar_vocab_eos(r->v) && kth-- == 0) pick = t;
+                if (!osp_grammar_matcher_commit(m, pick)) break;
+            }
+            osp_grammar_matcher_free(m);
+        }
+    }
+    free(a);
+    return NULL;
+}
+
+static void test_masks_threads(void **st) {
+    (void)st;
+    osp_tokenizer *t = load_gz("data/tokenizers/llama3");
+    FILE *f = fopen("data/grammar/maskbench_sample.jsonl", "r");
+    assert_non_null(f);
+    char *line = NULL, *texts[16];
+    size_t cap = 0;
+    int ng = 0;
+    while (ng < 15 && getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        texts[ng++] = json_dumps(json_object_get(j, "schema"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(j);
+    }
+    texts[ng++] = strdup("{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[a-f0-9]{8}$\"},"
+                         "\"n\":{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1234}},\"required\":[\"id\",\"n\"]}");
+    free(line), fclose(f);
+    size_t cells = (size_t)ng * MT_PATHS * MT_STEPS;
+    uint64_t *want = calloc(cells, 8);
+    /* one thread, its own vocab and grammars */
+    osp_grammar_vocab *v1;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v1), OSP_OK);
+    osp_grammar *g1[16], *g2[16];
+    for (int i = 0; i < ng; i++) g1[i] = schema(texts[i]), g2[i] = schema(texts[i]);
+    mt_run one = {g1, ng, v1, want, want, 0};
+    mt_paths(&one);
+    /* threads on a fresh vocab: they bind the grammars and fill the cache together */
+    osp_grammar_vocab *v2;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v2), OSP_OK);
+    gr_cache_set_budget(v2->cache, 1u << 20);
+    mt_run runs[MT_THREADS];
+    pthread_t th[MT_THREADS];
+    for (int k = 0; k < MT_THREADS; k++) {
+        runs[k] = (mt_run){g2, ng, v2, want, calloc(cells, 8), k % ng};
+        assert_int_equal(pthread_create(&th[k], NULL, mt_paths, &runs[k]), 0);
+    }
+    for (int k = 0; k < MT_THREADS; k++) pthread_join(th[k], NULL);
+    size_t steps = 0;
+    for (size_t c = 0; c < cells; c++) steps += want[c] != 0;
+    assert_true(steps > (size_t)ng * MT_PATHS * 4);
+    for (int k = 0; k < MT_THREADS; k++) {
+        for (size_t c = 0; c < cells; c++)
+            if (runs[k].got[c] != want[c])
+                fail_msg("thread %d: schema %zu path %zu step %zu differs", k, c / (MT_PATHS * MT_STEPS),
+                         c / MT_STEPS % MT_PATHS, c % MT_STEPS);
+        free(runs[k].got);
+    }
+    for (int i = 0; i < ng; i++) osp_grammar_free(g1[i]), osp_grammar_free(g2[i]), free(texts[i]);
+    free(want);
+    osp_grammar_vocab_free(v1), osp_grammar_vocab_free(v2);
+    osp_tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
         cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
+        cmocka_unit_test(test_masks_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

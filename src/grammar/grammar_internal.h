@@ -139,9 +139,36 @@ struct osp_grammar_vocab {
     int32_t max_len;
     /* Lexeme masks from the root, by (interned DFA, state), shared by every
      * grammar on this vocab: a JSON string's lexeme is one DFA whatever the
-     * schema. Mutable behind the const vocab; not thread-safe yet. */
+     * schema. Mutable behind the const vocab, safe from any thread (cache.c). */
     gr_cache *cache;
 };
+
+/* A cache entry, immutable once published: from the trie's root in one
+ * (DFA, state), the tokens that stay inside the lexeme and the frontier
+ * nodes where it can end with more bytes below. */
+typedef struct gr_centry {
+    uint64_t key;    /* vid << 32 | state */
+    int32_t n_tok;   /* tokens inside */
+    int32_t *toks;   /* list when n_tok is small, else NULL and bits set */
+    uint32_t *bits;
+    uint32_t *fnode; /* frontier nodes */
+    int32_t *fstate;
+    int32_t n_front;
+} gr_centry;
+
+gr_cache *gr_cache_new(void);
 void gr_cache_free(gr_cache *c);
+/* Intern g's lexemes in c once (g->term_vid); an error when g is already
+ * bound to another vocab. */
+/* The entries' memory budget (tests make it small to exercise clears). */
+void gr_cache_set_budget(gr_cache *c, size_t bytes);
+osp_status gr_cache_bind(gr_cache *c, osp_grammar *g, const osp_grammar_vocab *v);
+/* A mask's entries are read between enter and leave (entries live until a
+ * clear, which waits for every reader to leave). */
+void gr_cache_enter(gr_cache *c);
+void gr_cache_leave(gr_cache *c);
+/* The entry of (vid, state) of DFA d, built on a miss; NULL: not cached
+ * (vid < 0, or the cache is over its budget until the next clear). */
+const gr_centry *gr_cache_get(gr_cache *c, const osp_grammar_vocab *v, int32_t vid, const gr_dfa *d, int32_t st);
 
 #endif

@@ -23,11 +23,17 @@ typedef struct gr_dfa {
 static inline int32_t gr_dfa_next(const gr_dfa *d, int32_t s, uint8_t b) { return d->next[s * d->ncls + d->cls[b]]; }
 
 #define GR_MAX_DFA_STATES 20000
-enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1 };
+/* GR_RE_JSONBODY: a piece of a string's literal (anchored), with its opening
+ * and/or closing quote when GR_RE_OPEN / GR_RE_CLOSE are ORed in. */
+enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1, GR_RE_JSONBODY = 2, GR_RE_OPEN = 4, GR_RE_CLOSE = 8 };
 /* Compile a regex to a DFA. In GR_RE_JSONSTR mode the regex is over decoded
  * string characters and the DFA matches their JSON encoding (escapes). */
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out);
 void gr_dfa_free(gr_dfa *d);
+/* The product of two DFAs: GR_DFA_AND accepts what both accept,
+ * GR_DFA_MINUS what a accepts and b does not. */
+enum { GR_DFA_AND = 0, GR_DFA_MINUS = 1 };
+osp_status gr_dfa_product(const gr_dfa *a, const gr_dfa *b, int op, gr_dfa *out);
 /* Remove from d's language a finite set of byte strings (d is replaced). */
 osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens, int n);
 

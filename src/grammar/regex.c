@@ -10,7 +10,9 @@
  * "pattern", unanchored unless ^/$ say so) and the DFA matches the JSON
  * string literal that encodes them: the quotes, escapes for '"', '\\' and
  * control characters, whole UTF-8 sequences for non-ASCII characters, and
- * \uXXXX for a character class that holds non-ASCII ones.
+ * \uXXXX for a character class that holds non-ASCII ones. GR_RE_JSONBODY is
+ * the same without the quotes, or with the opening (GR_RE_OPEN) or closing
+ * (GR_RE_CLOSE) one: a piece of a string, as long strings are chunks.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -117,7 +119,7 @@ static int32_t json_class(rparse *p, const cclass *c) {
 }
 /* A class as an AST in the parser's mode (plain: bytes; non-ASCII = 0x80..0xff). */
 static int32_t class_node(rparse *p, const cclass *c) {
-    if (p->mode == GR_RE_JSONSTR) return json_class(p, c);
+    if (p->mode != GR_RE_PLAIN) return json_class(p, c);
     uint64_t s[4] = {c->ascii[0], c->ascii[1], c->nonascii ? ~0ull : 0, c->nonascii ? ~0ull : 0};
     return mk_set(p, s);
 }
@@ -125,7 +127,7 @@ static int32_t char_node(rparse *p, int x) {
     if (x >= 0x80) return mk_range(p, x, x); /* a raw byte (a UTF-8 sequence's part) */
     cclass c = {{0, 0}, 0};
     cc_add(&c, x, x);
-    if (p->mode == GR_RE_JSONSTR) return json_class(p, &c);
+    if (p->mode != GR_RE_PLAIN) return json_class(p, &c);
     return mk_range(p, x, x);
 }
 
@@ -259,7 +261,7 @@ static int32_t parse_atom(rparse *p) {
         return x < 0 ? -1 : char_node(p, x);
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{') return fail(p, "nothing to repeat"), -1;
-    if (ch >= 0x80 && p->mode == GR_RE_JSONSTR) return mk_range(p, ch, ch); /* UTF-8 bytes as themselves */
+    if (ch >= 0x80 && p->mode != GR_RE_PLAIN) return mk_range(p, ch, ch); /* UTF-8 bytes as themselves */
     return char_node(p, ch);
 }
 
@@ -583,7 +585,7 @@ void gr_dfa_free(gr_dfa *d) {
 
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     memset(out, 0, sizeof *out);
-    rparse p = {re, len, 0, mode, NULL, 0, 0, OSP_OK};
+    rparse p = {re, len, 0, mode & 3, NULL, 0, 0, OSP_OK};
     int anch_s = 0, anch_e = 0;
     if (p.n && re[0] == '^') anch_s = 1, p.i = 1;
     if (p.n > p.i && re[p.n - 1] == '$') { /* not an escaped '$': an even run of backslashes before it */
@@ -593,6 +595,11 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     }
     int32_t root = parse_alt(&p);
     if (!p.st && p.i < p.n) fail(&p, "unbalanced )");
+    if (!p.st && (mode & 3) == GR_RE_JSONBODY) {
+        if (!anch_s || !anch_e) fail(&p, "a string body's regex must be anchored");
+        if (mode & GR_RE_OPEN) root = mk_cat(&p, mk_range(&p, '"', '"'), root);
+        if (mode & GR_RE_CLOSE) root = mk_cat(&p, root, mk_range(&p, '"', '"'));
+    }
     if (!p.st && mode == GR_RE_JSONSTR) {
         cclass any = {{~0ull, ~0ull}, 1};
         int32_t star = mk_rep(&p, json_class(&p, &any), 0, -1);

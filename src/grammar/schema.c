@@ -347,43 +347,142 @@ static osp_status json_lit(sc *c, json_t *v, int32_t *sym) {
     return st;
 }
 
-static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
-    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
-    char buf[128];
-    const char *r = NULL;
-    if (pat && fmt) return osp_err(OSP_ERR_UNSUPPORTED, "pattern together with format");
-    if ((pat || fmt) && (mn || mx)) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength together with %s", pat ? "pattern" : "format");
-    if (pat) {
-        if (!json_is_string(pat)) return osp_err(OSP_ERR_INVALID, "pattern is not a string");
-        r = json_string_value(pat);
-        return gr_b_regex(&c->b, r, GR_RE_JSONSTR, out);
-    }
-    if (fmt) {
-        const char *f = json_string_value(fmt);
+/* ---- strings ---- */
 #define DATE                                                                                                  \
     "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
     "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define OCT "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#define IPV4 "(" OCT "\\.){3}" OCT
+/* RFC 3986, as the validators' "uri" and "uri-reference" check it */
+#define HEX "[0-9A-Fa-f]"
+#define PCT "%" HEX HEX
+#define H16 HEX "{1,4}"
+#define LS32 "(" H16 ":" H16 "|" IPV4 ")"
+#define IPV6                                                                                                   \
+    "((" H16 ":){6}" LS32 "|::(" H16 ":){5}" LS32 "|(" H16 ")?::(" H16 ":){4}" LS32 "|((" H16 ":){0,1}" H16  \
+    ")?::(" H16 ":){3}" LS32 "|((" H16 ":){0,2}" H16 ")?::(" H16 ":){2}" LS32 "|((" H16 ":){0,3}" H16 ")?::" \
+    H16 ":" LS32 "|((" H16 ":){0,4}" H16 ")?::" LS32 "|((" H16 ":){0,5}" H16 ")?::" H16 "|((" H16 ":){0,6}"   \
+    H16 ")?::)"
+#define UNRES "A-Za-z0-9._~\\-"
+#define SUBD "!$&'()*+,;="
+#define PCHAR "([" UNRES SUBD ":@]|" PCT ")"
+#define AUTH                                                                                                   \
+    "(([" UNRES SUBD ":]|" PCT ")*@)?(\\[(" IPV6 "|v" HEX "+\\.[" UNRES SUBD ":]+)\\]|([" UNRES SUBD "]|" PCT \
+    ")*)(:[0-9]*)?"
+#define SEG PCHAR "*"
+#define PATH_ABEMPTY "(/" SEG ")*"
+#define PATH_ABS "/(" PCHAR "+(/" SEG ")*)?"
+#define QF "(\\?(" PCHAR "|[/?])*)?(#(" PCHAR "|[/?])*)?"
+#define URI "[A-Za-z][A-Za-z0-9+.\\-]*:(//" AUTH PATH_ABEMPTY "|" PATH_ABS "|" PCHAR "+(/" SEG ")*|)" QF
+#define RELREF                                                                                                 \
+    "(//" AUTH PATH_ABEMPTY "|" PATH_ABS "|([" UNRES SUBD "@]|" PCT ")+(/" SEG ")*|)" QF
+
+/* The regex of a format; NULL for one a validator does not check (an annotation, as the specification
+ * says of formats it does not define), and an error for one it checks that we cannot. */
+static osp_status format_re(const char *f, const char **r) {
+    static const char *const checked[] = {"hostname", "idn-hostname", "idn-email", "iri", "iri-reference",
+                                          "uri-template", "json-pointer", "relative-json-pointer", "regex",
+                                          "duration", "color", "host-name", "ip-address", "ipv6", NULL};
+    *r = NULL;
+    if (!strcmp(f, "date")) *r = "^" DATE "$";
+    else if (!strcmp(f, "time")) *r = "^" TIME "$";
+    else if (!strcmp(f, "date-time")) *r = "^" DATE "[Tt ]" TIME "$";
+    else if (!strcmp(f, "uuid")) *r = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    else if (!strcmp(f, "ipv4")) *r = "^" IPV4 "$";
+    else if (!strcmp(f, "email")) *r = "^[^\\s@]+@[^\\s@]+$";
+    else if (!strcmp(f, "uri")) *r = "^" URI "$";
+    else if (!strcmp(f, "uri-reference")) *r = "^(" URI "|" RELREF ")$";
+    else
+        for (int i = 0; checked[i]; i++)
+            if (!strcmp(f, checked[i])) return osp_err(OSP_ERR_UNSUPPORTED, "format \"%.60s\"", f);
+    return OSP_OK;
+}
+
+/* Strings of a..b characters (b < 0: no bound): one lexeme when short, else chunks of GR_STR_CHUNK
+ * characters and a tail with the closing quote, so that a long bound costs a few small DFAs shared by every
+ * schema (and their masks' cache entries) instead of one DFA with a state per character. */
+#define GR_STR_CHUNK 64
+static osp_status str_len_rest(sc *c, long long a, long long b, int open, int32_t *out) {
+    char r[96];
+    int32_t alt = gr_b_nt(&c->b), t;
+    int fl = GR_RE_JSONBODY | (open ? GR_RE_OPEN : 0);
+    if (a < GR_STR_CHUNK) { /* the tail: a..min(b, CHUNK-1) characters and the quote */
+        if (b < 0) snprintf(r, sizeof r, "^[\\s\\S]{%lld,}$", a);
+        else snprintf(r, sizeof r, "^[\\s\\S]{%lld,%lld}$", a, b < GR_STR_CHUNK - 1 ? b : GR_STR_CHUNK - 1);
+        TRYS(gr_b_regex(&c->b, r, fl | GR_RE_CLOSE, &t));
+        TRYS(prod(c, alt, 1, t));
+        if (b < 0) { *out = alt; return OSP_OK; }
+    }
+    if (b < 0 || b >= GR_STR_CHUNK) { /* a whole chunk, then the rest */
+        int32_t rest;
+        snprintf(r, sizeof r, "^[\\s\\S]{%d}$", GR_STR_CHUNK);
+        TRYS(gr_b_regex(&c->b, r, fl, &t));
+        TRYS(str_len_rest(c, a > GR_STR_CHUNK ? a - GR_STR_CHUNK : 0, b < 0 ? -1 : b - GR_STR_CHUNK, 0, &rest));
+        TRYS(prod(c, alt, 2, t, rest));
+    }
+    *out = alt;
+    return OSP_OK;
+}
+
+/* A string DFA from a regex (JSON string mode), through the builder's cache when it is the only part. */
+static osp_status str_part(const char *r, gr_dfa *d) { return gr_regex_dfa(r, strlen(r), GR_RE_JSONSTR, d); }
+
+/* `minus`: the texts a `not` removes (a DFA in JSON string mode), or NULL. */
+static osp_status gen_string(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+    const char *parts[3];
+    char lenre[96];
+    int np = 0;
+    if (pat) {
+        if (!json_is_string(pat)) return osp_err(OSP_ERR_INVALID, "pattern is not a string");
+        parts[np++] = json_string_value(pat);
+    }
+    if (fmt) {
+        const char *f = json_string_value(fmt), *r;
         if (!f) return osp_err(OSP_ERR_INVALID, "format is not a string");
-        if (!strcmp(f, "date")) r = "^" DATE "$";
-        else if (!strcmp(f, "time")) r = "^" TIME "$";
-        else if (!strcmp(f, "date-time")) r = "^" DATE "[Tt ]" TIME "$";
-        else if (!strcmp(f, "uuid")) r = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
-        else if (!strcmp(f, "ipv4")) r = "^(" OCT "\\.){3}" OCT "$";
-        else if (!strcmp(f, "email")) r = "^[^\\s@]+@[^\\s@]+$";
-        else return osp_err(OSP_ERR_UNSUPPORTED, "format \"%.60s\"", f);
-        return gr_b_regex(&c->b, r, GR_RE_JSONSTR, out);
+        TRYS(format_re(f, &r));
+        if (r) parts[np++] = r;
     }
-    if (mn || mx) {
-        long long a = mn ? (long long)json_number_value(mn) : 0, b = mx ? (long long)json_number_value(mx) : -1;
-        if (b >= 0) snprintf(buf, sizeof buf, "^[\\s\\S]{%lld,%lld}$", a, b);
-        else snprintf(buf, sizeof buf, "^[\\s\\S]{%lld,}$", a);
-        if (a > 2000 || b > 2000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 2000");
-        return gr_b_regex(&c->b, buf, GR_RE_JSONSTR, out);
+    long long a = mn ? (long long)json_number_value(mn) : 0, b = mx ? (long long)json_number_value(mx) : -1;
+    if ((mn && (!json_is_number(mn) || a < 0)) || (mx && (!json_is_number(mx) || b < 0)))
+        return osp_err(OSP_ERR_INVALID, "minLength/maxLength must be non-negative numbers");
+    if (a > 1000000 || b > 1000000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 1000000");
+    if (b >= 0 && a > b) { *out = gr_b_nt(&c->b); return OSP_OK; } /* nothing */
+    int lens = a > 0 || b >= 0;
+    if (lens && (np || minus)) { /* with a pattern or a format: one DFA, the product */
+        if (a > 2000 || b > 2000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 2000 together with a pattern, a format or not");
+        if (b >= 0) snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,%lld}$", a, b);
+        else snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,}$", a);
+        parts[np++] = lenre;
+    } else if (lens) {
+        if (a < GR_STR_CHUNK && b >= 0 && b < GR_STR_CHUNK) {
+            snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,%lld}$", a, b);
+            return gr_b_regex(&c->b, lenre, GR_RE_JSONSTR, out);
+        }
+        return str_len_rest(c, a, b, 1, out);
     }
-    return gr_b_regex(&c->b, "[\\s\\S]*", GR_RE_JSONSTR, out);
+    if (!np && !minus) return gr_b_regex(&c->b, "[\\s\\S]*", GR_RE_JSONSTR, out);
+    if (np == 1 && !minus) return gr_b_regex(&c->b, parts[0], GR_RE_JSONSTR, out);
+    gr_dfa acc;
+    TRYS(str_part(np ? parts[0] : "[\\s\\S]*", &acc));
+    for (int i = 1; i < np; i++) {
+        gr_dfa x, y;
+        osp_status st = str_part(parts[i], &x);
+        if (!st) st = gr_dfa_product(&acc, &x, GR_DFA_AND, &y), gr_dfa_free(&x);
+        gr_dfa_free(&acc);
+        if (st) return st;
+        acc = y;
+    }
+    if (minus) {
+        gr_dfa y;
+        osp_status st = gr_dfa_product(&acc, minus, GR_DFA_MINUS, &y);
+        gr_dfa_free(&acc);
+        if (st) return st;
+        acc = y;
+    }
+    return gr_b_dfa(&c->b, &acc, out);
 }
 
 static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
@@ -791,7 +890,7 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (m & 8) { TRYS(gen_array(c, s, &y)); TRYS(prod(c, a, 1, y)); }
     if (m & 16) { TRYS(gen_number(c, s, 0, &y)); TRYS(prod(c, a, 1, y)); }
     if (m & 64) { TRYS(gen_number(c, s, 1, &y)); TRYS(prod(c, a, 1, y)); }
-    if (m & 32) { TRYS(gen_string(c, s, &y)); TRYS(prod(c, a, 1, y)); }
+    if (m & 32) { TRYS(gen_string(c, s, NULL, &y)); TRYS(prod(c, a, 1, y)); }
     *out = a;
     return OSP_OK;
 }

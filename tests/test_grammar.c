@@ -182,7 +182,7 @@ static void test_schema_parse(void **st) {
 static void test_schema_errors(void **st) {
     (void)st;
     static const struct { const char *schema, *needle; } cases[] = {
-        {"{\"not\":{}}", "not"},
+        {"{\"not\":{\"properties\":{\"a\":{}}}}", "not"},
         {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "patternProperties"},
         {"{\"type\":\"object\",\"minProperties\":2}", "minProperties"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "hostname"},
@@ -207,6 +207,99 @@ static void test_schema_errors(void **st) {
                      "{\"enum\":[\"b\",\"c\"]}},\"required\":[\"k\"]}]}";
     assert_int_equal(osp_grammar_from_json_schema(ok, strlen(ok), &g), OSP_OK);
     osp_grammar_free(g);
+}
+
+static void random_paths(osp_grammar *g, const osp_grammar_vocab *v, int paths, int steps, unsigned seed);
+
+/* strings of many characters (chunks), products of pattern/format/length, formats, not */
+static void test_schema_strings_not(void **st) {
+    (void)st;
+    osp_grammar_vocab *v = tiny_vocab();
+    char buf[512], body[300];
+    osp_grammar *g = schema("{\"type\":\"string\",\"minLength\":65,\"maxLength\":130}");
+    for (int n = 60; n <= 135; n++) {
+        memset(body, 'a', (size_t)n), body[n] = 0;
+        if (n == 100) body[50] = '\xc3', body[51] = '\xa9', body[52] = 'b', body[53] = '\\', body[54] = 'n'; /* 99 characters */
+        snprintf(buf, sizeof buf, "\"%s\"", body);
+        if (accepts(g, v, buf) != (n >= 65 && n <= 130 && n != 100) + (n == 100))
+            fail_msg("length %d", n);
+    }
+    random_paths(g, v, 4, 80, 99);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"minLength\":200}"); /* unbounded above, over three chunks */
+    memset(body, 'b', 199), body[199] = 0;
+    snprintf(buf, sizeof buf, "\"%s\"", body);
+    assert_false(accepts(g, v, buf));
+    snprintf(buf, sizeof buf, "\"%sbbbb\"", body);
+    assert_true(accepts(g, v, buf));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[ab]+$\",\"maxLength\":3}");
+    assert_true(accepts(g, v, "\"aba\""));
+    assert_false(accepts(g, v, "\"abab\""));
+    assert_false(accepts(g, v, "\"axa\""));
+    random_paths(g, v, 6, 8, 5);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"uri\"}");
+    assert_true(accepts(g, v, "\"https://example.com/a/b?x=1#f\""));
+    assert_true(accepts(g, v, "\"urn:isbn:0451450523\""));
+    assert_true(accepts(g, v, "\"http://[::1]:80/\""));
+    assert_false(accepts(g, v, "\"not a uri\""));
+    assert_false(accepts(g, v, "\"/relative/path\""));
+    assert_false(accepts(g, v, "\"http://a b\""));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"uri-reference\"}");
+    assert_true(accepts(g, v, "\"/relative/path?q\""));
+    assert_false(accepts(g, v, "\"a b\""));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"x-vendor-thing\"}"); /* no validator checks it: an annotation */
+    assert_true(accepts(g, v, "\"anything\""));
+    osp_grammar_free(g);
+    /* not */
+    g = schema("{\"not\":{\"type\":[\"string\",\"object\"]}}");
+    assert_true(accepts(g, v, "[1]"));
+    assert_true(accepts(g, v, "null"));
+    assert_false(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "{}"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"not\":{\"enum\":[\"ab\",\"a\\\"b\"]}}");
+    assert_true(accepts(g, v, "\"abb\""));
+    assert_false(accepts(g, v, "\"ab\""));
+    assert_false(accepts(g, v, "\"\\u0061b\"")); /* the same string, escaped */
+    assert_false(accepts(g, v, "\"a\\\"b\""));
+    random_paths(g, v, 6, 8, 6);
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"pattern\":\"^a*$\"}}");
+    assert_true(accepts(g, v, "\"ab\""));
+    assert_false(accepts(g, v, "12")); /* a number meets the pattern (it speaks of strings only) */
+    assert_false(accepts(g, v, "\"aa\""));
+    assert_false(accepts(g, v, "\"\""));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"not\":{\"type\":\"boolean\"}}}");
+    assert_true(accepts(g, v, "true"));
+    assert_false(accepts(g, v, "1"));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"maxItems\":1}}");
+    assert_true(accepts(g, v, "[1, 0]"));
+    assert_false(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "[1]"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"not\":{\"required\":[\"a\",\"b\"]}}");
+    assert_true(accepts(g, v, "{\"a\": 1}"));
+    assert_true(accepts(g, v, "{\"b\": 1}"));
+    assert_false(accepts(g, v, "{\"a\": 1, \"b\": 0}"));
+    assert_false(accepts(g, v, "{\"b\": 1, \"a\": 0}"));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{}}");
+    assert_false(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "null"));
+    osp_grammar_free(g);
+    /* a oneOf beside an anyOf: both hold */
+    g = schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}");
+    assert_true(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "null"));
+    osp_grammar_free(g);
+    osp_grammar_vocab_free(v);
 }
 
 /* fast mask == plain walk == brute force, along random paths */
@@ -459,7 +552,7 @@ int main(void) {
         cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
         cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
-        cmocka_unit_test(test_masks_threads),
+        cmocka_unit_test(test_schema_strings_not), cmocka_unit_test(test_masks_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@ typedef struct rparse {
     const char *s;
     size_t n, i;
     int mode;
+    int allesc; /* GR_RE_ALLESC */
     rnode *nodes;
     int32_t n_nodes, cap;
     osp_status st;
@@ -101,7 +102,19 @@ static int32_t json_class(rparse *p, const cclass *c) {
         char e[6] = {'\\', 'u', '0', '0', hexd[x >> 4], hexd[x & 15]};
         const char *sh = x == '\n' ? "\\n" : x == '\t' ? "\\t" : x == '\r' ? "\\r" : x == 8 ? "\\b" : x == 12 ? "\\f" : NULL;
         r = mk_alt(p, r, sh ? mk_bytes(p, sh, 2) : mk_bytes(p, e, 6));
+        if (p->allesc && sh) r = mk_alt(p, r, mk_bytes(p, e, 6));
+        if (p->allesc && (x & 15) >= 10) e[5] = (char)(e[5] - 32), r = mk_alt(p, r, mk_bytes(p, e, 6));
     }
+    if (p->allesc) /* every printable ASCII character as \u00XX too (either case of hex digit) */
+        for (int x = 0x20; x < 0x80; x++) {
+            if (!cc_has(c, x)) continue;
+            uint64_t lo[4] = {0};
+            int l = x & 15;
+            lo[hexd[l] >> 6] |= 1ull << (hexd[l] & 63);
+            if (l >= 10) lo[(hexd[l] - 32) >> 6] |= 1ull << ((hexd[l] - 32) & 63);
+            char e[5] = {'\\', 'u', '0', '0', hexd[x >> 4]};
+            r = mk_alt(p, r, mk_cat(p, mk_bytes(p, e, 5), mk_set(p, lo)));
+        }
     if (cc_has(c, '"')) r = mk_alt(p, r, mk_bytes(p, "\\\"", 2));
     if (cc_has(c, '\\')) r = mk_alt(p, r, mk_bytes(p, "\\\\", 2));
     if (cc_has(c, '/')) r = mk_alt(p, r, mk_bytes(p, "\\/", 2));
@@ -585,7 +598,7 @@ void gr_dfa_free(gr_dfa *d) {
 
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     memset(out, 0, sizeof *out);
-    rparse p = {re, len, 0, mode & 3, NULL, 0, 0, OSP_OK};
+    rparse p = {re, len, 0, mode & 3, (mode & GR_RE_ALLESC) != 0, NULL, 0, 0, OSP_OK};
     int anch_s = 0, anch_e = 0;
     if (p.n && re[0] == '^') anch_s = 1, p.i = 1;
     if (p.n > p.i && re[p.n - 1] == '$') { /* not an escaped '$': an even run of backslashes before it */
@@ -600,7 +613,7 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
         if (mode & GR_RE_OPEN) root = mk_cat(&p, mk_range(&p, '"', '"'), root);
         if (mode & GR_RE_CLOSE) root = mk_cat(&p, root, mk_range(&p, '"', '"'));
     }
-    if (!p.st && mode == GR_RE_JSONSTR) {
+    if (!p.st && (mode & ~GR_RE_ALLESC) == GR_RE_JSONSTR) {
         cclass any = {{~0ull, ~0ull}, 1};
         int32_t star = mk_rep(&p, json_class(&p, &any), 0, -1);
         if (!anch_s) root = mk_cat(&p, star, root);

@@ -40,7 +40,7 @@ typedef struct sc {
 
 static const char *const unsupported[] = {
     "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "multipleOf", "maxProperties",
+    "else", "contains", "minContains", "maxContains", "multipleOf", "maxProperties",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", NULL};
 
 static json_t *keep(sc *c, json_t *j) {
@@ -257,6 +257,9 @@ static json_t *type_json(unsigned m) {
     return a;
 }
 
+#define NOT_STRINGS "x-osp-not-strings"   /* strings a `not` removes */
+#define NOT_PATTERNS "x-osp-not-patterns" /* patterns a `not` removes */
+
 /* allOf: one schema from two (a wins where they are equal) */
 static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
     TRYS(flatten(c, a, &a));
@@ -271,7 +274,7 @@ static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
         json_t *va = json_object_get(r, k);
         if (!va) { json_object_set(r, k, vb); continue; }
         if (json_equal(va, vb) || is_annotation(k)) continue;
-        if (!strcmp(k, "required")) {
+        if (!strcmp(k, "required") || !strcmp(k, NOT_STRINGS) || !strcmp(k, NOT_PATTERNS)) {
             json_t *u = json_copy(va);
             size_t i;
             json_t *x;
@@ -312,7 +315,113 @@ static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
     return OSP_OK;
 }
 
-/* resolve $ref (with siblings) and allOf at the top of s */
+/* ---- not ----
+ * A schema is its type and, per other keyword K, "an instance of K's type meets K"; its negation is then
+ * "another type, or one keyword failed", an anyOf of positive schemas (De Morgan through anyOf, allOf and
+ * not). Strings a `not` removes go in internal keywords that gen_string subtracts from the string's DFA.
+ * Anything else (properties, items, numbers' enums) stays a compile error. */
+static unsigned value_types(json_t *v);
+static osp_status negate(sc *c, json_t *n, json_t **out);
+
+static json_t *typed(const char *type, const char *k, json_t *v) {
+    json_t *r = json_pack("{s:s}", "type", type);
+    if (k) json_object_set_new(r, k, v);
+    return r;
+}
+static osp_status negate_values(sc *c, json_t *vals, json_t *branches) {
+    unsigned has = 0;
+    json_t *strs = json_array(), *lits = json_array();
+    size_t i;
+    json_t *x;
+    osp_status st = OSP_OK;
+    json_array_foreach(vals, i, x) {
+        has |= value_types(x);
+        if (json_is_string(x)) {
+            for (const char *q = json_string_value(x); *q && !st; q++)
+                if ((uint8_t)*q < 0x20 || (uint8_t)*q >= 0x7f)
+                    st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of a non-ASCII string");
+            json_array_append(strs, x);
+        }
+    }
+    /* null and booleans: the literals left; strings: all but these */
+    if (!(has & 1)) json_array_append_new(lits, json_null());
+    int t = 0, f = 0;
+    json_array_foreach(vals, i, x) t |= json_is_true(x), f |= json_is_false(x);
+    if (!t) json_array_append_new(lits, json_true());
+    if (!f) json_array_append_new(lits, json_false());
+    if (json_array_size(lits)) json_array_append_new(branches, json_pack("{s:O}", "enum", lits));
+    json_array_append_new(branches, json_array_size(strs) ? typed("string", NOT_STRINGS, json_incref(strs)) : typed("string", NULL, NULL));
+    if (has & (4 | 8 | 16 | 64)) st = st ? st : osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of numbers, arrays or objects as values");
+    else {
+        json_array_append_new(branches, typed("object", NULL, NULL));
+        json_array_append_new(branches, typed("array", NULL, NULL));
+        json_array_append_new(branches, typed("number", NULL, NULL));
+    }
+    json_decref(strs), json_decref(lits);
+    return st;
+}
+/* A bound's complement: `type` instances with `k` = the other side. */
+static void negate_bound(json_t *branches, const char *type, const char *k, double v) {
+    json_array_append_new(branches, typed(type, k, v == floor(v) && fabs(v) < 1e15 ? json_integer((json_int_t)v) : json_real(v)));
+}
+static osp_status negate(sc *c, json_t *n, json_t **out) {
+    TRYS(flatten(c, n, &n));
+    if (json_is_boolean(n) || (json_is_object(n) && only_annotations(n, ""))) {
+        *out = keep(c, json_is_false(n) ? json_true() : json_false());
+        return OSP_OK;
+    }
+    if (!json_is_object(n)) return osp_err(OSP_ERR_INVALID, "not: a schema must be an object or a boolean");
+    json_t *br = keep(c, json_array());
+    json_t *t = json_object_get(n, "type");
+    if (t) { /* another type */
+        unsigned m = type_bits(t), all = 0x7f & ~64u;
+        if (m & 16) m |= 64;
+        if ((m & 64) && !(m & 16)) return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of integer (numbers that are not integers)");
+        if (all & ~m) json_array_append_new(br, json_pack("{s:o}", "type", type_json(all & ~m)));
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(n, k, v) {
+        double d = json_number_value(v);
+        if (!strcmp(k, "type") || is_annotation(k)) continue;
+        if (!strcmp(k, "enum") && json_is_array(v)) TRYS(negate_values(c, v, br));
+        else if (!strcmp(k, "const")) {
+            json_t *a = json_pack("[O]", v);
+            osp_status st = negate_values(c, a, br);
+            json_decref(a);
+            if (st) return st;
+        } else if (!strcmp(k, "pattern") && json_is_string(v)) json_array_append_new(br, typed("string", NOT_PATTERNS, json_pack("[O]", v)));
+        else if (!strcmp(k, "minLength") && d > 0) negate_bound(br, "string", "maxLength", d - 1);
+        else if (!strcmp(k, "maxLength")) negate_bound(br, "string", "minLength", d + 1);
+        else if (!strcmp(k, "minItems") && d > 0) negate_bound(br, "array", "maxItems", d - 1);
+        else if (!strcmp(k, "maxItems")) negate_bound(br, "array", "minItems", d + 1);
+        else if (!strcmp(k, "minimum") && json_is_number(v)) negate_bound(br, "number", "exclusiveMaximum", d);
+        else if (!strcmp(k, "maximum") && json_is_number(v)) negate_bound(br, "number", "exclusiveMinimum", d);
+        else if (!strcmp(k, "exclusiveMinimum") && json_is_number(v)) negate_bound(br, "number", "maximum", d);
+        else if (!strcmp(k, "exclusiveMaximum") && json_is_number(v)) negate_bound(br, "number", "minimum", d);
+        else if (!strcmp(k, "required") && json_is_array(v)) { /* some name is missing */
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) json_array_append_new(br, json_pack("{s:s,s:{s:b}}", "type", "object", "properties", json_string_value(x) ? json_string_value(x) : "", 0));
+        } else if (!strcmp(k, "not")) json_array_append(br, v);
+        else if ((!strcmp(k, "anyOf") || !strcmp(k, "allOf")) && json_is_array(v)) {
+            json_t *parts = json_array();
+            size_t i;
+            json_t *x, *nx;
+            json_array_foreach(v, i, x) {
+                osp_status st = negate(c, x, &nx);
+                if (st) { json_decref(parts); return st; }
+                json_array_append(parts, nx);
+            }
+            if (!strcmp(k, "anyOf")) json_array_append_new(br, json_pack("{s:o}", "allOf", parts));
+            else json_array_append_new(br, json_pack("{s:o}", "anyOf", parts));
+        } else return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of \"%.40s\"", k);
+    }
+    *out = json_array_size(br) ? keep(c, json_pack("{s:O}", "anyOf", br)) : keep(c, json_false());
+    return OSP_OK;
+}
+
+/* resolve $ref (with siblings), allOf and not at the top of s */
 static osp_status flatten(sc *c, json_t *s, json_t **out) {
     if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
     while (json_is_object(s)) {
@@ -331,6 +440,10 @@ static osp_status flatten(sc *c, json_t *s, json_t **out) {
             json_t *x;
             json_array_foreach(all, i, x) TRYS(merge(c, r, x, &r));
             s = r;
+        } else if (json_object_get(s, "not")) {
+            json_t *neg;
+            TRYS(negate(c, json_object_get(s, "not"), &neg));
+            TRYS(merge(c, without(c, s, "not"), neg, &s));
         } else break;
         if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
     }
@@ -429,7 +542,7 @@ static osp_status str_len_rest(sc *c, long long a, long long b, int open, int32_
 static osp_status str_part(const char *r, gr_dfa *d) { return gr_regex_dfa(r, strlen(r), GR_RE_JSONSTR, d); }
 
 /* `minus`: the texts a `not` removes (a DFA in JSON string mode), or NULL. */
-static osp_status gen_string(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
+static osp_status gen_string_minus(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     const char *parts[3];
@@ -483,6 +596,49 @@ static osp_status gen_string(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
         acc = y;
     }
     return gr_b_dfa(&c->b, &acc, out);
+}
+
+/* The strings a `not` removed (NOT_STRINGS, NOT_PATTERNS): one DFA, their union's, in *minus (NULL: none). */
+static osp_status string_minus(json_t *s, gr_dfa **minus) {
+    json_t *ws = json_object_get(s, NOT_STRINGS), *ps = json_object_get(s, NOT_PATTERNS);
+    *minus = NULL;
+    if (!json_array_size(ws) && !json_array_size(ps)) return OSP_OK;
+    sbuf r = {0};
+    size_t i;
+    json_t *x;
+    json_array_foreach(ps, i, x) { /* each pattern as a group; unanchored ones search */
+        const char *q = json_string_value(x);
+        size_t n = strlen(q);
+        int a = n && q[0] == '^', e = n > (size_t)a && q[n - 1] == '$' && (n < 2 || q[n - 2] != '\\');
+        sb_str(&r, r.n ? "|" : ""), sb_str(&r, a ? "((" : "([\\s\\S]*(");
+        sb_add(&r, q + a, n - a - e);
+        sb_str(&r, e ? "))" : ")[\\s\\S]*)");
+    }
+    json_array_foreach(ws, i, x) {
+        sb_str(&r, r.n ? "|(" : "(");
+        for (const char *q = json_string_value(x); *q; q++) {
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == ' ')) sb_str(&r, "\\");
+            sb_add(&r, q, 1);
+        }
+        sb_str(&r, ")");
+    }
+    sbuf w = {0};
+    sb_str(&w, "^("), sb_str(&w, r.p), sb_str(&w, ")$");
+    osp_free(r.p);
+    gr_dfa *d = osp_malloc(OSP_POOL_MISC, sizeof *d);
+    osp_status st = gr_regex_dfa(w.p, w.n, GR_RE_JSONSTR | GR_RE_ALLESC, d);
+    osp_free(w.p);
+    if (st) { osp_free(d); return st; }
+    *minus = d;
+    return OSP_OK;
+}
+
+static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
+    gr_dfa *minus;
+    TRYS(string_minus(s, &minus));
+    osp_status st = gen_string_minus(c, s, minus, out);
+    if (minus) gr_dfa_free(minus), osp_free(minus);
+    return st;
 }
 
 static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
@@ -837,7 +993,8 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     }
     if (any) {
         if (!json_is_array(any)) return osp_err(OSP_ERR_INVALID, "anyOf/oneOf is not an array");
-        json_t *rest = without(c, without(c, s, "anyOf"), "oneOf");
+        /* the other keywords (a oneOf beside an anyOf too) hold in every branch */
+        json_t *rest = without(c, s, json_object_get(s, "anyOf") ? "anyOf" : "oneOf");
         int plain = only_annotations(rest, "");
         int32_t a = gr_b_nt(&c->b);
         size_t i;
@@ -878,6 +1035,7 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     }
     json_t *t = json_object_get(s, "type");
     unsigned m = t ? type_bits(t) : 0x7f;
+    if (json_is_array(t) && !json_array_size(t)) { *out = gr_b_nt(&c->b); return OSP_OK; } /* merged types that meet nowhere */
     if (t && !m) return osp_err(OSP_ERR_INVALID, "type: unknown type");
     if (m & 16) m &= ~64u; /* number covers integer */
     int32_t a = gr_b_nt(&c->b), y;
@@ -890,7 +1048,7 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (m & 8) { TRYS(gen_array(c, s, &y)); TRYS(prod(c, a, 1, y)); }
     if (m & 16) { TRYS(gen_number(c, s, 0, &y)); TRYS(prod(c, a, 1, y)); }
     if (m & 64) { TRYS(gen_number(c, s, 1, &y)); TRYS(prod(c, a, 1, y)); }
-    if (m & 32) { TRYS(gen_string(c, s, NULL, &y)); TRYS(prod(c, a, 1, y)); }
+    if (m & 32) { TRYS(gen_string(c, s, &y)); TRYS(prod(c, a, 1, y)); }
     *out = a;
     return OSP_OK;
 }

@@ -443,6 +443,52 @@ static void test_real_vocabs(void **st) {
     osp_tokenizer_free(t);
 }
 
+/* The cache's fills (the folded trie for string lexemes) against the plain walk on the Llama 3
+ * vocabulary, along paths picked from the masks. */
+static void test_fold_vs_reference(void **st) {
+    (void)st;
+    osp_tokenizer *t = load_gz("data/tokenizers/llama3");
+    osp_grammar_vocab *v;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v), OSP_OK);
+    static const char *const schemas[] = {
+        "{\"type\":\"string\",\"maxLength\":70}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date-time\"},"
+        "\"s\":{\"type\":\"string\",\"minLength\":3}},\"required\":[\"d\",\"s\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d*$\"}}",
+        "{\"type\":\"string\",\"format\":\"uri\",\"not\":{\"enum\":[\"http://a\"]}}",
+    };
+    int32_t n = osp_grammar_vocab_size(v), w = (n + 31) / 32;
+    uint32_t *a = calloc(w, 4), *b = calloc(w, 4);
+    uint32_t seed = 7;
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        osp_grammar *g = schema(schemas[i]);
+        for (int p = 0; p < 3; p++) {
+            osp_grammar_matcher *m;
+            assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+            for (int s = 0; s < 30; s++) {
+                osp_grammar_matcher_mask(m, a);
+                osp_grammar_matcher_mask_reference(m, b);
+                if (memcmp(a, b, sizeof(uint32_t) * w)) fail_msg("schema %zu path %d step %d", i, p, s);
+                int32_t na = 0, pick = -1;
+                for (int32_t k = 0; k < w; k++) na += __builtin_popcount(a[k]);
+                int32_t eos = osp_grammar_vocab_eos(v);
+                if (eos >= 0 && (a[eos >> 5] >> (eos & 31) & 1)) na--;
+                if (na <= 0) break;
+                seed = seed * 1103515245u + 12345u;
+                int32_t kth = (int32_t)((seed >> 8) % (uint32_t)na);
+                for (int32_t k = 0; k < n && pick < 0; k++)
+                    if ((a[k >> 5] >> (k & 31) & 1) && k != eos && kth-- == 0) pick = k;
+                assert_true(osp_grammar_matcher_commit(m, pick));
+            }
+            osp_grammar_matcher_free(m);
+        }
+        osp_grammar_free(g);
+    }
+    free(a), free(b);
+    osp_grammar_vocab_free(v);
+    osp_tokenizer_free(t);
+}
+
 /* Matchers on several threads over shared grammars and one vocab give the
  * single thread's masks. Each path picks its tokens from its own masks by a
  * seeded rule, so a wrong mask also changes the path. The cache's budget is
@@ -480,7 +526,8 @@ static void *mt_paths(void *arg) {
                 out[s] = mask_hash(a, w);
                 int32_t na = 0, pick = -1;
                 for (int32_t i = 0; i < w; i++) na += __builtin_popcount(a[i]);
-                if (a[osp_grammar_vocab_eos(r->v) >> 5] >> (osp_grammar_vocab_eos(r->v) & 31) & 1) na--;
+                int32_t eos = osp_grammar_vocab_eos(r->v);
+                if (eos >= 0 && (a[eos >> 5] >> (eos & 31) & 1)) na--;
                 if (na <= 0) break;
                 seed = seed * 1103515245u + 12345u;
                 int32_t kth = (int32_t)((seed >> 8) % (uint32_t)na);
@@ -552,7 +599,8 @@ int main(void) {
         cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
         cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
-        cmocka_unit_test(test_schema_strings_not), cmocka_unit_test(test_masks_threads),
+        cmocka_unit_test(test_schema_strings_not), cmocka_unit_test(test_fold_vs_reference),
+        cmocka_unit_test(test_masks_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,11 @@
  * flight (write side, writers preferred so clears are not starved). Past
  * the budget and until that clear, misses are not cached: the caller walks
  * the trie plainly.
+ *
+ * Filling an entry walks the trie below the root in lockstep with the DFA;
+ * for string lexemes, whose states treat most bytes alike, it walks the trie
+ * folded by coarse byte classes instead (see the fold below), a small
+ * fraction of the trie, built on the first fill and kept.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -25,6 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar_internal.h"
+
+
+struct gr_ftrie;
+static void ftrie_free(struct gr_ftrie *f);
 
 typedef struct gr_ctable {
     _Atomic(gr_centry *) *slot; /* [mask + 1], NULL empty */
@@ -46,6 +55,9 @@ struct gr_cache {
     int32_t n_dfa, cap_dfa;
     int32_t *dslot; /* hash of dhash -> index, -1 */
     uint32_t dmask;
+    /* the trie folded by byte classes, one per class map met (under mu, published like entries) */
+    _Atomic(struct gr_ftrie *) fold; /* the trie folded by coarse classes, built once */
+    atomic_int fold_claimed;
 };
 #define GR_INTERN_MAX_CELLS (1u << 20) /* larger DFAs get no cache: walked plainly */
 #define GR_CACHE_MAX_BYTES ((size_t)512 << 20)
@@ -101,6 +113,7 @@ void gr_cache_free(gr_cache *C) {
     osp_free(t->slot), osp_free(t);
     for (int32_t i = 0; i < C->n_dfa; i++) gr_dfa_free(&C->dfa[i]);
     osp_free(C->dfa), osp_free(C->dhash), osp_free(C->dslot);
+    ftrie_free(atomic_load(&C->fold));
     pthread_rwlock_destroy(&C->life);
     pthread_mutex_destroy(&C->mu);
     osp_free(C);
@@ -202,6 +215,18 @@ typedef struct cbuild {
     int32_t n_front, cap_front;
 } cbuild;
 
+static void front_add(cbuild *cb, uint32_t node, int32_t st) {
+    if (cb->n_front == cb->cap_front) {
+        int32_t nc = cb->cap_front ? cb->cap_front * 2 : 16;
+        uint32_t *a = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * nc);
+        int32_t *b = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * nc);
+        if (cb->n_front) memcpy(a, cb->fnode, 4 * cb->n_front), memcpy(b, cb->fstate, 4 * cb->n_front);
+        osp_free(cb->fnode), osp_free(cb->fstate);
+        cb->fnode = a, cb->fstate = b, cb->cap_front = nc;
+    }
+    cb->fnode[cb->n_front] = node, cb->fstate[cb->n_front] = st, cb->n_front++;
+}
+
 static void cache_dfs(cbuild *cb, uint32_t node, int32_t st) {
     const gr_node *nodes = cb->v->nodes;
     for (uint32_t c = node + 1, end = nodes[node].end; c < end; c = nodes[c].end) {
@@ -210,27 +235,156 @@ static void cache_dfs(cbuild *cb, uint32_t node, int32_t st) {
         if (!s2) continue;
         for (int32_t t = cn->tok; t >= 0; t = cb->v->dup_next[t]) cb->bits[t >> 5] |= 1u << (t & 31), cb->n_tok++;
         if (cn->end == c + 1) continue;
-        if (cb->d->accept[s2]) {
-            if (cb->n_front == cb->cap_front) {
-                int32_t nc = cb->cap_front ? cb->cap_front * 2 : 16;
-                uint32_t *a = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * nc);
-                int32_t *b = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * nc);
-                if (cb->n_front) memcpy(a, cb->fnode, 4 * cb->n_front), memcpy(b, cb->fstate, 4 * cb->n_front);
-                osp_free(cb->fnode), osp_free(cb->fstate);
-                cb->fnode = a, cb->fstate = b, cb->cap_front = nc;
-            }
-            cb->fnode[cb->n_front] = c, cb->fstate[cb->n_front] = s2, cb->n_front++;
-        }
+        if (cb->d->accept[s2]) front_add(cb, c, s2);
         cache_dfs(cb, c, s2);
     }
 }
 
-static gr_centry *entry_build(const osp_grammar_vocab *v, const gr_dfa *d, int32_t st, uint64_t key, size_t *bytes) {
+/* ---- the trie folded by coarse byte classes ----
+ * The classes of a JSON string's bytes: the quote, the backslash, control bytes, the other ASCII bytes, and
+ * UTF-8's ranges. A string lexeme's DFA (free, bounded, chunked, most formats) treats the bytes of each class
+ * alike except just after a backslash, so the trie folded by these classes (ASCII tokens of one length
+ * and quote/backslash layout share a path) is walked instead of the trie while the state treats them alike,
+ * and below a state that does not, the trie nodes folded into that node are walked one by one. */
+enum { FOLD_CLASSES = 17 };
+static void fold_classes(uint8_t cls[256], uint8_t rep[FOLD_CLASSES]) {
+    static const uint8_t lo[FOLD_CLASSES] = {0, 0x20, 0, 0, 0x80, 0x90, 0xa0, 0xc0, 0xc2, 0xe0, 0xe1, 0xed, 0xee, 0xf0, 0xf1, 0xf4, 0xf5};
+    static const uint8_t hi[FOLD_CLASSES] = {0, 0x7f, 0, 0x1f, 0x8f, 0x9f, 0xbf, 0xc1, 0xdf, 0xe0, 0xec, 0xed, 0xef, 0xf0, 0xf3, 0xf4, 0xff};
+    for (int k = 3; k < FOLD_CLASSES; k++)
+        for (int b = lo[k]; b <= hi[k]; b++) cls[b] = (uint8_t)k;
+    for (int b = 0x20; b < 0x80; b++) cls[b] = 1;
+    cls['"'] = 0, cls['\\'] = 2;
+    for (int k = 0; k < FOLD_CLASSES; k++) rep[k] = k == 0 ? '"' : k == 1 ? 'a' : k == 2 ? '\\' : lo[k];
+}
+
+typedef struct gr_ftrie {
+    uint8_t cls[256], rep[FOLD_CLASSES];
+    int32_t n;          /* nodes; 0 is the root */
+    int32_t *kid;       /* [n * FOLD_CLASSES]: child by class, -1 */
+    uint32_t *tok_off;  /* [n + 1]: tokens spelled by node i = toks[tok_off[i] .. tok_off[i+1]) */
+    int32_t *toks;
+    uint32_t *fr_off;   /* [n + 1]: trie nodes with children folded into i = fr[fr_off[i] ..) */
+    uint32_t *fr;
+} gr_ftrie;
+
+static void ftrie_free(gr_ftrie *f) {
+    if (!f) return;
+    osp_free(f->kid), osp_free(f->tok_off), osp_free(f->toks), osp_free(f->fr_off), osp_free(f->fr), osp_free(f);
+}
+
+static gr_ftrie *ftrie_build(const osp_grammar_vocab *v) {
+    gr_ftrie *f = osp_calloc(OSP_POOL_MISC, sizeof *f);
+    fold_classes(f->cls, f->rep);
+    const int nc = FOLD_CLASSES;
+    uint32_t cap = 1024;
+    f->kid = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap * nc);
+    memset(f->kid, -1, sizeof(int32_t) * cap * nc);
+    int32_t *fold = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * v->n_nodes);
+    f->n = 1;
+    fold[0] = 0;
+    const gr_node *nodes = v->nodes;
+    /* preorder with a stack of open subtrees: a node's parent is the innermost one still open */
+    uint32_t *stk = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * ((size_t)v->max_len + 2));
+    int32_t sp = 0;
+    stk[sp++] = 0;
+    for (uint32_t c = 1; c < v->n_nodes; c++) {
+        while (nodes[stk[sp - 1]].end <= c) sp--;
+        int32_t pf = fold[stk[sp - 1]], k = f->cls[nodes[c].byte];
+        int32_t *slot = &f->kid[(size_t)pf * nc + k];
+        if (*slot < 0) {
+            if ((uint32_t)f->n == cap) {
+                int32_t *a = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * cap * 2 * nc);
+                memcpy(a, f->kid, sizeof(int32_t) * cap * nc);
+                memset(a + (size_t)cap * nc, -1, sizeof(int32_t) * cap * nc);
+                osp_free(f->kid);
+                f->kid = a, cap *= 2;
+                slot = &f->kid[(size_t)pf * nc + k];
+            }
+            *slot = f->n++;
+        }
+        fold[c] = *slot;
+        if (nodes[c].end > c + 1) stk[sp++] = c;
+    }
+    osp_free(stk);
+    /* tokens and trie nodes with children per folded node: count, then fill */
+    f->tok_off = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * ((size_t)f->n + 1));
+    f->fr_off = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * ((size_t)f->n + 1));
+    for (uint32_t c = 1; c < v->n_nodes; c++) {
+        for (int32_t t = nodes[c].tok; t >= 0; t = v->dup_next[t]) f->tok_off[fold[c] + 1]++;
+        if (nodes[c].end > c + 1) f->fr_off[fold[c] + 1]++;
+    }
+    for (int32_t i = 0; i < f->n; i++) f->tok_off[i + 1] += f->tok_off[i], f->fr_off[i + 1] += f->fr_off[i];
+    f->toks = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->tok_off[f->n] + 1));
+    f->fr = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * (f->fr_off[f->n] + 1));
+    uint32_t *tp = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * f->n), *fp = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * f->n);
+    memcpy(tp, f->tok_off, sizeof(uint32_t) * f->n), memcpy(fp, f->fr_off, sizeof(uint32_t) * f->n);
+    for (uint32_t c = 1; c < v->n_nodes; c++) {
+        for (int32_t t = nodes[c].tok; t >= 0; t = v->dup_next[t]) f->toks[tp[fold[c]]++] = t;
+        if (nodes[c].end > c + 1) f->fr[fp[fold[c]]++] = c;
+    }
+    osp_free(tp), osp_free(fp), osp_free(fold);
+    return f;
+}
+
+/* The folded trie, built by the first thread that asks (the others walk the trie meanwhile). */
+static const gr_ftrie *ftrie_get(gr_cache *C, const osp_grammar_vocab *v) {
+    gr_ftrie *f = atomic_load_explicit(&C->fold, memory_order_acquire);
+    if (f) return f;
+    int zero = 0;
+    if (!atomic_compare_exchange_strong(&C->fold_claimed, &zero, 1)) return NULL;
+    f = ftrie_build(v);
+    atomic_store_explicit(&C->fold, f, memory_order_release);
+    return f;
+}
+
+/* Whether state st sends every byte of each fold class to one state (memo: 0 unknown, 1 yes, 2 no). */
+static int fold_respects(const gr_ftrie *f, const gr_dfa *d, int32_t st, uint8_t *memo) {
+    if (memo[st]) return memo[st] == 1;
+    int32_t first[FOLD_CLASSES];
+    for (int k = 0; k < FOLD_CLASSES; k++) first[k] = -1;
+    int ok = 1;
+    for (int b = 0; b < 256 && ok; b++) {
+        int32_t t = gr_dfa_next(d, st, (uint8_t)b), k = f->cls[b];
+        if (first[k] < 0) first[k] = t;
+        else ok = first[k] == t;
+    }
+    memo[st] = ok ? 1 : 2;
+    return ok;
+}
+
+static void cache_dfs(cbuild *cb, uint32_t node, int32_t st);
+static void ftrie_dfs(cbuild *cb, const gr_ftrie *f, int32_t fn, int32_t st, uint8_t *memo) {
+    const int32_t *kid = f->kid + (size_t)fn * FOLD_CLASSES;
+    for (int32_t k = 0; k < FOLD_CLASSES; k++) {
+        int32_t c = kid[k];
+        if (c < 0) continue;
+        int32_t s2 = gr_dfa_next(cb->d, st, f->rep[k]);
+        if (!s2) continue;
+        for (uint32_t i = f->tok_off[c]; i < f->tok_off[c + 1]; i++) {
+            int32_t t = f->toks[i];
+            cb->bits[t >> 5] |= 1u << (t & 31);
+        }
+        cb->n_tok += (int32_t)(f->tok_off[c + 1] - f->tok_off[c]);
+        if (f->fr_off[c + 1] == f->fr_off[c]) continue; /* no trie node below */
+        if (cb->d->accept[s2])
+            for (uint32_t i = f->fr_off[c]; i < f->fr_off[c + 1]; i++) front_add(cb, f->fr[i], s2);
+        if (fold_respects(f, cb->d, s2, memo)) ftrie_dfs(cb, f, c, s2, memo);
+        else
+            for (uint32_t i = f->fr_off[c]; i < f->fr_off[c + 1]; i++) cache_dfs(cb, f->fr[i], s2);
+    }
+}
+
+static gr_centry *entry_build(gr_cache *C, const osp_grammar_vocab *v, const gr_dfa *d, int32_t st, uint64_t key,
+                              size_t *bytes) {
     int32_t words = (v->n_tokens + 31) / 32;
     cbuild cb = {0};
     cb.v = v, cb.d = d;
     cb.bits = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * words);
-    cache_dfs(&cb, 0, st);
+    const gr_ftrie *f = ftrie_get(C, v);
+    uint8_t *memo = f ? osp_calloc(OSP_POOL_MISC, (size_t)d->nstates) : NULL;
+    if (f && fold_respects(f, d, st, memo)) ftrie_dfs(&cb, f, 0, st, memo);
+    else cache_dfs(&cb, 0, st);
+    osp_free(memo);
     gr_centry *e = osp_calloc(OSP_POOL_MISC, sizeof *e);
     e->key = key, e->n_tok = cb.n_tok, e->fnode = cb.fnode, e->fstate = cb.fstate, e->n_front = cb.n_front;
     if (cb.n_tok < words) {
@@ -281,7 +435,7 @@ const gr_centry *gr_cache_get(gr_cache *C, const osp_grammar_vocab *v, int32_t v
     if (e) return e;
     if (atomic_load_explicit(&C->full, memory_order_relaxed)) return NULL;
     size_t bytes;
-    gr_centry *mine = entry_build(v, d, st, key, &bytes);
+    gr_centry *mine = entry_build(C, v, d, st, key, &bytes);
     pthread_mutex_lock(&C->mu);
     gr_ctable *t = room(C);
     uint32_t h = key_hash(key) & t->mask;

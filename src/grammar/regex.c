@@ -409,6 +409,7 @@ typedef struct dbuild {
     int32_t *lists;
     size_t n_lists, cap_lists;
     size_t *loff; /* [state] offset, lengths by difference */
+    int32_t cap_loff;
     int32_t n_states, cap_states;
     int32_t *hslot;
     uint32_t hmask;
@@ -440,7 +441,13 @@ static uint32_t hash_list(const int32_t *l, int32_t n) {
 /* Find or add the DFA state of list l; -1 on overflow. */
 static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
     if (!n) return 0;
-    qsort(l, n, sizeof *l, cmp_i32);
+    if (n <= 32) /* most lists are short: no library call */
+        for (int32_t i = 1; i < n; i++) {
+            int32_t x = l[i], j = i;
+            for (; j > 0 && l[j - 1] > x; j--) l[j] = l[j - 1];
+            l[j] = x;
+        }
+    else qsort(l, n, sizeof *l, cmp_i32);
     if ((uint32_t)b->n_states * 2 > b->hmask) { /* grow the table */
         uint32_t nm = b->hmask * 2 + 1;
         int32_t *ns = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
@@ -466,6 +473,12 @@ static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
                 b->lists = nl, b->cap_lists = nc;
             }
             memcpy(b->lists + b->n_lists, l, n * 4);
+            if (b->n_states + 2 > b->cap_loff) {
+                size_t *nl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * b->cap_loff * 2);
+                memcpy(nl, b->loff, sizeof(size_t) * b->cap_loff);
+                osp_free(b->loff);
+                b->loff = nl, b->cap_loff *= 2;
+            }
             s = b->n_states++;
             b->loff[s] = b->n_lists;
             b->n_lists += n;
@@ -503,7 +516,8 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
     b.f = f;
     b.stamp = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * f->n);
     b.stack = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n * 2 + 2));
-    b.loff = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * (GR_MAX_DFA_STATES + 2));
+    b.cap_loff = 256;
+    b.loff = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * b.cap_loff);
     b.hmask = 255;
     b.hslot = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (b.hmask + 1));
     memset(b.hslot, -1, sizeof(int32_t) * (b.hmask + 1));

@@ -153,6 +153,20 @@ static void regex_cache_put(const char *key, const gr_dfa *d) {
     pthread_mutex_unlock(&rc.mu);
 }
 
+osp_status gr_regex_dfa_cached(const char *re, int mode, gr_dfa *out) {
+    size_t n = strlen(re);
+    char *key = osp_malloc(OSP_POOL_MISC, n + 3);
+    key[0] = (char)('0' + mode), key[1] = ':';
+    memcpy(key + 2, re, n + 1);
+    osp_status st = OSP_OK;
+    if (!regex_cache_get(key, out)) {
+        st = gr_regex_dfa(re, n, mode, out);
+        if (!st) regex_cache_put(key, out);
+    }
+    osp_free(key);
+    return st;
+}
+
 osp_status gr_b_regex(gr_builder *b, const char *re, int mode, int32_t *sym) {
     size_t n = strlen(re);
     char *key = osp_malloc(OSP_POOL_MISC, n + 3);

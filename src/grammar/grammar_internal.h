@@ -32,6 +32,8 @@ enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1, GR_RE_JSONBODY = 2, GR_RE_OPEN = 4, G
  * string characters and the DFA matches their JSON encoding (escapes). */
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out);
 void gr_dfa_free(gr_dfa *d);
+/* The same through the process-wide cache of compiled regexes (a copy). */
+osp_status gr_regex_dfa_cached(const char *re, int mode, gr_dfa *out);
 /* The product of two DFAs: GR_DFA_AND accepts what both accept,
  * GR_DFA_MINUS what a accepts and b does not. */
 enum { GR_DFA_AND = 0, GR_DFA_MINUS = 1 };

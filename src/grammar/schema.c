@@ -539,7 +539,7 @@ static osp_status str_len_rest(sc *c, long long a, long long b, int open, int32_
 }
 
 /* A string DFA from a regex (JSON string mode), through the builder's cache when it is the only part. */
-static osp_status str_part(const char *r, gr_dfa *d) { return gr_regex_dfa(r, strlen(r), GR_RE_JSONSTR, d); }
+static osp_status str_part(const char *r, gr_dfa *d) { return gr_regex_dfa_cached(r, GR_RE_JSONSTR, d); }
 
 /* `minus`: the texts a `not` removes (a DFA in JSON string mode), or NULL. */
 static osp_status gen_string_minus(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
@@ -838,7 +838,7 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         gr_dfa d;
         if (pat) {
             st = gen(c, pat_schema, &vadd);
-            if (!st) st = gr_regex_dfa(pat, strlen(pat), GR_RE_JSONSTR, &d);
+            if (!st) st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
             /* a declared name the pattern matches must meet both schemas: refuse unless the pattern's is true */
             int pat_trivial = json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, ""));
             for (size_t i = 0; i < n && !st && !pat_trivial; i++) {
@@ -853,7 +853,7 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
             }
         } else {
             if (addl && !json_is_true(addl)) st = gen(c, addl, &vadd);
-            if (!st) st = gr_regex_dfa("[\\s\\S]*", 7, GR_RE_JSONSTR, &d);
+            if (!st) st = gr_regex_dfa_cached("[\\s\\S]*", GR_RE_JSONSTR, &d);
         }
         if (!st && n) {
             char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);

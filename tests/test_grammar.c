@@ -183,7 +183,7 @@ static void test_schema_errors(void **st) {
     (void)st;
     static const struct { const char *schema, *needle; } cases[] = {
         {"{\"not\":{\"properties\":{\"a\":{}}}}", "not"},
-        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "patternProperties"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"},\"b\":{}}}", "patternProperties"},
         {"{\"type\":\"object\",\"minProperties\":2}", "minProperties"},
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "hostname"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
@@ -292,6 +292,16 @@ static void test_schema_strings_not(void **st) {
     g = schema("{\"not\":{}}");
     assert_false(accepts(g, v, "1"));
     assert_false(accepts(g, v, "null"));
+    osp_grammar_free(g);
+    /* patternProperties: its keys take its schema (a declared one both), the others additionalProperties */
+    g = schema("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"patternProperties\":"
+               "{\"^a\":{\"type\":[\"string\",\"integer\"]}},\"additionalProperties\":{\"type\":\"boolean\"}}");
+    assert_true(accepts(g, v, "{\"ab\": 1, \"a\": \"x\", \"b\": true}"));
+    assert_false(accepts(g, v, "{\"ab\": \"x\"}"));
+    assert_false(accepts(g, v, "{\"a\": true}"));
+    assert_false(accepts(g, v, "{\"b\": \"x\"}"));
+    assert_false(accepts(g, v, "{\"\\u0061\": true}")); /* "a" escaped is still the pattern's */
+    random_paths(g, v, 6, 12, 8);
     osp_grammar_free(g);
     /* a oneOf beside an anyOf: both hold */
     g = schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}");

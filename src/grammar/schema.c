@@ -777,6 +777,29 @@ static osp_status gen_array(sc *c, json_t *s, int32_t *out) {
     return OSP_OK;
 }
 
+/* Additional keys of one kind: the key DFA d (taken over) less the declared names, then `: value`, as a
+ * production of kv_add. */
+static osp_status key_region(sc *c, gr_dfa *d, int32_t val, const char **names, size_t n, int32_t cl, int32_t kv_add) {
+    osp_status st = OSP_OK;
+    int32_t key;
+    if (n) {
+        char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);
+        size_t *wl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * n);
+        for (size_t i = 0; i < n; i++) {
+            json_t *js = json_string(names[i]);
+            w[i] = json_dumps(js, JSON_ENCODE_ANY);
+            wl[i] = strlen(w[i]);
+            json_decref(js);
+        }
+        st = gr_dfa_minus_words(d, w, wl, (int)n);
+        for (size_t i = 0; i < n; i++) free(w[i]);
+        osp_free(w), osp_free(wl);
+    }
+    if (st) { gr_dfa_free(d); return st; }
+    TRYS(gr_b_dfa(&c->b, d, &key));
+    return prod(c, kv_add, 5, key, c->ws, cl, c->ws, val);
+}
+
 static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
@@ -799,15 +822,15 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         if (j == n) names[n] = r, schemas[n] = NULL, n++;
         isreq[j] = 1;
     }
-    /* patternProperties: none that constrain (schemas true with additional keys allowed), or one pattern that
-     * is the only way in for additional keys (additionalProperties false) */
+    /* patternProperties: none that constrain (schemas true with additional keys allowed), or one pattern: the
+     * keys it matches take its schema (a declared one both), the others additionalProperties */
     json_t *pp = json_object_get(s, "patternProperties"), *pat_schema = NULL;
     const char *pat = NULL;
     if (json_is_object(pp) && json_object_size(pp)) {
         int trivial = 1;
         json_object_foreach(pp, k, v) trivial &= json_is_true(v) || (json_is_object(v) && only_annotations(v, ""));
         if (!(trivial && !json_is_false(addl))) {
-            if (json_object_size(pp) != 1 || !json_is_false(addl)) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\"");
+            if (json_object_size(pp) != 1) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\" with several patterns");
             else json_object_foreach(pp, k, v) pat = k, pat_schema = v;
         }
     }
@@ -823,6 +846,24 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     int allow_add = !json_is_false(addl) || pat;
     int32_t kv_add = -1, add_rest = -1;
     if (!st && !(st = lit(c, "{", &lb)) && !(st = lit(c, "}", &rb)) && !(st = lit(c, ",", &co))) st = lit(c, ":", &cl);
+    if (!st && pat && !(json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, "")))) {
+        /* a declared name the pattern matches meets both schemas */
+        gr_dfa d;
+        st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
+        for (size_t i = 0; i < n && !st; i++) {
+            json_t *js = json_string(names[i]);
+            char *q = json_dumps(js, JSON_ENCODE_ANY);
+            int32_t x = 1;
+            for (const char *b = q; *b && x; b++) x = gr_dfa_next(&d, x, (uint8_t)*b);
+            if (x && d.accept[x]) {
+                if (!schemas[i]) schemas[i] = pat_schema;
+                else st = merge(c, schemas[i], pat_schema, &schemas[i]);
+            }
+            free(q);
+            json_decref(js);
+        }
+        if (!st) gr_dfa_free(&d);
+    }
     int32_t *kv = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (n + 1));
     for (size_t i = 0; i < n && !st; i++) {
         int32_t key, val = c->any;
@@ -834,44 +875,27 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         if (!st) st = prod(c, kv[i], 5, key, c->ws, cl, c->ws, val);
     }
     if (!st && allow_add) {
-        int32_t vadd = c->any, key;
-        gr_dfa d;
-        if (pat) {
-            st = gen(c, pat_schema, &vadd);
-            if (!st) st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
-            /* a declared name the pattern matches must meet both schemas: refuse unless the pattern's is true */
-            int pat_trivial = json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, ""));
-            for (size_t i = 0; i < n && !st && !pat_trivial; i++) {
-                json_t *js = json_string(names[i]);
-                char *q = json_dumps(js, JSON_ENCODE_ANY);
-                int32_t x = 1;
-                for (const char *b = q; *b && x; b++) x = gr_dfa_next(&d, x, (uint8_t)*b);
-                if (x && d.accept[x]) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\" matching a declared property");
-                free(q);
-                json_decref(js);
-                if (st) gr_dfa_free(&d);
-            }
-        } else {
-            if (addl && !json_is_true(addl)) st = gen(c, addl, &vadd);
-            if (!st) st = gr_regex_dfa_cached("[\\s\\S]*", GR_RE_JSONSTR, &d);
-        }
-        if (!st && n) {
-            char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);
-            size_t *wl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * n);
-            for (size_t i = 0; i < n; i++) {
-                json_t *js = json_string(names[i]);
-                w[i] = json_dumps(js, JSON_ENCODE_ANY);
-                wl[i] = strlen(w[i]);
-                json_decref(js);
-            }
-            st = gr_dfa_minus_words(&d, w, wl, (int)n);
-            for (size_t i = 0; i < n; i++) free(w[i]);
-            osp_free(w), osp_free(wl);
-            if (st) gr_dfa_free(&d);
-        }
-        if (!st) st = gr_b_dfa(&c->b, &d, &key);
         kv_add = gr_b_nt(&c->b), add_rest = gr_b_nt(&c->b);
-        if (!st) st = prod(c, kv_add, 5, key, c->ws, cl, c->ws, vadd);
+        if (pat) { /* keys the pattern matches: its schema */
+            int32_t vp;
+            gr_dfa d;
+            st = gen(c, pat_schema, &vp);
+            if (!st) st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
+            if (!st) st = key_region(c, &d, vp, names, n, cl, kv_add);
+        }
+        if (!st && !json_is_false(addl)) { /* the other keys: additionalProperties */
+            int32_t va = c->any;
+            gr_dfa d, pe, x;
+            if (addl && !json_is_true(addl)) st = gen(c, addl, &va);
+            if (!st) st = gr_regex_dfa_cached("[\\s\\S]*", GR_RE_JSONSTR, &d);
+            if (!st && pat) { /* less every spelling of a key the pattern matches */
+                st = gr_regex_dfa(pat, strlen(pat), GR_RE_JSONSTR | GR_RE_ALLESC, &pe);
+                if (!st) st = gr_dfa_product(&d, &pe, GR_DFA_MINUS, &x), gr_dfa_free(&pe);
+                gr_dfa_free(&d);
+                d = x;
+            }
+            if (!st) st = key_region(c, &d, va, names, n, cl, kv_add);
+        }
         if (!st) st = prod(c, add_rest, 0);
         if (!st) st = prod(c, add_rest, 5, c->ws, co, c->ws, kv_add, add_rest);
     }

@@ -191,7 +191,7 @@ static void test_schema_errors(void **st) {
         {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "regex"},
         {"{\"$ref\":\"other.json#/x\"}", "$ref"},
         {"{\"if\":{},\"then\":{}}", "if"},
-        {"{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "oneOf"},
+        {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"type\":\"object\"}]}", "oneOf"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         osp_grammar *g = NULL;
@@ -302,6 +302,19 @@ static void test_schema_strings_not(void **st) {
     assert_false(accepts(g, v, "{\"b\": \"x\"}"));
     assert_false(accepts(g, v, "{\"\\u0061\": true}")); /* "a" escaped is still the pattern's */
     random_paths(g, v, 6, 12, 8);
+    osp_grammar_free(g);
+    /* overlapping oneOf: each branch less the others */
+    g = schema("{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}");
+    assert_true(accepts(g, v, "\"abab\""));
+    assert_true(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "\"ab\"")); /* both */
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}");
+    assert_true(accepts(g, v, "{\"a\": 1}"));
+    assert_true(accepts(g, v, "{\"b\": 1}"));
+    assert_false(accepts(g, v, "{\"a\": 1, \"b\": 0}"));
+    assert_false(accepts(g, v, "{}"));
+    random_paths(g, v, 6, 10, 9);
     osp_grammar_free(g);
     /* a oneOf beside an anyOf: both hold */
     g = schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}");

@@ -996,6 +996,29 @@ static osp_status one_of_disjoint(sc *c, json_t *arr) {
     return OSP_OK;
 }
 
+/* oneOf as anyOf: as it is where no text matches two branches; else branch i becomes "B_i and not B_j for every
+ * other j" where those negations exist (required-only branches, types, constants...), so exactly one holds. */
+static osp_status one_of_exclusive(sc *c, json_t *arr, json_t **out) {
+    *out = arr;
+    if (!one_of_disjoint(c, arr)) return OSP_OK;
+    char why[256];
+    snprintf(why, sizeof why, "%s", osp_last_error());
+    size_t n = json_array_size(arr);
+    if (n > 8) return osp_err(OSP_ERR_UNSUPPORTED, "%s", why);
+    json_t *neg[8], *r = keep(c, json_array());
+    for (size_t i = 0; i < n; i++)
+        if (negate(c, json_array_get(arr, i), &neg[i])) return osp_err(OSP_ERR_UNSUPPORTED, "%s", why);
+    for (size_t i = 0; i < n; i++) {
+        json_t *all = json_array();
+        json_array_append(all, json_array_get(arr, i));
+        for (size_t j = 0; j < n; j++)
+            if (j != i) json_array_append(all, neg[j]);
+        json_array_append_new(r, json_pack("{s:o}", "allOf", all));
+    }
+    *out = r;
+    return OSP_OK;
+}
+
 static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (json_is_true(s)) { *out = c->any; return OSP_OK; }
     if (json_is_false(s)) { *out = gr_b_nt(&c->b); return OSP_OK; }
@@ -1013,7 +1036,7 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     json_t *any = json_object_get(s, "anyOf");
     if (!any) {
         any = json_object_get(s, "oneOf");
-        if (any && json_is_array(any)) TRYS(one_of_disjoint(c, any));
+        if (any && json_is_array(any)) TRYS(one_of_exclusive(c, any, &any));
     }
     if (any) {
         if (!json_is_array(any)) return osp_err(OSP_ERR_INVALID, "anyOf/oneOf is not an array");

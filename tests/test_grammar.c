@@ -191,6 +191,7 @@ static void test_schema_errors(void **st) {
         {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "regex"},
         {"{\"$ref\":\"other.json#/x\"}", "$ref"},
         {"{\"if\":{},\"then\":{}}", "if"},
+        {"{\"$ref\":\"#\"}", "deep"}, /* a cycle of references with nothing between */
         {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"type\":\"object\"}]}", "oneOf"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

@@ -424,7 +424,8 @@ static osp_status negate(sc *c, json_t *n, json_t **out) {
 /* resolve $ref (with siblings), allOf and not at the top of s */
 static osp_status flatten(sc *c, json_t *s, json_t **out) {
     if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
-    while (json_is_object(s)) {
+    for (int steps = 0; json_is_object(s); steps++) { /* a $ref cycle ends here too */
+        if (steps > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
         json_t *ref = json_object_get(s, "$ref");
         json_t *all = json_object_get(s, "allOf");
         if (ref) {
@@ -445,7 +446,6 @@ static osp_status flatten(sc *c, json_t *s, json_t **out) {
             TRYS(negate(c, json_object_get(s, "not"), &neg));
             TRYS(merge(c, without(c, s, "not"), neg, &s));
         } else break;
-        if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
     }
     c->depth--;
     *out = s;

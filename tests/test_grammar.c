@@ -317,6 +317,17 @@ static void test_schema_strings_not(void **st) {
     assert_false(accepts(g, v, "{}"));
     random_paths(g, v, 6, 10, 9);
     osp_grammar_free(g);
+    /* multipleOf of integers */
+    g = schema("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":-10,\"maximum\":20}");
+    static const char *const yes[] = {"9", "-9", "0", "18"}, *const no[] = {"10", "21", "-12", "1", "012", "3.0"};
+    for (int i = 0; i < 4; i++) if (!accepts(g, v, yes[i])) fail_msg("%s", yes[i]);
+    for (int i = 0; i < 6; i++) if (accepts(g, v, no[i])) fail_msg("%s", no[i]);
+    random_paths(g, v, 6, 6, 10);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"integer\",\"multipleOf\":7}");
+    assert_true(accepts(g, v, "1001"));
+    assert_false(accepts(g, v, "1002"));
+    osp_grammar_free(g);
     /* a oneOf beside an anyOf: both hold */
     g = schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}");
     assert_true(accepts(g, v, "\"a\""));

@@ -40,7 +40,7 @@ typedef struct sc {
 
 static const char *const unsupported[] = {
     "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "contains", "minContains", "maxContains", "multipleOf", "maxProperties",
+    "else", "contains", "minContains", "maxContains", "maxProperties",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", NULL};
 
 static json_t *keep(sc *c, json_t *j) {
@@ -641,13 +641,53 @@ static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
     return st;
 }
 
+/* Integers (JSON's spelling, a sign and no leading zero) whose value is a multiple of k: the remainder of the
+ * digits read so far is the state. */
+static void mod_dfa(int32_t k, gr_dfa *d) {
+    memset(d, 0, sizeof *d);
+    d->ncls = 12; /* 0 other, 1 '-', 2 + digit */
+    d->cls['-'] = 1;
+    for (int x = 0; x < 10; x++) d->cls['0' + x] = (uint8_t)(2 + x);
+    d->nstates = 4 + k; /* 1 start, 2 after '-', 3 "0", 4 + r: a remainder */
+    d->next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
+    d->accept = osp_calloc(OSP_POOL_MISC, (size_t)d->nstates);
+    d->next[1 * 12 + 1] = 2;
+    for (int s0 = 1; s0 <= 2; s0++) {
+        d->next[s0 * 12 + 2] = 3;
+        for (int x = 1; x < 10; x++) d->next[s0 * 12 + 2 + x] = 4 + x % k;
+    }
+    for (int32_t r = 0; r < k; r++)
+        for (int x = 0; x < 10; x++) d->next[(4 + r) * 12 + 2 + x] = 4 + (int32_t)(((int64_t)r * 10 + x) % k);
+    d->accept[3] = d->accept[4] = 1;
+}
+
+/* The integers of regex r, and multiples of k when k > 1. */
+static osp_status int_term(sc *c, const char *r, int32_t k, int32_t *out) {
+    if (k <= 1) return re(c, r, out);
+    gr_dfa a, m, x;
+    TRYS(gr_regex_dfa_cached(r, GR_RE_PLAIN, &a));
+    mod_dfa(k, &m);
+    osp_status st = gr_dfa_product(&a, &m, GR_DFA_AND, &x);
+    gr_dfa_free(&a), gr_dfa_free(&m);
+    if (st) return st;
+    return gr_b_dfa(&c->b, &x, out);
+}
+
 static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
     json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
     json_t *emn = json_object_get(s, "exclusiveMinimum"), *emx = json_object_get(s, "exclusiveMaximum");
     /* draft 4: exclusiveMinimum/Maximum are booleans */
     if (json_is_boolean(emn)) { if (json_is_true(emn)) emn = mn, mn = NULL; else emn = NULL; }
     if (json_is_boolean(emx)) { if (json_is_true(emx)) emx = mx, mx = NULL; else emx = NULL; }
-    if (!mn && !mx && !emn && !emx) return re(c, integer ? INT_RE : NUM_RE, out);
+    json_t *mo = json_object_get(s, "multipleOf");
+    int32_t k = 1;
+    if (mo) { /* integers only: a fraction's multiples are judged in floating point by the validators */
+        double q = json_number_value(mo);
+        if (!json_is_number(mo) || !(q > 0)) return osp_err(OSP_ERR_INVALID, "multipleOf must be a positive number");
+        if (!integer || q != floor(q) || q > 100000) return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"multipleOf\" (other than an integer's, to 100000)");
+        k = (int32_t)q;
+    }
+    if (!mn && !mx && !emn && !emx) return integer ? int_term(c, INT_RE, k, out) : re(c, NUM_RE, out);
     if (integer) {
         json_t *bs[4] = {mn, mx, emn, emx};
         for (int i = 0; i < 4; i++) /* before any conversion to long long */
@@ -672,7 +712,7 @@ static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
         if (has_lo && has_hi && lo > hi) { *out = gr_b_nt(&c->b); return OSP_OK; } /* nothing */
         sbuf b = {0};
         int_range_re(&b, has_lo, lo, has_hi, hi);
-        osp_status st = re(c, b.p, out);
+        osp_status st = int_term(c, b.p, k, out);
         osp_free(b.p);
         return st;
     }

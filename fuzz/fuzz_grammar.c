@@ -4,7 +4,9 @@
  *            small vocabulary takes masks and commits tokens chosen by the
  *            schema's own bytes, and the fast mask must equal the plain walk;
  *   1 mod 3: the rest is a regex over bytes (the whole-output grammar);
- *   2 mod 3: the rest is a JSON Schema "pattern" (a JSON string's regex). */
+ *   2 mod 3: the rest is a JSON Schema "pattern" (a JSON string's regex); when
+ *            it compiles, its products with a length (and, minus, the
+ *            other way) must agree with both DFAs on the pattern's bytes. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,8 +60,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (osp_grammar_from_regex(s, n, &g) == OSP_OK) drive(g, data, size);
         break;
     default: {
-        gr_dfa d;
-        if (gr_regex_dfa(s, n, GR_RE_JSONSTR, &d) == OSP_OK) gr_dfa_free(&d);
+        gr_dfa d, l, x;
+        if (gr_regex_dfa(s, n, GR_RE_JSONSTR, &d) != OSP_OK) break;
+        if (gr_regex_dfa("^[\\s\\S]{0,6}$", 14, GR_RE_JSONSTR | GR_RE_ALLESC, &l) == OSP_OK) {
+            for (int op = GR_DFA_AND; op <= GR_DFA_MINUS; op++) {
+                if (gr_dfa_product(&d, &l, op, &x) != OSP_OK) continue;
+                /* the product judges a text as the two DFAs do: the input's bytes as a JSON string */
+                int32_t a = 1, b = 1, c = 1;
+                const char *t = s, *e = s + n;
+                for (int q = 0; q < 2; q++, t = s) {
+                    a = b = c = 1;
+                    a = gr_dfa_next(&d, a, '"'), b = gr_dfa_next(&l, b, '"'), c = gr_dfa_next(&x, c, '"');
+                    for (; t < e && q == 1; t++) {
+                        a = a ? gr_dfa_next(&d, a, (uint8_t)*t) : 0, b = b ? gr_dfa_next(&l, b, (uint8_t)*t) : 0;
+                        c = c ? gr_dfa_next(&x, c, (uint8_t)*t) : 0;
+                    }
+                    a = a ? gr_dfa_next(&d, a, '"') : 0, b = b ? gr_dfa_next(&l, b, '"') : 0, c = c ? gr_dfa_next(&x, c, '"') : 0;
+                    int ia = a && d.accept[a], ib = b && l.accept[b], ic = c && x.accept[c];
+                    if (ic != (op == GR_DFA_AND ? ia && ib : ia && !ib)) abort();
+                }
+                gr_dfa_free(&x);
+            }
+            gr_dfa_free(&l);
+        }
+        gr_dfa_free(&d);
     }
     }
     osp_grammar_free(g);

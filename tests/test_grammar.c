@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,16 +182,17 @@ static void test_schema_parse(void **st) {
 static void test_schema_errors(void **st) {
     (void)st;
     static const struct { const char *schema, *needle; } cases[] = {
-        {"{\"not\":{}}", "not"},
-        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"}}}", "patternProperties"},
+        {"{\"not\":{\"properties\":{\"a\":{}}}}", "not"},
+        {"{\"type\":\"object\",\"patternProperties\":{\"^a\":{\"type\":\"integer\"},\"b\":{}}}", "patternProperties"},
         {"{\"type\":\"object\",\"minProperties\":2}", "minProperties"},
-        {"{\"type\":\"string\",\"format\":\"hostname-ish\"}", "hostname-ish"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "hostname"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "uniqueItems"},
         {"{\"type\":\"number\",\"multipleOf\":3}", "multipleOf"},
         {"{\"type\":\"string\",\"pattern\":\"(?<=a)b\"}", "regex"},
         {"{\"$ref\":\"other.json#/x\"}", "$ref"},
         {"{\"if\":{},\"then\":{}}", "if"},
-        {"{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}", "oneOf"},
+        {"{\"$ref\":\"#\"}", "deep"}, /* a cycle of references with nothing between */
+        {"{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},{\"type\":\"object\"}]}", "oneOf"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         osp_grammar *g = NULL;
@@ -206,6 +208,133 @@ static void test_schema_errors(void **st) {
                      "{\"enum\":[\"b\",\"c\"]}},\"required\":[\"k\"]}]}";
     assert_int_equal(osp_grammar_from_json_schema(ok, strlen(ok), &g), OSP_OK);
     osp_grammar_free(g);
+}
+
+static void random_paths(osp_grammar *g, const osp_grammar_vocab *v, int paths, int steps, unsigned seed);
+
+/* strings of many characters (chunks), products of pattern/format/length, formats, not */
+static void test_schema_strings_not(void **st) {
+    (void)st;
+    osp_grammar_vocab *v = tiny_vocab();
+    char buf[512], body[300];
+    osp_grammar *g = schema("{\"type\":\"string\",\"minLength\":65,\"maxLength\":130}");
+    for (int n = 60; n <= 135; n++) {
+        memset(body, 'a', (size_t)n), body[n] = 0;
+        if (n == 100) body[50] = '\xc3', body[51] = '\xa9', body[52] = 'b', body[53] = '\\', body[54] = 'n'; /* 99 characters */
+        snprintf(buf, sizeof buf, "\"%s\"", body);
+        if (accepts(g, v, buf) != (n >= 65 && n <= 130 && n != 100) + (n == 100))
+            fail_msg("length %d", n);
+    }
+    random_paths(g, v, 4, 80, 99);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"minLength\":200}"); /* unbounded above, over three chunks */
+    memset(body, 'b', 199), body[199] = 0;
+    snprintf(buf, sizeof buf, "\"%s\"", body);
+    assert_false(accepts(g, v, buf));
+    snprintf(buf, sizeof buf, "\"%sbbbb\"", body);
+    assert_true(accepts(g, v, buf));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"pattern\":\"^[ab]+$\",\"maxLength\":3}");
+    assert_true(accepts(g, v, "\"aba\""));
+    assert_false(accepts(g, v, "\"abab\""));
+    assert_false(accepts(g, v, "\"axa\""));
+    random_paths(g, v, 6, 8, 5);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"uri\"}");
+    assert_true(accepts(g, v, "\"https://example.com/a/b?x=1#f\""));
+    assert_true(accepts(g, v, "\"urn:isbn:0451450523\""));
+    assert_true(accepts(g, v, "\"http://[::1]:80/\""));
+    assert_false(accepts(g, v, "\"not a uri\""));
+    assert_false(accepts(g, v, "\"/relative/path\""));
+    assert_false(accepts(g, v, "\"http://a b\""));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"uri-reference\"}");
+    assert_true(accepts(g, v, "\"/relative/path?q\""));
+    assert_false(accepts(g, v, "\"a b\""));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"format\":\"x-vendor-thing\"}"); /* no validator checks it: an annotation */
+    assert_true(accepts(g, v, "\"anything\""));
+    osp_grammar_free(g);
+    /* not */
+    g = schema("{\"not\":{\"type\":[\"string\",\"object\"]}}");
+    assert_true(accepts(g, v, "[1]"));
+    assert_true(accepts(g, v, "null"));
+    assert_false(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "{}"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"string\",\"not\":{\"enum\":[\"ab\",\"a\\\"b\"]}}");
+    assert_true(accepts(g, v, "\"abb\""));
+    assert_false(accepts(g, v, "\"ab\""));
+    assert_false(accepts(g, v, "\"\\u0061b\"")); /* the same string, escaped */
+    assert_false(accepts(g, v, "\"a\\\"b\""));
+    random_paths(g, v, 6, 8, 6);
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"pattern\":\"^a*$\"}}");
+    assert_true(accepts(g, v, "\"ab\""));
+    assert_false(accepts(g, v, "12")); /* a number meets the pattern (it speaks of strings only) */
+    assert_false(accepts(g, v, "\"aa\""));
+    assert_false(accepts(g, v, "\"\""));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"not\":{\"type\":\"boolean\"}}}");
+    assert_true(accepts(g, v, "true"));
+    assert_false(accepts(g, v, "1"));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{\"maxItems\":1}}");
+    assert_true(accepts(g, v, "[1, 0]"));
+    assert_false(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "[1]"));
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"not\":{\"required\":[\"a\",\"b\"]}}");
+    assert_true(accepts(g, v, "{\"a\": 1}"));
+    assert_true(accepts(g, v, "{\"b\": 1}"));
+    assert_false(accepts(g, v, "{\"a\": 1, \"b\": 0}"));
+    assert_false(accepts(g, v, "{\"b\": 1, \"a\": 0}"));
+    osp_grammar_free(g);
+    g = schema("{\"not\":{}}");
+    assert_false(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "null"));
+    osp_grammar_free(g);
+    /* patternProperties: its keys take its schema (a declared one both), the others additionalProperties */
+    g = schema("{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}},\"patternProperties\":"
+               "{\"^a\":{\"type\":[\"string\",\"integer\"]}},\"additionalProperties\":{\"type\":\"boolean\"}}");
+    assert_true(accepts(g, v, "{\"ab\": 1, \"a\": \"x\", \"b\": true}"));
+    assert_false(accepts(g, v, "{\"ab\": \"x\"}"));
+    assert_false(accepts(g, v, "{\"a\": true}"));
+    assert_false(accepts(g, v, "{\"b\": \"x\"}"));
+    assert_false(accepts(g, v, "{\"\\u0061\": true}")); /* "a" escaped is still the pattern's */
+    random_paths(g, v, 6, 12, 8);
+    osp_grammar_free(g);
+    /* overlapping oneOf: each branch less the others */
+    g = schema("{\"oneOf\":[{\"type\":\"string\"},{\"maxLength\":3}]}");
+    assert_true(accepts(g, v, "\"abab\""));
+    assert_true(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "\"ab\"")); /* both */
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"object\",\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}");
+    assert_true(accepts(g, v, "{\"a\": 1}"));
+    assert_true(accepts(g, v, "{\"b\": 1}"));
+    assert_false(accepts(g, v, "{\"a\": 1, \"b\": 0}"));
+    assert_false(accepts(g, v, "{}"));
+    random_paths(g, v, 6, 10, 9);
+    osp_grammar_free(g);
+    /* multipleOf of integers */
+    g = schema("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":-10,\"maximum\":20}");
+    static const char *const yes[] = {"9", "-9", "0", "18"}, *const no[] = {"10", "21", "-12", "1", "012", "3.0"};
+    for (int i = 0; i < 4; i++) if (!accepts(g, v, yes[i])) fail_msg("%s", yes[i]);
+    for (int i = 0; i < 6; i++) if (accepts(g, v, no[i])) fail_msg("%s", no[i]);
+    random_paths(g, v, 6, 6, 10);
+    osp_grammar_free(g);
+    g = schema("{\"type\":\"integer\",\"multipleOf\":7}");
+    assert_true(accepts(g, v, "1001"));
+    assert_false(accepts(g, v, "1002"));
+    osp_grammar_free(g);
+    /* a oneOf beside an anyOf: both hold */
+    g = schema("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}],\"oneOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}");
+    assert_true(accepts(g, v, "\"a\""));
+    assert_false(accepts(g, v, "1"));
+    assert_false(accepts(g, v, "null"));
+    osp_grammar_free(g);
+    osp_grammar_vocab_free(v);
 }
 
 /* fast mask == plain walk == brute force, along random paths */
@@ -349,11 +478,164 @@ static void test_real_vocabs(void **st) {
     osp_tokenizer_free(t);
 }
 
+/* The cache's fills (the folded trie for string lexemes) against the plain walk on the Llama 3
+ * vocabulary, along paths picked from the masks. */
+static void test_fold_vs_reference(void **st) {
+    (void)st;
+    osp_tokenizer *t = load_gz("data/tokenizers/llama3");
+    osp_grammar_vocab *v;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v), OSP_OK);
+    static const char *const schemas[] = {
+        "{\"type\":\"string\",\"maxLength\":70}",
+        "{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date-time\"},"
+        "\"s\":{\"type\":\"string\",\"minLength\":3}},\"required\":[\"d\",\"s\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^[a-z]+\\\\d*$\"}}",
+        "{\"type\":\"string\",\"format\":\"uri\",\"not\":{\"enum\":[\"http://a\"]}}",
+    };
+    int32_t n = osp_grammar_vocab_size(v), w = (n + 31) / 32;
+    uint32_t *a = calloc(w, 4), *b = calloc(w, 4);
+    uint32_t seed = 7;
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        osp_grammar *g = schema(schemas[i]);
+        for (int p = 0; p < 3; p++) {
+            osp_grammar_matcher *m;
+            assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+            for (int s = 0; s < 30; s++) {
+                osp_grammar_matcher_mask(m, a);
+                osp_grammar_matcher_mask_reference(m, b);
+                if (memcmp(a, b, sizeof(uint32_t) * w)) fail_msg("schema %zu path %d step %d", i, p, s);
+                int32_t na = 0, pick = -1;
+                for (int32_t k = 0; k < w; k++) na += __builtin_popcount(a[k]);
+                int32_t eos = osp_grammar_vocab_eos(v);
+                if (eos >= 0 && (a[eos >> 5] >> (eos & 31) & 1)) na--;
+                if (na <= 0) break;
+                seed = seed * 1103515245u + 12345u;
+                int32_t kth = (int32_t)((seed >> 8) % (uint32_t)na);
+                for (int32_t k = 0; k < n && pick < 0; k++)
+                    if ((a[k >> 5] >> (k & 31) & 1) && k != eos && kth-- == 0) pick = k;
+                assert_true(osp_grammar_matcher_commit(m, pick));
+            }
+            osp_grammar_matcher_free(m);
+        }
+        osp_grammar_free(g);
+    }
+    free(a), free(b);
+    osp_grammar_vocab_free(v);
+    osp_tokenizer_free(t);
+}
+
+/* Matchers on several threads over shared grammars and one vocab give the
+ * single thread's masks. Each path picks its tokens from its own masks by a
+ * seeded rule, so a wrong mask also changes the path. The cache's budget is
+ * small so that clears run while other threads read entries. */
+#define MT_THREADS 4
+#define MT_PATHS 6
+#define MT_STEPS 40
+typedef struct mt_run {
+    osp_grammar **g;
+    int ng;
+    const osp_grammar_vocab *v;
+    uint64_t *want; /* [ng][MT_PATHS][MT_STEPS]: hash of each mask, 0 after the end */
+    uint64_t *got;
+    int first;      /* the grammar this thread starts at */
+} mt_run;
+
+static uint64_t mask_hash(const uint32_t *a, int32_t w) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < w; i++) h = (h ^ a[i]) * 1099511628211ull;
+    return h | 1;
+}
+static void *mt_paths(void *arg) {
+    mt_run *r = arg;
+    int32_t n = osp_grammar_vocab_size(r->v), w = (n + 31) / 32;
+    uint32_t *a = malloc(sizeof(uint32_t) * w);
+    for (int k = 0; k < r->ng; k++) {
+        int gi = (r->first + k) % r->ng;
+        for (int p = 0; p < MT_PATHS; p++) {
+            osp_grammar_matcher *m;
+            if (osp_grammar_matcher_new(r->g[gi], r->v, &m)) break;
+            uint64_t *out = r->got + ((size_t)gi * MT_PATHS + p) * MT_STEPS;
+            uint32_t seed = 2654435761u * (uint32_t)(gi * MT_PATHS + p + 1);
+            for (int s = 0; s < MT_STEPS; s++) {
+                osp_grammar_matcher_mask(m, a);
+                out[s] = mask_hash(a, w);
+                int32_t na = 0, pick = -1;
+                for (int32_t i = 0; i < w; i++) na += __builtin_popcount(a[i]);
+                int32_t eos = osp_grammar_vocab_eos(r->v);
+                if (eos >= 0 && (a[eos >> 5] >> (eos & 31) & 1)) na--;
+                if (na <= 0) break;
+                seed = seed * 1103515245u + 12345u;
+                int32_t kth = (int32_t)((seed >> 8) % (uint32_t)na);
+                for (int32_t t = 0; t < n && pick < 0; t++)
+                    if ((a[t >> 5] >> (t & 31) & 1) && t != osp_grammar_vocab_eos(r->v) && kth-- == 0) pick = t;
+                if (!osp_grammar_matcher_commit(m, pick)) break;
+            }
+            osp_grammar_matcher_free(m);
+        }
+    }
+    free(a);
+    return NULL;
+}
+
+static void test_masks_threads(void **st) {
+    (void)st;
+    osp_tokenizer *t = load_gz("data/tokenizers/llama3");
+    FILE *f = fopen("data/grammar/maskbench_sample.jsonl", "r");
+    assert_non_null(f);
+    char *line = NULL, *texts[16];
+    size_t cap = 0;
+    int ng = 0;
+    while (ng < 15 && getline(&line, &cap, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL);
+        texts[ng++] = json_dumps(json_object_get(j, "schema"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+        json_decref(j);
+    }
+    texts[ng++] = strdup("{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"string\",\"pattern\":\"^[a-f0-9]{8}$\"},"
+                         "\"n\":{\"type\":\"integer\",\"minimum\":-40,\"maximum\":1234}},\"required\":[\"id\",\"n\"]}");
+    free(line), fclose(f);
+    size_t cells = (size_t)ng * MT_PATHS * MT_STEPS;
+    uint64_t *want = calloc(cells, 8);
+    /* one thread, its own vocab and grammars */
+    osp_grammar_vocab *v1;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v1), OSP_OK);
+    osp_grammar *g1[16], *g2[16];
+    for (int i = 0; i < ng; i++) g1[i] = schema(texts[i]), g2[i] = schema(texts[i]);
+    mt_run one = {g1, ng, v1, want, want, 0};
+    mt_paths(&one);
+    /* threads on a fresh vocab: they bind the grammars and fill the cache together */
+    osp_grammar_vocab *v2;
+    assert_int_equal(osp_grammar_vocab_from_tokenizer(t, &v2), OSP_OK);
+    gr_cache_set_budget(v2->cache, 1u << 20);
+    mt_run runs[MT_THREADS];
+    pthread_t th[MT_THREADS];
+    for (int k = 0; k < MT_THREADS; k++) {
+        runs[k] = (mt_run){g2, ng, v2, want, calloc(cells, 8), k % ng};
+        assert_int_equal(pthread_create(&th[k], NULL, mt_paths, &runs[k]), 0);
+    }
+    for (int k = 0; k < MT_THREADS; k++) pthread_join(th[k], NULL);
+    size_t steps = 0;
+    for (size_t c = 0; c < cells; c++) steps += want[c] != 0;
+    assert_true(steps > (size_t)ng * MT_PATHS * 4);
+    for (int k = 0; k < MT_THREADS; k++) {
+        for (size_t c = 0; c < cells; c++)
+            if (runs[k].got[c] != want[c])
+                fail_msg("thread %d: schema %zu path %zu step %zu differs", k, c / (MT_PATHS * MT_STEPS),
+                         c / MT_STEPS % MT_PATHS, c % MT_STEPS);
+        free(runs[k].got);
+    }
+    for (int i = 0; i < ng; i++) osp_grammar_free(g1[i]), osp_grammar_free(g2[i]), free(texts[i]);
+    free(want);
+    osp_grammar_vocab_free(v1), osp_grammar_vocab_free(v2);
+    osp_tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
         cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
+        cmocka_unit_test(test_schema_strings_not), cmocka_unit_test(test_fold_vs_reference),
+        cmocka_unit_test(test_masks_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -208,6 +208,7 @@ int osp_cmd_maskbench(int argc, char **argv) {
         for (size_t k = 0; k < n_mine; k++) json_array_append_new(arr, json_real((double)(long long)(mine[k] * 10) / 10));
         json_object_set_new(o, "all_mask_us", arr);
         if (verr) json_object_set_new(o, "validation_error", json_string(verr));
+        if (inv_acc) json_object_set_new(o, "invalid_accepted", json_true()); /* even when verr names another */
         char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_COMPACT | JSON_REAL_PRECISION(8));
         puts(s);
         fflush(stdout);

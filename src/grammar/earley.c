@@ -153,6 +153,20 @@ static void regex_cache_put(const char *key, const gr_dfa *d) {
     pthread_mutex_unlock(&rc.mu);
 }
 
+osp_status gr_regex_dfa_cached(const char *re, int mode, gr_dfa *out) {
+    size_t n = strlen(re);
+    char *key = osp_malloc(OSP_POOL_MISC, n + 3);
+    key[0] = (char)('0' + mode), key[1] = ':';
+    memcpy(key + 2, re, n + 1);
+    osp_status st = OSP_OK;
+    if (!regex_cache_get(key, out)) {
+        st = gr_regex_dfa(re, n, mode, out);
+        if (!st) regex_cache_put(key, out);
+    }
+    osp_free(key);
+    return st;
+}
+
 osp_status gr_b_regex(gr_builder *b, const char *re, int mode, int32_t *sym) {
     size_t n = strlen(re);
     char *key = osp_malloc(OSP_POOL_MISC, n + 3);
@@ -221,11 +235,6 @@ osp_status gr_b_lit(gr_builder *b, const char *s, size_t n, int32_t *sym) {
 
 osp_status gr_b_dfa(gr_builder *b, gr_dfa *d, int32_t *sym) { return add_term(b, d, NULL, sym); }
 
-static int cmp_prod(const void *a, const void *b) {
-    const gr_prod *x = a, *y = b;
-    if (x->lhs != y->lhs) return x->lhs < y->lhs ? -1 : 1;
-    return x->off < y->off ? -1 : x->off > y->off;
-}
 
 osp_status gr_b_finish(gr_builder *b, int32_t start, osp_grammar **out) {
     int32_t s0 = gr_b_nt(b);
@@ -266,7 +275,15 @@ osp_status gr_b_finish(gr_builder *b, int32_t start, osp_grammar **out) {
     osp_grammar *g = osp_calloc(OSP_POOL_MISC, sizeof *g);
     g->n_nt = b->n_nt, g->n_prods = b->n_prods, g->n_terms = b->n_terms;
     g->prods = b->prods, g->syms = b->syms, g->terms = b->terms;
-    qsort(g->prods, g->n_prods, sizeof(gr_prod), cmp_prod);
+    { /* by lhs, keeping the order of each lhs's productions: a counting sort (by lhs, then by position) */
+        uint32_t *cnt = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * ((size_t)g->n_nt + 1));
+        for (int32_t i = 0; i < g->n_prods; i++) cnt[g->prods[i].lhs + 1]++;
+        for (int32_t a = 0; a < g->n_nt; a++) cnt[a + 1] += cnt[a];
+        gr_prod *sorted = osp_malloc(OSP_POOL_MISC, sizeof(gr_prod) * ((size_t)g->n_prods + 1));
+        for (int32_t i = 0; i < g->n_prods; i++) sorted[cnt[g->prods[i].lhs]++] = g->prods[i];
+        osp_free(g->prods), osp_free(cnt);
+        g->prods = sorted;
+    }
     g->nt_first = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (g->n_nt + 1));
     for (int32_t i = 0; i < g->n_prods; i++) g->nt_first[g->prods[i].lhs + 1]++;
     for (int32_t a = 0; a < g->n_nt; a++) g->nt_first[a + 1] += g->nt_first[a];

@@ -4,11 +4,14 @@
  *
  * Three objects, as the rest of osprey splits model from request:
  *   osp_grammar_vocab   the tokens' byte strings as a trie; built once per
- *                       tokenizer, immutable, shared by every grammar.
+ *                       tokenizer, shared by every grammar; its mask cache
+ *                       is safe to use from any thread.
  *   osp_grammar         a compiled grammar: lexemes as byte-level DFAs and a
- *                       context-free grammar over them. Immutable except for
- *                       its mask cache (per vocab; not thread-safe yet).
- *   osp_grammar_matcher one per constrained row: the parse so far.
+ *                       context-free grammar over them; bound to one vocab
+ *                       by its first matcher.
+ *   osp_grammar_matcher one per constrained row: the parse so far (one
+ *                       thread at a time; matchers of one grammar may run
+ *                       on different threads).
  *
  * Masks are bitsets of uint32 words over [0, vocab size): bit i of word
  * i/32 is token i. The end-of-sequence token is allowed only where the

@@ -23,11 +23,21 @@ typedef struct gr_dfa {
 static inline int32_t gr_dfa_next(const gr_dfa *d, int32_t s, uint8_t b) { return d->next[s * d->ncls + d->cls[b]]; }
 
 #define GR_MAX_DFA_STATES 20000
-enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1 };
+/* GR_RE_JSONBODY: a piece of a string's literal (anchored), with its opening
+ * and/or closing quote when GR_RE_OPEN / GR_RE_CLOSE are ORed in.
+ * GR_RE_ALLESC (ORed in): printable ASCII characters also match as \u00XX
+ * escapes, for a DFA that removes strings (every spelling must go). */
+enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1, GR_RE_JSONBODY = 2, GR_RE_OPEN = 4, GR_RE_CLOSE = 8, GR_RE_ALLESC = 16 };
 /* Compile a regex to a DFA. In GR_RE_JSONSTR mode the regex is over decoded
  * string characters and the DFA matches their JSON encoding (escapes). */
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out);
 void gr_dfa_free(gr_dfa *d);
+/* The same through the process-wide cache of compiled regexes (a copy). */
+osp_status gr_regex_dfa_cached(const char *re, int mode, gr_dfa *out);
+/* The product of two DFAs: GR_DFA_AND accepts what both accept,
+ * GR_DFA_MINUS what a accepts and b does not. */
+enum { GR_DFA_AND = 0, GR_DFA_MINUS = 1 };
+osp_status gr_dfa_product(const gr_dfa *a, const gr_dfa *b, int op, gr_dfa *out);
 /* Remove from d's language a finite set of byte strings (d is replaced). */
 osp_status gr_dfa_minus_words(gr_dfa *d, char *const *words, const size_t *lens, int n);
 
@@ -139,9 +149,36 @@ struct osp_grammar_vocab {
     int32_t max_len;
     /* Lexeme masks from the root, by (interned DFA, state), shared by every
      * grammar on this vocab: a JSON string's lexeme is one DFA whatever the
-     * schema. Mutable behind the const vocab; not thread-safe yet. */
+     * schema. Mutable behind the const vocab, safe from any thread (cache.c). */
     gr_cache *cache;
 };
+
+/* A cache entry, immutable once published: from the trie's root in one
+ * (DFA, state), the tokens that stay inside the lexeme and the frontier
+ * nodes where it can end with more bytes below. */
+typedef struct gr_centry {
+    uint64_t key;    /* vid << 32 | state */
+    int32_t n_tok;   /* tokens inside */
+    int32_t *toks;   /* list when n_tok is small, else NULL and bits set */
+    uint32_t *bits;
+    uint32_t *fnode; /* frontier nodes */
+    int32_t *fstate;
+    int32_t n_front;
+} gr_centry;
+
+gr_cache *gr_cache_new(void);
 void gr_cache_free(gr_cache *c);
+/* Intern g's lexemes in c once (g->term_vid); an error when g is already
+ * bound to another vocab. */
+/* The entries' memory budget (tests make it small to exercise clears). */
+void gr_cache_set_budget(gr_cache *c, size_t bytes);
+osp_status gr_cache_bind(gr_cache *c, osp_grammar *g, const osp_grammar_vocab *v);
+/* A mask's entries are read between enter and leave (entries live until a
+ * clear, which waits for every reader to leave). */
+void gr_cache_enter(gr_cache *c);
+void gr_cache_leave(gr_cache *c);
+/* The entry of (vid, state) of DFA d, built on a miss; NULL: not cached
+ * (vid < 0, or the cache is over its budget until the next clear). */
+const gr_centry *gr_cache_get(gr_cache *c, const osp_grammar_vocab *v, int32_t vid, const gr_dfa *d, int32_t st);
 
 #endif

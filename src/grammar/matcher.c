@@ -7,9 +7,10 @@
  * node from it, then the set is popped.
  *
  * Fast path: what a lexeme allows from the trie's root depends only on its
- * DFA and state, so per (terminal, state) the grammar caches the tokens
- * that stay inside the lexeme ("inside") and the trie nodes where it can
- * end with more bytes below ("frontier"). A mask is then the union of the
+ * DFA and state, so per (DFA, state) the vocab caches the tokens that stay
+ * inside the lexeme ("inside") and the trie nodes where it can end with
+ * more bytes below ("frontier"; cache.c, shared across threads). A mask is
+ * then the union of the
  * cached inside sets of the waiting items plus walks below their frontier
  * nodes. A JSON string's state allows ~all of the vocabulary, which the
  * plain walk visits node by node; the cache makes that a bitset OR.
@@ -18,30 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar_internal.h"
-
-typedef struct gr_centry {
-    uint64_t key;   /* term << 32 | state; 0 empty (state >= 1 always) */
-    int32_t n_tok;  /* tokens inside */
-    int32_t *toks;  /* list when n_tok is small, else NULL and bits set */
-    uint32_t *bits;
-    uint32_t *fnode; /* frontier nodes */
-    int32_t *fstate;
-    int32_t n_front;
-} gr_centry;
-
-struct gr_cache {
-    gr_centry *e;
-    uint32_t mask, n;
-    size_t bytes;
-    /* interned DFAs (copies), by content */
-    gr_dfa *dfa;
-    uint64_t *dhash;
-    int32_t n_dfa, cap_dfa;
-    int32_t *dslot; /* hash of dhash -> index, -1 */
-    uint32_t dmask;
-};
-#define GR_INTERN_MAX_CELLS (1u << 20) /* larger DFAs get no cache: walked plainly */
-#define GR_CACHE_MAX_BYTES (512u << 20)
 
 struct osp_grammar_matcher {
     osp_grammar *g;
@@ -144,159 +121,6 @@ static void walk(osp_grammar_matcher *m, uint32_t node, size_t a_off, int na, ui
     m->act_top = save;
 }
 
-/* ---- the cache ---- */
-typedef struct cbuild {
-    const osp_grammar_vocab *v;
-    const gr_dfa *d;
-    uint32_t *bits;
-    int32_t n_tok;
-    uint32_t *fnode;
-    int32_t *fstate;
-    int32_t n_front, cap_front;
-} cbuild;
-
-static void cache_dfs(cbuild *cb, uint32_t node, int32_t st) {
-    const gr_node *nodes = cb->v->nodes;
-    for (uint32_t c = node + 1, end = nodes[node].end; c < end; c = nodes[c].end) {
-        const gr_node *cn = &nodes[c];
-        int32_t s2 = gr_dfa_next(cb->d, st, cn->byte);
-        if (!s2) continue;
-        for (int32_t t = cn->tok; t >= 0; t = cb->v->dup_next[t]) cb->bits[t >> 5] |= 1u << (t & 31), cb->n_tok++;
-        if (cn->end == c + 1) continue;
-        if (cb->d->accept[s2]) {
-            if (cb->n_front == cb->cap_front) {
-                int32_t nc = cb->cap_front ? cb->cap_front * 2 : 16;
-                uint32_t *a = osp_malloc(OSP_POOL_MISC, sizeof(uint32_t) * nc);
-                int32_t *b = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * nc);
-                if (cb->n_front) memcpy(a, cb->fnode, 4 * cb->n_front), memcpy(b, cb->fstate, 4 * cb->n_front);
-                osp_free(cb->fnode), osp_free(cb->fstate);
-                cb->fnode = a, cb->fstate = b, cb->cap_front = nc;
-            }
-            cb->fnode[cb->n_front] = c, cb->fstate[cb->n_front] = s2, cb->n_front++;
-        }
-        cache_dfs(cb, c, s2);
-    }
-}
-
-static void cache_clear(gr_cache *C) {
-    for (uint32_t i = 0; i <= C->mask; i++) {
-        gr_centry *e = &C->e[i];
-        if (!e->key) continue;
-        osp_free(e->toks), osp_free(e->bits), osp_free(e->fnode), osp_free(e->fstate);
-        memset(e, 0, sizeof *e);
-    }
-    C->n = 0, C->bytes = 0;
-}
-
-static uint64_t dfa_hash(const gr_dfa *d) {
-    uint64_t h = 1469598103934665603ull;
-    const uint8_t *parts[3] = {d->cls, (const uint8_t *)d->next, d->accept};
-    size_t lens[3] = {256, sizeof(int32_t) * (size_t)d->nstates * d->ncls, (size_t)d->nstates};
-    for (int k = 0; k < 3; k++)
-        for (size_t i = 0; i < lens[k]; i++) h = (h ^ parts[k][i]) * 1099511628211ull;
-    return h ^ (uint64_t)d->nstates << 40 ^ (uint64_t)d->ncls;
-}
-static int dfa_same(const gr_dfa *a, const gr_dfa *b) {
-    return a->nstates == b->nstates && a->ncls == b->ncls && !memcmp(a->cls, b->cls, 256) &&
-           !memcmp(a->accept, b->accept, a->nstates) &&
-           !memcmp(a->next, b->next, sizeof(int32_t) * (size_t)a->nstates * a->ncls);
-}
-static int32_t intern(gr_cache *C, const gr_dfa *d) {
-    if ((size_t)d->nstates * d->ncls > GR_INTERN_MAX_CELLS) return -1;
-    uint64_t h = dfa_hash(d);
-    if ((uint32_t)(C->n_dfa + 1) * 2 > C->dmask) {
-        uint32_t nm = C->dmask ? C->dmask * 2 + 1 : 1023;
-        osp_free(C->dslot);
-        C->dslot = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
-        memset(C->dslot, -1, sizeof(int32_t) * (nm + 1));
-        C->dmask = nm;
-        for (int32_t i = 0; i < C->n_dfa; i++) {
-            uint32_t k = (uint32_t)C->dhash[i] & nm;
-            while (C->dslot[k] >= 0) k = (k + 1) & nm;
-            C->dslot[k] = i;
-        }
-    }
-    uint32_t slot = (uint32_t)h & C->dmask;
-    for (; C->dslot[slot] >= 0; slot = (slot + 1) & C->dmask) {
-        int32_t i = C->dslot[slot];
-        if (C->dhash[i] == h && dfa_same(&C->dfa[i], d)) return i;
-    }
-    if (C->n_dfa >= 1000000) return -1;
-    C->dslot[slot] = C->n_dfa;
-    if (C->n_dfa == C->cap_dfa) {
-        int32_t nc = C->cap_dfa ? C->cap_dfa * 2 : 64;
-        gr_dfa *a = osp_malloc(OSP_POOL_MISC, sizeof(gr_dfa) * nc);
-        uint64_t *b = osp_malloc(OSP_POOL_MISC, sizeof(uint64_t) * nc);
-        if (C->n_dfa) memcpy(a, C->dfa, sizeof(gr_dfa) * C->n_dfa), memcpy(b, C->dhash, 8 * (size_t)C->n_dfa);
-        osp_free(C->dfa), osp_free(C->dhash);
-        C->dfa = a, C->dhash = b, C->cap_dfa = nc;
-    }
-    gr_dfa *x = &C->dfa[C->n_dfa];
-    *x = *d;
-    x->base = NULL, x->base_st = NULL, x->on_trie = NULL;
-    x->next = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
-    memcpy(x->next, d->next, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
-    x->accept = osp_malloc(OSP_POOL_MISC, d->nstates);
-    memcpy(x->accept, d->accept, d->nstates);
-    C->dhash[C->n_dfa] = h;
-    return C->n_dfa++;
-}
-
-static gr_centry *cache_get(osp_grammar_matcher *m, int32_t term, int32_t st) {
-    gr_cache *C = m->v->cache;
-    int32_t vid = m->g->term_vid[term];
-    if (vid < 0) return NULL;
-    uint64_t key = (uint64_t)vid << 32 | (uint32_t)st;
-    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask;
-    for (; C->e[h].key; h = (h + 1) & C->mask)
-        if (C->e[h].key == key) return &C->e[h];
-    if (C->bytes > GR_CACHE_MAX_BYTES) {
-        cache_clear(C);
-        h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask;
-    }
-    if ((C->n + 1) * 2 > C->mask) { /* grow */
-        uint32_t nm = C->mask * 2 + 1;
-        gr_centry *ne = osp_calloc(OSP_POOL_MISC, sizeof(gr_centry) * (nm + 1));
-        for (uint32_t i = 0; i <= C->mask; i++) {
-            if (!C->e[i].key) continue;
-            uint32_t g2 = (uint32_t)((C->e[i].key * 0x9E3779B97F4A7C15ull) >> 32) & nm;
-            while (ne[g2].key) g2 = (g2 + 1) & nm;
-            ne[g2] = C->e[i];
-        }
-        osp_free(C->e);
-        C->e = ne, C->mask = nm;
-        for (h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & C->mask; C->e[h].key; h = (h + 1) & C->mask) {}
-    }
-    cbuild cb = {0};
-    cb.v = m->v, cb.d = m->g->terms[term].base ? m->g->terms[term].base : &m->g->terms[term];
-    cb.bits = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * m->words);
-    cache_dfs(&cb, 0, st);
-    gr_centry *e = &C->e[h];
-    e->key = key, e->n_tok = cb.n_tok, e->fnode = cb.fnode, e->fstate = cb.fstate, e->n_front = cb.n_front;
-    if (cb.n_tok < m->words) {
-        e->toks = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (cb.n_tok + 1));
-        int32_t k = 0;
-        for (int32_t w = 0; w < m->words; w++)
-            for (uint32_t x = cb.bits[w]; x; x &= x - 1) e->toks[k++] = w * 32 + __builtin_ctz(x);
-        osp_free(cb.bits);
-        C->bytes += sizeof(int32_t) * (size_t)cb.n_tok;
-    } else {
-        e->bits = cb.bits;
-        C->bytes += sizeof(uint32_t) * (size_t)m->words;
-    }
-    C->bytes += 8 * (size_t)cb.n_front + sizeof *e;
-    C->n++;
-    return e;
-}
-
-void gr_cache_free(gr_cache *C) {
-    if (!C) return;
-    cache_clear(C);
-    for (int32_t i = 0; i < C->n_dfa; i++) gr_dfa_free(&C->dfa[i]);
-    osp_free(C->dfa), osp_free(C->dhash), osp_free(C->dslot);
-    osp_free(C->e), osp_free(C);
-}
-
 void osp_grammar_free(osp_grammar *g) {
     if (!g) return;
     osp_free(g->term_vid);
@@ -307,20 +131,7 @@ void osp_grammar_free(osp_grammar *g) {
 
 /* ---- matcher ---- */
 osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, osp_grammar_matcher **out) {
-    if (g->cache_vocab && g->cache_vocab != v)
-        return osp_err(OSP_ERR_INVALID, "grammar: a grammar's matchers must share one vocab");
-    osp_grammar_vocab *vm = (osp_grammar_vocab *)v; /* its cache is the one mutable part */
-    if (!vm->cache) {
-        vm->cache = osp_calloc(OSP_POOL_MISC, sizeof(gr_cache));
-        vm->cache->mask = 63;
-        vm->cache->e = osp_calloc(OSP_POOL_MISC, sizeof(gr_centry) * 64);
-    }
-    if (!g->cache_vocab) {
-        g->term_vid = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (g->n_terms + 1));
-        for (int32_t t = 0; t < g->n_terms; t++)
-            g->term_vid[t] = intern(vm->cache, g->terms[t].base ? g->terms[t].base : &g->terms[t]);
-        g->cache_vocab = v;
-    }
+    OSP_TRY(gr_cache_bind(v->cache, g, v));
     osp_grammar_matcher *m = osp_calloc(OSP_POOL_MISC, sizeof *m);
     m->g = g, m->v = v;
     m->words = (v->n_tokens + 31) / 32;
@@ -392,12 +203,14 @@ void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
     memset(bits, 0, sizeof(uint32_t) * m->words);
     gr_parser *p = &m->p;
     uint32_t s = p->set_start[p->n_sets - 1], e = p->n_items;
+    gr_cache_enter(m->v->cache);
     for (uint32_t i = s; i < e; i++) {
         const gr_item *y = &p->items[i];
         if (y->st <= 0) continue;
         int32_t term = -gr_next_sym(p->g, y) - 1, st = y->st;
         const gr_dfa *d = &p->g->terms[term];
-        gr_centry *ce = cache_get(m, term, d->base ? d->base_st[st] : st);
+        const gr_centry *ce = gr_cache_get(m->v->cache, m->v, m->g->term_vid[term], d->base ? d->base : d,
+                                           d->base ? d->base_st[st] : st);
         if (!ce) { /* cache full: this item by the plain walk */
             int32_t *o = act_alloc(m, 3);
             o[0] = (int32_t)i, o[1] = term, o[2] = st;
@@ -445,6 +258,7 @@ void osp_grammar_matcher_mask(osp_grammar_matcher *m, uint32_t *bits) {
             frontier_close(m, a_off);
         }
     }
+    gr_cache_leave(m->v->cache);
     eos_bit(m, bits);
 }
 

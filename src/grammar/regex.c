@@ -10,7 +10,9 @@
  * "pattern", unanchored unless ^/$ say so) and the DFA matches the JSON
  * string literal that encodes them: the quotes, escapes for '"', '\\' and
  * control characters, whole UTF-8 sequences for non-ASCII characters, and
- * \uXXXX for a character class that holds non-ASCII ones.
+ * \uXXXX for a character class that holds non-ASCII ones. GR_RE_JSONBODY is
+ * the same without the quotes, or with the opening (GR_RE_OPEN) or closing
+ * (GR_RE_CLOSE) one: a piece of a string, as long strings are chunks.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@ typedef struct rparse {
     const char *s;
     size_t n, i;
     int mode;
+    int allesc; /* GR_RE_ALLESC */
     rnode *nodes;
     int32_t n_nodes, cap;
     osp_status st;
@@ -99,7 +102,19 @@ static int32_t json_class(rparse *p, const cclass *c) {
         char e[6] = {'\\', 'u', '0', '0', hexd[x >> 4], hexd[x & 15]};
         const char *sh = x == '\n' ? "\\n" : x == '\t' ? "\\t" : x == '\r' ? "\\r" : x == 8 ? "\\b" : x == 12 ? "\\f" : NULL;
         r = mk_alt(p, r, sh ? mk_bytes(p, sh, 2) : mk_bytes(p, e, 6));
+        if (p->allesc && sh) r = mk_alt(p, r, mk_bytes(p, e, 6));
+        if (p->allesc && (x & 15) >= 10) e[5] = (char)(e[5] - 32), r = mk_alt(p, r, mk_bytes(p, e, 6));
     }
+    if (p->allesc) /* every printable ASCII character as \u00XX too (either case of hex digit) */
+        for (int x = 0x20; x < 0x80; x++) {
+            if (!cc_has(c, x)) continue;
+            uint64_t lo[4] = {0};
+            int l = x & 15;
+            lo[hexd[l] >> 6] |= 1ull << (hexd[l] & 63);
+            if (l >= 10) lo[(hexd[l] - 32) >> 6] |= 1ull << ((hexd[l] - 32) & 63);
+            char e[5] = {'\\', 'u', '0', '0', hexd[x >> 4]};
+            r = mk_alt(p, r, mk_cat(p, mk_bytes(p, e, 5), mk_set(p, lo)));
+        }
     if (cc_has(c, '"')) r = mk_alt(p, r, mk_bytes(p, "\\\"", 2));
     if (cc_has(c, '\\')) r = mk_alt(p, r, mk_bytes(p, "\\\\", 2));
     if (cc_has(c, '/')) r = mk_alt(p, r, mk_bytes(p, "\\/", 2));
@@ -117,7 +132,7 @@ static int32_t json_class(rparse *p, const cclass *c) {
 }
 /* A class as an AST in the parser's mode (plain: bytes; non-ASCII = 0x80..0xff). */
 static int32_t class_node(rparse *p, const cclass *c) {
-    if (p->mode == GR_RE_JSONSTR) return json_class(p, c);
+    if (p->mode != GR_RE_PLAIN) return json_class(p, c);
     uint64_t s[4] = {c->ascii[0], c->ascii[1], c->nonascii ? ~0ull : 0, c->nonascii ? ~0ull : 0};
     return mk_set(p, s);
 }
@@ -125,7 +140,7 @@ static int32_t char_node(rparse *p, int x) {
     if (x >= 0x80) return mk_range(p, x, x); /* a raw byte (a UTF-8 sequence's part) */
     cclass c = {{0, 0}, 0};
     cc_add(&c, x, x);
-    if (p->mode == GR_RE_JSONSTR) return json_class(p, &c);
+    if (p->mode != GR_RE_PLAIN) return json_class(p, &c);
     return mk_range(p, x, x);
 }
 
@@ -259,7 +274,7 @@ static int32_t parse_atom(rparse *p) {
         return x < 0 ? -1 : char_node(p, x);
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{') return fail(p, "nothing to repeat"), -1;
-    if (ch >= 0x80 && p->mode == GR_RE_JSONSTR) return mk_range(p, ch, ch); /* UTF-8 bytes as themselves */
+    if (ch >= 0x80 && p->mode != GR_RE_PLAIN) return mk_range(p, ch, ch); /* UTF-8 bytes as themselves */
     return char_node(p, ch);
 }
 
@@ -394,6 +409,7 @@ typedef struct dbuild {
     int32_t *lists;
     size_t n_lists, cap_lists;
     size_t *loff; /* [state] offset, lengths by difference */
+    int32_t cap_loff;
     int32_t n_states, cap_states;
     int32_t *hslot;
     uint32_t hmask;
@@ -425,7 +441,13 @@ static uint32_t hash_list(const int32_t *l, int32_t n) {
 /* Find or add the DFA state of list l; -1 on overflow. */
 static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
     if (!n) return 0;
-    qsort(l, n, sizeof *l, cmp_i32);
+    if (n <= 32) /* most lists are short: no library call */
+        for (int32_t i = 1; i < n; i++) {
+            int32_t x = l[i], j = i;
+            for (; j > 0 && l[j - 1] > x; j--) l[j] = l[j - 1];
+            l[j] = x;
+        }
+    else qsort(l, n, sizeof *l, cmp_i32);
     if ((uint32_t)b->n_states * 2 > b->hmask) { /* grow the table */
         uint32_t nm = b->hmask * 2 + 1;
         int32_t *ns = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
@@ -451,6 +473,12 @@ static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
                 b->lists = nl, b->cap_lists = nc;
             }
             memcpy(b->lists + b->n_lists, l, n * 4);
+            if (b->n_states + 2 > b->cap_loff) {
+                size_t *nl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * b->cap_loff * 2);
+                memcpy(nl, b->loff, sizeof(size_t) * b->cap_loff);
+                osp_free(b->loff);
+                b->loff = nl, b->cap_loff *= 2;
+            }
             s = b->n_states++;
             b->loff[s] = b->n_lists;
             b->n_lists += n;
@@ -488,7 +516,8 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
     b.f = f;
     b.stamp = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * f->n);
     b.stack = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n * 2 + 2));
-    b.loff = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * (GR_MAX_DFA_STATES + 2));
+    b.cap_loff = 256;
+    b.loff = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * b.cap_loff);
     b.hmask = 255;
     b.hslot = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (b.hmask + 1));
     memset(b.hslot, -1, sizeof(int32_t) * (b.hmask + 1));
@@ -583,7 +612,7 @@ void gr_dfa_free(gr_dfa *d) {
 
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     memset(out, 0, sizeof *out);
-    rparse p = {re, len, 0, mode, NULL, 0, 0, OSP_OK};
+    rparse p = {re, len, 0, mode & 3, (mode & GR_RE_ALLESC) != 0, NULL, 0, 0, OSP_OK};
     int anch_s = 0, anch_e = 0;
     if (p.n && re[0] == '^') anch_s = 1, p.i = 1;
     if (p.n > p.i && re[p.n - 1] == '$') { /* not an escaped '$': an even run of backslashes before it */
@@ -593,7 +622,12 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     }
     int32_t root = parse_alt(&p);
     if (!p.st && p.i < p.n) fail(&p, "unbalanced )");
-    if (!p.st && mode == GR_RE_JSONSTR) {
+    if (!p.st && (mode & 3) == GR_RE_JSONBODY) {
+        if (!anch_s || !anch_e) fail(&p, "a string body's regex must be anchored");
+        if (mode & GR_RE_OPEN) root = mk_cat(&p, mk_range(&p, '"', '"'), root);
+        if (mode & GR_RE_CLOSE) root = mk_cat(&p, root, mk_range(&p, '"', '"'));
+    }
+    if (!p.st && (mode & ~GR_RE_ALLESC) == GR_RE_JSONSTR) {
         cclass any = {{~0ull, ~0ull}, 1};
         int32_t star = mk_rep(&p, json_class(&p, &any), 0, -1);
         if (!anch_s) root = mk_cat(&p, star, root);

@@ -40,7 +40,7 @@ typedef struct sc {
 
 static const char *const unsupported[] = {
     "propertyNames", "dependencies", "dependentRequired", "dependentSchemas", "if", "then",
-    "else", "not", "contains", "minContains", "maxContains", "multipleOf", "maxProperties",
+    "else", "contains", "minContains", "maxContains", "maxProperties",
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", NULL};
 
 static json_t *keep(sc *c, json_t *j) {
@@ -257,6 +257,9 @@ static json_t *type_json(unsigned m) {
     return a;
 }
 
+#define NOT_STRINGS "x-osp-not-strings"   /* strings a `not` removes */
+#define NOT_PATTERNS "x-osp-not-patterns" /* patterns a `not` removes */
+
 /* allOf: one schema from two (a wins where they are equal) */
 static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
     TRYS(flatten(c, a, &a));
@@ -271,7 +274,7 @@ static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
         json_t *va = json_object_get(r, k);
         if (!va) { json_object_set(r, k, vb); continue; }
         if (json_equal(va, vb) || is_annotation(k)) continue;
-        if (!strcmp(k, "required")) {
+        if (!strcmp(k, "required") || !strcmp(k, NOT_STRINGS) || !strcmp(k, NOT_PATTERNS)) {
             json_t *u = json_copy(va);
             size_t i;
             json_t *x;
@@ -312,10 +315,117 @@ static osp_status merge(sc *c, json_t *a, json_t *b, json_t **out) {
     return OSP_OK;
 }
 
-/* resolve $ref (with siblings) and allOf at the top of s */
+/* ---- not ----
+ * A schema is its type and, per other keyword K, "an instance of K's type meets K"; its negation is then
+ * "another type, or one keyword failed", an anyOf of positive schemas (De Morgan through anyOf, allOf and
+ * not). Strings a `not` removes go in internal keywords that gen_string subtracts from the string's DFA.
+ * Anything else (properties, items, numbers' enums) stays a compile error. */
+static unsigned value_types(json_t *v);
+static osp_status negate(sc *c, json_t *n, json_t **out);
+
+static json_t *typed(const char *type, const char *k, json_t *v) {
+    json_t *r = json_pack("{s:s}", "type", type);
+    if (k) json_object_set_new(r, k, v);
+    return r;
+}
+static osp_status negate_values(sc *c, json_t *vals, json_t *branches) {
+    unsigned has = 0;
+    json_t *strs = json_array(), *lits = json_array();
+    size_t i;
+    json_t *x;
+    osp_status st = OSP_OK;
+    json_array_foreach(vals, i, x) {
+        has |= value_types(x);
+        if (json_is_string(x)) {
+            for (const char *q = json_string_value(x); *q && !st; q++)
+                if ((uint8_t)*q < 0x20 || (uint8_t)*q >= 0x7f)
+                    st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of a non-ASCII string");
+            json_array_append(strs, x);
+        }
+    }
+    /* null and booleans: the literals left; strings: all but these */
+    if (!(has & 1)) json_array_append_new(lits, json_null());
+    int t = 0, f = 0;
+    json_array_foreach(vals, i, x) t |= json_is_true(x), f |= json_is_false(x);
+    if (!t) json_array_append_new(lits, json_true());
+    if (!f) json_array_append_new(lits, json_false());
+    if (json_array_size(lits)) json_array_append_new(branches, json_pack("{s:O}", "enum", lits));
+    json_array_append_new(branches, json_array_size(strs) ? typed("string", NOT_STRINGS, json_incref(strs)) : typed("string", NULL, NULL));
+    if (has & (4 | 8 | 16 | 64)) st = st ? st : osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of numbers, arrays or objects as values");
+    else {
+        json_array_append_new(branches, typed("object", NULL, NULL));
+        json_array_append_new(branches, typed("array", NULL, NULL));
+        json_array_append_new(branches, typed("number", NULL, NULL));
+    }
+    json_decref(strs), json_decref(lits);
+    return st;
+}
+/* A bound's complement: `type` instances with `k` = the other side. */
+static void negate_bound(json_t *branches, const char *type, const char *k, double v) {
+    json_array_append_new(branches, typed(type, k, v == floor(v) && fabs(v) < 1e15 ? json_integer((json_int_t)v) : json_real(v)));
+}
+static osp_status negate(sc *c, json_t *n, json_t **out) {
+    TRYS(flatten(c, n, &n));
+    if (json_is_boolean(n) || (json_is_object(n) && only_annotations(n, ""))) {
+        *out = keep(c, json_is_false(n) ? json_true() : json_false());
+        return OSP_OK;
+    }
+    if (!json_is_object(n)) return osp_err(OSP_ERR_INVALID, "not: a schema must be an object or a boolean");
+    json_t *br = keep(c, json_array());
+    json_t *t = json_object_get(n, "type");
+    if (t) { /* another type */
+        unsigned m = type_bits(t), all = 0x7f & ~64u;
+        if (m & 16) m |= 64;
+        if ((m & 64) && !(m & 16)) return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of integer (numbers that are not integers)");
+        if (all & ~m) json_array_append_new(br, json_pack("{s:o}", "type", type_json(all & ~m)));
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(n, k, v) {
+        double d = json_number_value(v);
+        if (!strcmp(k, "type") || is_annotation(k)) continue;
+        if (!strcmp(k, "enum") && json_is_array(v)) TRYS(negate_values(c, v, br));
+        else if (!strcmp(k, "const")) {
+            json_t *a = json_pack("[O]", v);
+            osp_status st = negate_values(c, a, br);
+            json_decref(a);
+            if (st) return st;
+        } else if (!strcmp(k, "pattern") && json_is_string(v)) json_array_append_new(br, typed("string", NOT_PATTERNS, json_pack("[O]", v)));
+        else if (!strcmp(k, "minLength") && d > 0) negate_bound(br, "string", "maxLength", d - 1);
+        else if (!strcmp(k, "maxLength")) negate_bound(br, "string", "minLength", d + 1);
+        else if (!strcmp(k, "minItems") && d > 0) negate_bound(br, "array", "maxItems", d - 1);
+        else if (!strcmp(k, "maxItems")) negate_bound(br, "array", "minItems", d + 1);
+        else if (!strcmp(k, "minimum") && json_is_number(v)) negate_bound(br, "number", "exclusiveMaximum", d);
+        else if (!strcmp(k, "maximum") && json_is_number(v)) negate_bound(br, "number", "exclusiveMinimum", d);
+        else if (!strcmp(k, "exclusiveMinimum") && json_is_number(v)) negate_bound(br, "number", "maximum", d);
+        else if (!strcmp(k, "exclusiveMaximum") && json_is_number(v)) negate_bound(br, "number", "minimum", d);
+        else if (!strcmp(k, "required") && json_is_array(v)) { /* some name is missing */
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) json_array_append_new(br, json_pack("{s:s,s:{s:b}}", "type", "object", "properties", json_string_value(x) ? json_string_value(x) : "", 0));
+        } else if (!strcmp(k, "not")) json_array_append(br, v);
+        else if ((!strcmp(k, "anyOf") || !strcmp(k, "allOf")) && json_is_array(v)) {
+            json_t *parts = json_array();
+            size_t i;
+            json_t *x, *nx;
+            json_array_foreach(v, i, x) {
+                osp_status st = negate(c, x, &nx);
+                if (st) { json_decref(parts); return st; }
+                json_array_append(parts, nx);
+            }
+            if (!strcmp(k, "anyOf")) json_array_append_new(br, json_pack("{s:o}", "allOf", parts));
+            else json_array_append_new(br, json_pack("{s:o}", "anyOf", parts));
+        } else return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"not\" of \"%.40s\"", k);
+    }
+    *out = json_array_size(br) ? keep(c, json_pack("{s:O}", "anyOf", br)) : keep(c, json_false());
+    return OSP_OK;
+}
+
+/* resolve $ref (with siblings), allOf and not at the top of s */
 static osp_status flatten(sc *c, json_t *s, json_t **out) {
     if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
-    while (json_is_object(s)) {
+    for (int steps = 0; json_is_object(s); steps++) { /* a $ref cycle ends here too */
+        if (steps > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
         json_t *ref = json_object_get(s, "$ref");
         json_t *all = json_object_get(s, "allOf");
         if (ref) {
@@ -331,8 +441,11 @@ static osp_status flatten(sc *c, json_t *s, json_t **out) {
             json_t *x;
             json_array_foreach(all, i, x) TRYS(merge(c, r, x, &r));
             s = r;
+        } else if (json_object_get(s, "not")) {
+            json_t *neg;
+            TRYS(negate(c, json_object_get(s, "not"), &neg));
+            TRYS(merge(c, without(c, s, "not"), neg, &s));
         } else break;
-        if (++c->depth > 64) return osp_err(OSP_ERR_UNSUPPORTED, "$ref/allOf nested too deep");
     }
     c->depth--;
     *out = s;
@@ -347,43 +460,217 @@ static osp_status json_lit(sc *c, json_t *v, int32_t *sym) {
     return st;
 }
 
-static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
-    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
-    char buf[128];
-    const char *r = NULL;
-    if (pat && fmt) return osp_err(OSP_ERR_UNSUPPORTED, "pattern together with format");
-    if ((pat || fmt) && (mn || mx)) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength together with %s", pat ? "pattern" : "format");
-    if (pat) {
-        if (!json_is_string(pat)) return osp_err(OSP_ERR_INVALID, "pattern is not a string");
-        r = json_string_value(pat);
-        return gr_b_regex(&c->b, r, GR_RE_JSONSTR, out);
-    }
-    if (fmt) {
-        const char *f = json_string_value(fmt);
+/* ---- strings ---- */
 #define DATE                                                                                                  \
     "([0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))" \
     "|([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
 #define TIME "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
 #define OCT "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+#define IPV4 "(" OCT "\\.){3}" OCT
+/* RFC 3986, as the validators' "uri" and "uri-reference" check it */
+#define HEX "[0-9A-Fa-f]"
+#define PCT "%" HEX HEX
+#define H16 HEX "{1,4}"
+#define LS32 "(" H16 ":" H16 "|" IPV4 ")"
+#define IPV6                                                                                                   \
+    "((" H16 ":){6}" LS32 "|::(" H16 ":){5}" LS32 "|(" H16 ")?::(" H16 ":){4}" LS32 "|((" H16 ":){0,1}" H16  \
+    ")?::(" H16 ":){3}" LS32 "|((" H16 ":){0,2}" H16 ")?::(" H16 ":){2}" LS32 "|((" H16 ":){0,3}" H16 ")?::" \
+    H16 ":" LS32 "|((" H16 ":){0,4}" H16 ")?::" LS32 "|((" H16 ":){0,5}" H16 ")?::" H16 "|((" H16 ":){0,6}"   \
+    H16 ")?::)"
+#define UNRES "A-Za-z0-9._~\\-"
+#define SUBD "!$&'()*+,;="
+#define PCHAR "([" UNRES SUBD ":@]|" PCT ")"
+#define AUTH                                                                                                   \
+    "(([" UNRES SUBD ":]|" PCT ")*@)?(\\[(" IPV6 "|v" HEX "+\\.[" UNRES SUBD ":]+)\\]|([" UNRES SUBD "]|" PCT \
+    ")*)(:[0-9]*)?"
+#define SEG PCHAR "*"
+#define PATH_ABEMPTY "(/" SEG ")*"
+#define PATH_ABS "/(" PCHAR "+(/" SEG ")*)?"
+#define QF "(\\?(" PCHAR "|[/?])*)?(#(" PCHAR "|[/?])*)?"
+#define URI "[A-Za-z][A-Za-z0-9+.\\-]*:(//" AUTH PATH_ABEMPTY "|" PATH_ABS "|" PCHAR "+(/" SEG ")*|)" QF
+#define RELREF                                                                                                 \
+    "(//" AUTH PATH_ABEMPTY "|" PATH_ABS "|([" UNRES SUBD "@]|" PCT ")+(/" SEG ")*|)" QF
+
+/* The regex of a format; NULL for one a validator does not check (an annotation, as the specification
+ * says of formats it does not define), and an error for one it checks that we cannot. */
+static osp_status format_re(const char *f, const char **r) {
+    static const char *const checked[] = {"hostname", "idn-hostname", "idn-email", "iri", "iri-reference",
+                                          "uri-template", "json-pointer", "relative-json-pointer", "regex",
+                                          "duration", "color", "host-name", "ip-address", "ipv6", NULL};
+    *r = NULL;
+    if (!strcmp(f, "date")) *r = "^" DATE "$";
+    else if (!strcmp(f, "time")) *r = "^" TIME "$";
+    else if (!strcmp(f, "date-time")) *r = "^" DATE "[Tt ]" TIME "$";
+    else if (!strcmp(f, "uuid")) *r = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    else if (!strcmp(f, "ipv4")) *r = "^" IPV4 "$";
+    else if (!strcmp(f, "email")) *r = "^[^\\s@]+@[^\\s@]+$";
+    else if (!strcmp(f, "uri")) *r = "^" URI "$";
+    else if (!strcmp(f, "uri-reference")) *r = "^(" URI "|" RELREF ")$";
+    else
+        for (int i = 0; checked[i]; i++)
+            if (!strcmp(f, checked[i])) return osp_err(OSP_ERR_UNSUPPORTED, "format \"%.60s\"", f);
+    return OSP_OK;
+}
+
+/* Strings of a..b characters (b < 0: no bound): one lexeme when short, else chunks of GR_STR_CHUNK
+ * characters and a tail with the closing quote, so that a long bound costs a few small DFAs shared by every
+ * schema (and their masks' cache entries) instead of one DFA with a state per character. */
+#define GR_STR_CHUNK 64
+static osp_status str_len_rest(sc *c, long long a, long long b, int open, int32_t *out) {
+    char r[96];
+    int32_t alt = gr_b_nt(&c->b), t;
+    int fl = GR_RE_JSONBODY | (open ? GR_RE_OPEN : 0);
+    if (a < GR_STR_CHUNK) { /* the tail: a..min(b, CHUNK-1) characters and the quote */
+        if (b < 0) snprintf(r, sizeof r, "^[\\s\\S]{%lld,}$", a);
+        else snprintf(r, sizeof r, "^[\\s\\S]{%lld,%lld}$", a, b < GR_STR_CHUNK - 1 ? b : GR_STR_CHUNK - 1);
+        TRYS(gr_b_regex(&c->b, r, fl | GR_RE_CLOSE, &t));
+        TRYS(prod(c, alt, 1, t));
+        if (b < 0) { *out = alt; return OSP_OK; }
+    }
+    if (b < 0 || b >= GR_STR_CHUNK) { /* a whole chunk, then the rest */
+        int32_t rest;
+        snprintf(r, sizeof r, "^[\\s\\S]{%d}$", GR_STR_CHUNK);
+        TRYS(gr_b_regex(&c->b, r, fl, &t));
+        TRYS(str_len_rest(c, a > GR_STR_CHUNK ? a - GR_STR_CHUNK : 0, b < 0 ? -1 : b - GR_STR_CHUNK, 0, &rest));
+        TRYS(prod(c, alt, 2, t, rest));
+    }
+    *out = alt;
+    return OSP_OK;
+}
+
+/* A string DFA from a regex (JSON string mode), through the builder's cache when it is the only part. */
+static osp_status str_part(const char *r, gr_dfa *d) { return gr_regex_dfa_cached(r, GR_RE_JSONSTR, d); }
+
+/* `minus`: the texts a `not` removes (a DFA in JSON string mode), or NULL. */
+static osp_status gen_string_minus(sc *c, json_t *s, gr_dfa *minus, int32_t *out) {
+    json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+    const char *parts[3];
+    char lenre[96];
+    int np = 0;
+    if (pat) {
+        if (!json_is_string(pat)) return osp_err(OSP_ERR_INVALID, "pattern is not a string");
+        parts[np++] = json_string_value(pat);
+    }
+    if (fmt) {
+        const char *f = json_string_value(fmt), *r;
         if (!f) return osp_err(OSP_ERR_INVALID, "format is not a string");
-        if (!strcmp(f, "date")) r = "^" DATE "$";
-        else if (!strcmp(f, "time")) r = "^" TIME "$";
-        else if (!strcmp(f, "date-time")) r = "^" DATE "[Tt ]" TIME "$";
-        else if (!strcmp(f, "uuid")) r = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
-        else if (!strcmp(f, "ipv4")) r = "^(" OCT "\\.){3}" OCT "$";
-        else if (!strcmp(f, "email")) r = "^[^\\s@]+@[^\\s@]+$";
-        else return osp_err(OSP_ERR_UNSUPPORTED, "format \"%.60s\"", f);
-        return gr_b_regex(&c->b, r, GR_RE_JSONSTR, out);
+        TRYS(format_re(f, &r));
+        if (r) parts[np++] = r;
     }
-    if (mn || mx) {
-        long long a = mn ? (long long)json_number_value(mn) : 0, b = mx ? (long long)json_number_value(mx) : -1;
-        if (b >= 0) snprintf(buf, sizeof buf, "^[\\s\\S]{%lld,%lld}$", a, b);
-        else snprintf(buf, sizeof buf, "^[\\s\\S]{%lld,}$", a);
-        if (a > 2000 || b > 2000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 2000");
-        return gr_b_regex(&c->b, buf, GR_RE_JSONSTR, out);
+    long long a = mn ? (long long)json_number_value(mn) : 0, b = mx ? (long long)json_number_value(mx) : -1;
+    if ((mn && (!json_is_number(mn) || a < 0)) || (mx && (!json_is_number(mx) || b < 0)))
+        return osp_err(OSP_ERR_INVALID, "minLength/maxLength must be non-negative numbers");
+    if (a > 1000000 || b > 1000000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 1000000");
+    if (b >= 0 && a > b) { *out = gr_b_nt(&c->b); return OSP_OK; } /* nothing */
+    int lens = a > 0 || b >= 0;
+    if (lens && (np || minus)) { /* with a pattern or a format: one DFA, the product */
+        if (a > 2000 || b > 2000) return osp_err(OSP_ERR_UNSUPPORTED, "minLength/maxLength over 2000 together with a pattern, a format or not");
+        if (b >= 0) snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,%lld}$", a, b);
+        else snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,}$", a);
+        parts[np++] = lenre;
+    } else if (lens) {
+        if (a < GR_STR_CHUNK && b >= 0 && b < GR_STR_CHUNK) {
+            snprintf(lenre, sizeof lenre, "^[\\s\\S]{%lld,%lld}$", a, b);
+            return gr_b_regex(&c->b, lenre, GR_RE_JSONSTR, out);
+        }
+        return str_len_rest(c, a, b, 1, out);
     }
-    return gr_b_regex(&c->b, "[\\s\\S]*", GR_RE_JSONSTR, out);
+    if (!np && !minus) return gr_b_regex(&c->b, "[\\s\\S]*", GR_RE_JSONSTR, out);
+    if (np == 1 && !minus) return gr_b_regex(&c->b, parts[0], GR_RE_JSONSTR, out);
+    gr_dfa acc;
+    TRYS(str_part(np ? parts[0] : "[\\s\\S]*", &acc));
+    for (int i = 1; i < np; i++) {
+        gr_dfa x, y;
+        osp_status st = str_part(parts[i], &x);
+        if (!st) st = gr_dfa_product(&acc, &x, GR_DFA_AND, &y), gr_dfa_free(&x);
+        gr_dfa_free(&acc);
+        if (st) return st;
+        acc = y;
+    }
+    if (minus) {
+        gr_dfa y;
+        osp_status st = gr_dfa_product(&acc, minus, GR_DFA_MINUS, &y);
+        gr_dfa_free(&acc);
+        if (st) return st;
+        acc = y;
+    }
+    return gr_b_dfa(&c->b, &acc, out);
+}
+
+/* The strings a `not` removed (NOT_STRINGS, NOT_PATTERNS): one DFA, their union's, in *minus (NULL: none). */
+static osp_status string_minus(json_t *s, gr_dfa **minus) {
+    json_t *ws = json_object_get(s, NOT_STRINGS), *ps = json_object_get(s, NOT_PATTERNS);
+    *minus = NULL;
+    if (!json_array_size(ws) && !json_array_size(ps)) return OSP_OK;
+    sbuf r = {0};
+    size_t i;
+    json_t *x;
+    json_array_foreach(ps, i, x) { /* each pattern as a group; unanchored ones search */
+        const char *q = json_string_value(x);
+        size_t n = strlen(q);
+        int a = n && q[0] == '^', e = n > (size_t)a && q[n - 1] == '$' && (n < 2 || q[n - 2] != '\\');
+        sb_str(&r, r.n ? "|" : ""), sb_str(&r, a ? "((" : "([\\s\\S]*(");
+        sb_add(&r, q + a, n - a - e);
+        sb_str(&r, e ? "))" : ")[\\s\\S]*)");
+    }
+    json_array_foreach(ws, i, x) {
+        sb_str(&r, r.n ? "|(" : "(");
+        for (const char *q = json_string_value(x); *q; q++) {
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == ' ')) sb_str(&r, "\\");
+            sb_add(&r, q, 1);
+        }
+        sb_str(&r, ")");
+    }
+    sbuf w = {0};
+    sb_str(&w, "^("), sb_str(&w, r.p), sb_str(&w, ")$");
+    osp_free(r.p);
+    gr_dfa *d = osp_malloc(OSP_POOL_MISC, sizeof *d);
+    osp_status st = gr_regex_dfa(w.p, w.n, GR_RE_JSONSTR | GR_RE_ALLESC, d);
+    osp_free(w.p);
+    if (st) { osp_free(d); return st; }
+    *minus = d;
+    return OSP_OK;
+}
+
+static osp_status gen_string(sc *c, json_t *s, int32_t *out) {
+    gr_dfa *minus;
+    TRYS(string_minus(s, &minus));
+    osp_status st = gen_string_minus(c, s, minus, out);
+    if (minus) gr_dfa_free(minus), osp_free(minus);
+    return st;
+}
+
+/* Integers (JSON's spelling, a sign and no leading zero) whose value is a multiple of k: the remainder of the
+ * digits read so far is the state. */
+static void mod_dfa(int32_t k, gr_dfa *d) {
+    memset(d, 0, sizeof *d);
+    d->ncls = 12; /* 0 other, 1 '-', 2 + digit */
+    d->cls['-'] = 1;
+    for (int x = 0; x < 10; x++) d->cls['0' + x] = (uint8_t)(2 + x);
+    d->nstates = 4 + k; /* 1 start, 2 after '-', 3 "0", 4 + r: a remainder */
+    d->next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)d->nstates * d->ncls);
+    d->accept = osp_calloc(OSP_POOL_MISC, (size_t)d->nstates);
+    d->next[1 * 12 + 1] = 2;
+    for (int s0 = 1; s0 <= 2; s0++) {
+        d->next[s0 * 12 + 2] = 3;
+        for (int x = 1; x < 10; x++) d->next[s0 * 12 + 2 + x] = 4 + x % k;
+    }
+    for (int32_t r = 0; r < k; r++)
+        for (int x = 0; x < 10; x++) d->next[(4 + r) * 12 + 2 + x] = 4 + (int32_t)(((int64_t)r * 10 + x) % k);
+    d->accept[3] = d->accept[4] = 1;
+}
+
+/* The integers of regex r, and multiples of k when k > 1. */
+static osp_status int_term(sc *c, const char *r, int32_t k, int32_t *out) {
+    if (k <= 1) return re(c, r, out);
+    gr_dfa a, m, x;
+    TRYS(gr_regex_dfa_cached(r, GR_RE_PLAIN, &a));
+    mod_dfa(k, &m);
+    osp_status st = gr_dfa_product(&a, &m, GR_DFA_AND, &x);
+    gr_dfa_free(&a), gr_dfa_free(&m);
+    if (st) return st;
+    return gr_b_dfa(&c->b, &x, out);
 }
 
 static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
@@ -392,7 +679,15 @@ static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
     /* draft 4: exclusiveMinimum/Maximum are booleans */
     if (json_is_boolean(emn)) { if (json_is_true(emn)) emn = mn, mn = NULL; else emn = NULL; }
     if (json_is_boolean(emx)) { if (json_is_true(emx)) emx = mx, mx = NULL; else emx = NULL; }
-    if (!mn && !mx && !emn && !emx) return re(c, integer ? INT_RE : NUM_RE, out);
+    json_t *mo = json_object_get(s, "multipleOf");
+    int32_t k = 1;
+    if (mo) { /* integers only: a fraction's multiples are judged in floating point by the validators */
+        double q = json_number_value(mo);
+        if (!json_is_number(mo) || !(q > 0)) return osp_err(OSP_ERR_INVALID, "multipleOf must be a positive number");
+        if (!integer || q != floor(q) || q > 100000) return osp_err(OSP_ERR_UNSUPPORTED, "keyword \"multipleOf\" (other than an integer's, to 100000)");
+        k = (int32_t)q;
+    }
+    if (!mn && !mx && !emn && !emx) return integer ? int_term(c, INT_RE, k, out) : re(c, NUM_RE, out);
     if (integer) {
         json_t *bs[4] = {mn, mx, emn, emx};
         for (int i = 0; i < 4; i++) /* before any conversion to long long */
@@ -417,7 +712,7 @@ static osp_status gen_number(sc *c, json_t *s, int integer, int32_t *out) {
         if (has_lo && has_hi && lo > hi) { *out = gr_b_nt(&c->b); return OSP_OK; } /* nothing */
         sbuf b = {0};
         int_range_re(&b, has_lo, lo, has_hi, hi);
-        osp_status st = re(c, b.p, out);
+        osp_status st = int_term(c, b.p, k, out);
         osp_free(b.p);
         return st;
     }
@@ -522,6 +817,29 @@ static osp_status gen_array(sc *c, json_t *s, int32_t *out) {
     return OSP_OK;
 }
 
+/* Additional keys of one kind: the key DFA d (taken over) less the declared names, then `: value`, as a
+ * production of kv_add. */
+static osp_status key_region(sc *c, gr_dfa *d, int32_t val, const char **names, size_t n, int32_t cl, int32_t kv_add) {
+    osp_status st = OSP_OK;
+    int32_t key;
+    if (n) {
+        char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);
+        size_t *wl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * n);
+        for (size_t i = 0; i < n; i++) {
+            json_t *js = json_string(names[i]);
+            w[i] = json_dumps(js, JSON_ENCODE_ANY);
+            wl[i] = strlen(w[i]);
+            json_decref(js);
+        }
+        st = gr_dfa_minus_words(d, w, wl, (int)n);
+        for (size_t i = 0; i < n; i++) free(w[i]);
+        osp_free(w), osp_free(wl);
+    }
+    if (st) { gr_dfa_free(d); return st; }
+    TRYS(gr_b_dfa(&c->b, d, &key));
+    return prod(c, kv_add, 5, key, c->ws, cl, c->ws, val);
+}
+
 static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
     json_t *addl = json_object_get(s, "additionalProperties");
@@ -544,15 +862,15 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         if (j == n) names[n] = r, schemas[n] = NULL, n++;
         isreq[j] = 1;
     }
-    /* patternProperties: none that constrain (schemas true with additional keys allowed), or one pattern that
-     * is the only way in for additional keys (additionalProperties false) */
+    /* patternProperties: none that constrain (schemas true with additional keys allowed), or one pattern: the
+     * keys it matches take its schema (a declared one both), the others additionalProperties */
     json_t *pp = json_object_get(s, "patternProperties"), *pat_schema = NULL;
     const char *pat = NULL;
     if (json_is_object(pp) && json_object_size(pp)) {
         int trivial = 1;
         json_object_foreach(pp, k, v) trivial &= json_is_true(v) || (json_is_object(v) && only_annotations(v, ""));
         if (!(trivial && !json_is_false(addl))) {
-            if (json_object_size(pp) != 1 || !json_is_false(addl)) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\"");
+            if (json_object_size(pp) != 1) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\" with several patterns");
             else json_object_foreach(pp, k, v) pat = k, pat_schema = v;
         }
     }
@@ -568,6 +886,24 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
     int allow_add = !json_is_false(addl) || pat;
     int32_t kv_add = -1, add_rest = -1;
     if (!st && !(st = lit(c, "{", &lb)) && !(st = lit(c, "}", &rb)) && !(st = lit(c, ",", &co))) st = lit(c, ":", &cl);
+    if (!st && pat && !(json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, "")))) {
+        /* a declared name the pattern matches meets both schemas */
+        gr_dfa d;
+        st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
+        for (size_t i = 0; i < n && !st; i++) {
+            json_t *js = json_string(names[i]);
+            char *q = json_dumps(js, JSON_ENCODE_ANY);
+            int32_t x = 1;
+            for (const char *b = q; *b && x; b++) x = gr_dfa_next(&d, x, (uint8_t)*b);
+            if (x && d.accept[x]) {
+                if (!schemas[i]) schemas[i] = pat_schema;
+                else st = merge(c, schemas[i], pat_schema, &schemas[i]);
+            }
+            free(q);
+            json_decref(js);
+        }
+        if (!st) gr_dfa_free(&d);
+    }
     int32_t *kv = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (n + 1));
     for (size_t i = 0; i < n && !st; i++) {
         int32_t key, val = c->any;
@@ -579,44 +915,27 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         if (!st) st = prod(c, kv[i], 5, key, c->ws, cl, c->ws, val);
     }
     if (!st && allow_add) {
-        int32_t vadd = c->any, key;
-        gr_dfa d;
-        if (pat) {
-            st = gen(c, pat_schema, &vadd);
-            if (!st) st = gr_regex_dfa(pat, strlen(pat), GR_RE_JSONSTR, &d);
-            /* a declared name the pattern matches must meet both schemas: refuse unless the pattern's is true */
-            int pat_trivial = json_is_true(pat_schema) || (json_is_object(pat_schema) && only_annotations(pat_schema, ""));
-            for (size_t i = 0; i < n && !st && !pat_trivial; i++) {
-                json_t *js = json_string(names[i]);
-                char *q = json_dumps(js, JSON_ENCODE_ANY);
-                int32_t x = 1;
-                for (const char *b = q; *b && x; b++) x = gr_dfa_next(&d, x, (uint8_t)*b);
-                if (x && d.accept[x]) st = osp_err(OSP_ERR_UNSUPPORTED, "keyword \"patternProperties\" matching a declared property");
-                free(q);
-                json_decref(js);
-                if (st) gr_dfa_free(&d);
-            }
-        } else {
-            if (addl && !json_is_true(addl)) st = gen(c, addl, &vadd);
-            if (!st) st = gr_regex_dfa("[\\s\\S]*", 7, GR_RE_JSONSTR, &d);
-        }
-        if (!st && n) {
-            char **w = osp_malloc(OSP_POOL_MISC, sizeof(char *) * n);
-            size_t *wl = osp_malloc(OSP_POOL_MISC, sizeof(size_t) * n);
-            for (size_t i = 0; i < n; i++) {
-                json_t *js = json_string(names[i]);
-                w[i] = json_dumps(js, JSON_ENCODE_ANY);
-                wl[i] = strlen(w[i]);
-                json_decref(js);
-            }
-            st = gr_dfa_minus_words(&d, w, wl, (int)n);
-            for (size_t i = 0; i < n; i++) free(w[i]);
-            osp_free(w), osp_free(wl);
-            if (st) gr_dfa_free(&d);
-        }
-        if (!st) st = gr_b_dfa(&c->b, &d, &key);
         kv_add = gr_b_nt(&c->b), add_rest = gr_b_nt(&c->b);
-        if (!st) st = prod(c, kv_add, 5, key, c->ws, cl, c->ws, vadd);
+        if (pat) { /* keys the pattern matches: its schema */
+            int32_t vp;
+            gr_dfa d;
+            st = gen(c, pat_schema, &vp);
+            if (!st) st = gr_regex_dfa_cached(pat, GR_RE_JSONSTR, &d);
+            if (!st) st = key_region(c, &d, vp, names, n, cl, kv_add);
+        }
+        if (!st && !json_is_false(addl)) { /* the other keys: additionalProperties */
+            int32_t va = c->any;
+            gr_dfa d, pe, x;
+            if (addl && !json_is_true(addl)) st = gen(c, addl, &va);
+            if (!st) st = gr_regex_dfa_cached("[\\s\\S]*", GR_RE_JSONSTR, &d);
+            if (!st && pat) { /* less every spelling of a key the pattern matches */
+                st = gr_regex_dfa(pat, strlen(pat), GR_RE_JSONSTR | GR_RE_ALLESC, &pe);
+                if (!st) st = gr_dfa_product(&d, &pe, GR_DFA_MINUS, &x), gr_dfa_free(&pe);
+                gr_dfa_free(&d);
+                d = x;
+            }
+            if (!st) st = key_region(c, &d, va, names, n, cl, kv_add);
+        }
         if (!st) st = prod(c, add_rest, 0);
         if (!st) st = prod(c, add_rest, 5, c->ws, co, c->ws, kv_add, add_rest);
     }
@@ -717,6 +1036,29 @@ static osp_status one_of_disjoint(sc *c, json_t *arr) {
     return OSP_OK;
 }
 
+/* oneOf as anyOf: as it is where no text matches two branches; else branch i becomes "B_i and not B_j for every
+ * other j" where those negations exist (required-only branches, types, constants...), so exactly one holds. */
+static osp_status one_of_exclusive(sc *c, json_t *arr, json_t **out) {
+    *out = arr;
+    if (!one_of_disjoint(c, arr)) return OSP_OK;
+    char why[256];
+    snprintf(why, sizeof why, "%s", osp_last_error());
+    size_t n = json_array_size(arr);
+    if (n > 8) return osp_err(OSP_ERR_UNSUPPORTED, "%s", why);
+    json_t *neg[8], *r = keep(c, json_array());
+    for (size_t i = 0; i < n; i++)
+        if (negate(c, json_array_get(arr, i), &neg[i])) return osp_err(OSP_ERR_UNSUPPORTED, "%s", why);
+    for (size_t i = 0; i < n; i++) {
+        json_t *all = json_array();
+        json_array_append(all, json_array_get(arr, i));
+        for (size_t j = 0; j < n; j++)
+            if (j != i) json_array_append(all, neg[j]);
+        json_array_append_new(r, json_pack("{s:o}", "allOf", all));
+    }
+    *out = r;
+    return OSP_OK;
+}
+
 static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     if (json_is_true(s)) { *out = c->any; return OSP_OK; }
     if (json_is_false(s)) { *out = gr_b_nt(&c->b); return OSP_OK; }
@@ -734,11 +1076,12 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     json_t *any = json_object_get(s, "anyOf");
     if (!any) {
         any = json_object_get(s, "oneOf");
-        if (any && json_is_array(any)) TRYS(one_of_disjoint(c, any));
+        if (any && json_is_array(any)) TRYS(one_of_exclusive(c, any, &any));
     }
     if (any) {
         if (!json_is_array(any)) return osp_err(OSP_ERR_INVALID, "anyOf/oneOf is not an array");
-        json_t *rest = without(c, without(c, s, "anyOf"), "oneOf");
+        /* the other keywords (a oneOf beside an anyOf too) hold in every branch */
+        json_t *rest = without(c, s, json_object_get(s, "anyOf") ? "anyOf" : "oneOf");
         int plain = only_annotations(rest, "");
         int32_t a = gr_b_nt(&c->b);
         size_t i;
@@ -779,6 +1122,7 @@ static osp_status gen_body(sc *c, json_t *s, int32_t *out) {
     }
     json_t *t = json_object_get(s, "type");
     unsigned m = t ? type_bits(t) : 0x7f;
+    if (json_is_array(t) && !json_array_size(t)) { *out = gr_b_nt(&c->b); return OSP_OK; } /* merged types that meet nowhere */
     if (t && !m) return osp_err(OSP_ERR_INVALID, "type: unknown type");
     if (m & 16) m &= ~64u; /* number covers integer */
     int32_t a = gr_b_nt(&c->b), y;

@@ -4,6 +4,7 @@
  * node's children contiguous and sorted by byte, so the mask walk reads
  * them as one run. Tokens with the same bytes chain through dup_next.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include <stdlib.h>
 #include <string.h>
 #include "grammar/grammar_internal.h"
@@ -32,8 +33,8 @@ static int utf8_next(const char *s, size_t n, size_t *i) {
 
 
 
-static const osp_grammar_vocab *sort_v;
-static int by_bytes(const void *a, const void *b) {
+static int by_bytes(const void *a, const void *b, void *arg) {
+    const osp_grammar_vocab *sort_v = arg;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     uint32_t lx = sort_v->tok_len[x], ly = sort_v->tok_len[y];
     int c = memcmp(sort_v->tok_bytes[x], sort_v->tok_bytes[y], lx < ly ? lx : ly);
@@ -82,8 +83,7 @@ static osp_status build_trie(osp_grammar_vocab *v) {
     int32_t *ord = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (v->n_tokens + 1));
     for (int32_t i = 0; i < v->n_tokens; i++)
         if (v->tok_bytes[i] && v->tok_len[i]) ord[n++] = i;
-    sort_v = v;
-    qsort(ord, n, sizeof(int32_t), by_bytes);
+    qsort_r(ord, n, sizeof(int32_t), by_bytes, v);
     for (int32_t i = 0; i < v->n_tokens; i++) v->dup_next[i] = -1;
     tbuild t = {v, ord, osp_malloc(OSP_POOL_MISC, sizeof(gr_node) * 1024), 0, 1024};
     emit(&t, 0, n, 0, 0);
@@ -98,6 +98,7 @@ static osp_status vocab_alloc(int32_t n, int32_t eos, osp_grammar_vocab **out) {
     v->tok_bytes = osp_calloc(OSP_POOL_MISC, sizeof(char *) * (n + 1));
     v->tok_len = osp_calloc(OSP_POOL_MISC, sizeof(uint32_t) * (n + 1));
     v->dup_next = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * (n + 1));
+    v->cache = gr_cache_new();
     *out = v;
     return OSP_OK;
 }

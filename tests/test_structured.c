@@ -66,7 +66,7 @@ static void test_compose(void **state) {
     osp_grammar_matcher_free(m);
     osp_grammar_free(g);
     /* a schema that does not compile names its alternative */
-    osp_grammar_part bad[] = {{"<c>", "{}", 2, NULL}, {"<d>", "{\"not\":{}}", 10, NULL}};
+    osp_grammar_part bad[] = {{"<c>", "{}", 2, NULL}, {"<d>", "{\"dependencies\":{\"a\":[\"b\"]}}", 28, NULL}};
     assert_int_not_equal(osp_grammar_from_parts(bad, 2, &g), OSP_OK);
     assert_non_null(strstr(osp_last_error(), "alternative 1"));
     osp_grammar_vocab_free(v);

@@ -195,7 +195,7 @@ test('/v1/responses: text.format json_schema and json_object, streamed and not',
 
 test('bad schemas and unsupported fields are a 400 naming the field', async () => {
   const cases = [
-    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { not: { type: 'string' } } } } }, 'response_format', /not/],
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', dependencies: { a: ['b'] } } } } }, 'response_format', /dependencies/],
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x' } } }, 'response_format', /schema/],
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: 'str' } } }, 'response_format', /object or a boolean/],
     [{ response_format: { type: 'yaml' } }, 'response_format', /json_schema/],
@@ -217,9 +217,9 @@ test('bad schemas and unsupported fields are a 400 naming the field', async () =
     }
   }
   const r = await raw(srv.base, '/v1/responses', { body: JSON.stringify({ model: 'fortune', input: 'hi',
-    text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', not: {} } } } }) });
+    text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', dependencies: { a: ['b'] } } } } }) });
   assert.equal(r.status, 400, r.text);
-  assert.match(r.json.error.message, /not/);
+  assert.match(r.json.error.message, /dependencies/);
   assert.equal((await raw(srv.base, '/health', { method: 'GET' })).status, 200);
 });
 
@@ -283,7 +283,7 @@ test('forced tool calls (required and named), chat and responses, streamed and n
     }
     // parameters that do not compile: a 400 naming tools
     const bad = await raw(s.base, '/v1/chat/completions', { body: JSON.stringify({ messages, tool_choice: 'required',
-      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { x: { not: {} } } } } }] }) });
+      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: { x: { type: 'object', dependencies: { a: ['b'] } } } } } }] }) });
     assert.equal(bad.status, 400, bad.text);
     assert.equal(bad.json.error.param, 'tools');
   } finally {

@@ -1,7 +1,9 @@
 /* backend/cpu/ops_vec: the x86 kernels written once over a small vector
- * layer (vf: a vector of V_LANES floats, vmask: a lane mask, v_* operations),
- * compiled once per ISA: ops_avx2.c includes it after vec_avx2.h, ops_avx512.c
- * after vec_avx512.h, each with its own target flags. Tested against
+ * layer (vf: a vector of V_LANES floats, vmask: a lane mask, v_* operations:
+ * those that differ between the ISAs in width alone below, through V_MM,
+ * the others in vec_<isa>.h), compiled once per ISA: ops_avx2.c includes
+ * it after vec_avx2.h, ops_avx512.c after vec_avx512.h, each with its own
+ * target flags. Tested against
  * ops_scalar.c; results differ from the scalar twin by summation order alone.
  *
  * matmul picks one of three shapes by n (tokens); the ISA file holds the
@@ -27,6 +29,47 @@
 #define OSP_OPS_VEC_H
 
 #include <math.h>
+
+/* ------------------------------------------------- the layer's common part */
+
+/* Operations whose intrinsic differs between the ISAs in width alone. */
+OSP_INLINE vf v_zero(void) { return V_MM(setzero_ps)(); }
+OSP_INLINE vf v_set1(float a) { return V_MM(set1_ps)(a); }
+OSP_INLINE vf v_ld(const float *p) { return V_MM(loadu_ps)(p); }
+OSP_INLINE vf v_lda(const float *p) { return V_MM(load_ps)(p); } /* aligned */
+OSP_INLINE void v_st(float *p, vf a) { V_MM(storeu_ps)(p, a); }
+OSP_INLINE void v_sta(float *p, vf a) { V_MM(store_ps)(p, a); } /* aligned */
+OSP_INLINE vf v_add(vf a, vf b) { return V_MM(add_ps)(a, b); }
+OSP_INLINE vf v_sub(vf a, vf b) { return V_MM(sub_ps)(a, b); }
+OSP_INLINE vf v_mul(vf a, vf b) { return V_MM(mul_ps)(a, b); }
+OSP_INLINE vf v_div(vf a, vf b) { return V_MM(div_ps)(a, b); }
+OSP_INLINE vf v_min(vf a, vf b) { return V_MM(min_ps)(a, b); }
+OSP_INLINE vf v_max(vf a, vf b) { return V_MM(max_ps)(a, b); }
+OSP_INLINE vf v_and(vf a, vf b) { return V_MM(and_ps)(a, b); }
+OSP_INLINE vf v_or(vf a, vf b) { return V_MM(or_ps)(a, b); }
+OSP_INLINE vf v_fma(vf a, vf b, vf c) { return V_MM(fmadd_ps)(a, b, c); }  /* a*b + c */
+OSP_INLINE vf v_fnma(vf a, vf b, vf c) { return V_MM(fnmadd_ps)(a, b, c); } /* c - a*b */
+OSP_INLINE vf v_fms(vf a, vf b, vf c) { return V_MM(fmsub_ps)(a, b, c); }  /* a*b - c */
+
+/* In-register V_LANES x V_LANES transpose, r[i][j] -> r[j][i]: 4x4 within
+ * each 128-bit block, then the blocks (v_transpose_blocks). */
+OSP_INLINE void v_transpose(vf r[V_LANES]) {
+    vf t[V_LANES], u[V_LANES];
+    for (int i = 0; i < V_LANES / 2; i++) {
+        t[2 * i] = V_MM(unpacklo_ps)(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = V_MM(unpackhi_ps)(r[2 * i], r[2 * i + 1]);
+    }
+    /* u[4q+e], 128-bit block b: column 4b+e of rows 4q..4q+3 */
+    for (int q = 0; q < V_LANES / 4; q++) {
+        const vd a0 = V_MM(castps_pd)(t[4 * q]), a1 = V_MM(castps_pd)(t[4 * q + 1]);
+        const vd a2 = V_MM(castps_pd)(t[4 * q + 2]), a3 = V_MM(castps_pd)(t[4 * q + 3]);
+        u[4 * q] = V_MM(castpd_ps)(V_MM(unpacklo_pd)(a0, a2));
+        u[4 * q + 1] = V_MM(castpd_ps)(V_MM(unpackhi_pd)(a0, a2));
+        u[4 * q + 2] = V_MM(castpd_ps)(V_MM(unpacklo_pd)(a1, a3));
+        u[4 * q + 3] = V_MM(castpd_ps)(V_MM(unpackhi_pd)(a1, a3));
+    }
+    v_transpose_blocks(u, r);
+}
 
 static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1);
 static int mv_q_ok(const osp_weight *w);

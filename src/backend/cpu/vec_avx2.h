@@ -1,4 +1,6 @@
-/* backend/cpu/vec_avx2: the vector layer ops_vec.h is written over, for
+/* backend/cpu/vec_avx2: the ISA's part of the vector layer that
+ * ops_vec.h is written over (what differs beyond the width; ops_vec.h maps
+ * the rest through V_MM), for
  * AVX2 + FMA + F16C: 8 f32 lanes, 16 registers, masks as vectors.
  *
  * AVX2 has no masked 16-bit loads, so partial vectors of f16/bf16 and
@@ -27,26 +29,11 @@
 #define V_OPS_GET osp_ops_avx2
 
 typedef __m256 vf;
+typedef __m256d vd;
+#define V_MM(name) _mm256_##name /* the intrinsic of that name at this width */
 typedef __m256i vmask; /* a lane is in when its sign bit is set */
 
-OSP_INLINE vf v_zero(void) { return _mm256_setzero_ps(); }
-OSP_INLINE vf v_set1(float a) { return _mm256_set1_ps(a); }
 OSP_INLINE vf v_bcast(const float *p) { return _mm256_broadcast_ss(p); }
-OSP_INLINE vf v_ld(const float *p) { return _mm256_loadu_ps(p); }
-OSP_INLINE vf v_lda(const float *p) { return _mm256_load_ps(p); }
-OSP_INLINE void v_st(float *p, vf a) { _mm256_storeu_ps(p, a); }
-OSP_INLINE void v_sta(float *p, vf a) { _mm256_store_ps(p, a); }
-OSP_INLINE vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
-OSP_INLINE vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
-OSP_INLINE vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-OSP_INLINE vf v_div(vf a, vf b) { return _mm256_div_ps(a, b); }
-OSP_INLINE vf v_min(vf a, vf b) { return _mm256_min_ps(a, b); }
-OSP_INLINE vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
-OSP_INLINE vf v_and(vf a, vf b) { return _mm256_and_ps(a, b); }
-OSP_INLINE vf v_or(vf a, vf b) { return _mm256_or_ps(a, b); }
-OSP_INLINE vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }  /* a*b + c */
-OSP_INLINE vf v_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); } /* c - a*b */
-OSP_INLINE vf v_fms(vf a, vf b, vf c) { return _mm256_fmsub_ps(a, b, c); }  /* a*b - c */
 OSP_INLINE vf v_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 OSP_INLINE vf v_round(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
@@ -153,22 +140,9 @@ OSP_INLINE vf v_codes(const unsigned char *row, int64_t rowb, const qunpack *u, 
     return _mm256_cvtepi32_ps(q);
 }
 
-/* In-register 8x8 transpose: r[i][j] -> r[j][i]. */
-OSP_INLINE void v_transpose(vf r[8]) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4q+e], 128-bit half b: column 4b+e of rows 4q..4q+3 */
-    for (int q = 0; q < 2; q++) {
-        __m256d a0 = _mm256_castps_pd(t[4 * q]), a1 = _mm256_castps_pd(t[4 * q + 1]);
-        __m256d a2 = _mm256_castps_pd(t[4 * q + 2]), a3 = _mm256_castps_pd(t[4 * q + 3]);
-        u[4 * q] = _mm256_castpd_ps(_mm256_unpacklo_pd(a0, a2));
-        u[4 * q + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a0, a2));
-        u[4 * q + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(a1, a3));
-        u[4 * q + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(a1, a3));
-    }
+/* The last stage of ops_vec.h's v_transpose: u[e] and u[4+e] hold, in
+ * 128-bit half b, column 4b+e of rows 0..3 and 4..7. */
+OSP_INLINE void v_transpose_blocks(const vf u[8], vf r[8]) {
     for (int e = 0; e < 4; e++) {
         r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
         r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);

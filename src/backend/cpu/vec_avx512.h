@@ -1,4 +1,6 @@
-/* backend/cpu/vec_avx512: the vector layer ops_vec.h is written over, for
+/* backend/cpu/vec_avx512: the ISA's part of the vector layer that
+ * ops_vec.h is written over (what differs beyond the width; ops_vec.h maps
+ * the rest through V_MM), for
  * AVX-512 F/BW/VL/DQ: 16 f32 lanes, 32 registers, mask registers.
  *
  * Only f32 arithmetic (no BF16/VNNI/FP16 dot instructions). Every partial
@@ -27,26 +29,11 @@
 #define V_OPS_GET osp_ops_avx512
 
 typedef __m512 vf;
+typedef __m512d vd;
+#define V_MM(name) _mm512_##name /* the intrinsic of that name at this width */
 typedef __mmask16 vmask;
 
-OSP_INLINE vf v_zero(void) { return _mm512_setzero_ps(); }
-OSP_INLINE vf v_set1(float a) { return _mm512_set1_ps(a); }
 OSP_INLINE vf v_bcast(const float *p) { return _mm512_set1_ps(*p); }
-OSP_INLINE vf v_ld(const float *p) { return _mm512_loadu_ps(p); }
-OSP_INLINE vf v_lda(const float *p) { return _mm512_load_ps(p); }
-OSP_INLINE void v_st(float *p, vf a) { _mm512_storeu_ps(p, a); }
-OSP_INLINE void v_sta(float *p, vf a) { _mm512_store_ps(p, a); }
-OSP_INLINE vf v_add(vf a, vf b) { return _mm512_add_ps(a, b); }
-OSP_INLINE vf v_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
-OSP_INLINE vf v_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-OSP_INLINE vf v_div(vf a, vf b) { return _mm512_div_ps(a, b); }
-OSP_INLINE vf v_min(vf a, vf b) { return _mm512_min_ps(a, b); }
-OSP_INLINE vf v_max(vf a, vf b) { return _mm512_max_ps(a, b); }
-OSP_INLINE vf v_and(vf a, vf b) { return _mm512_and_ps(a, b); }
-OSP_INLINE vf v_or(vf a, vf b) { return _mm512_or_ps(a, b); }
-OSP_INLINE vf v_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }  /* a*b + c */
-OSP_INLINE vf v_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); } /* c - a*b */
-OSP_INLINE vf v_fms(vf a, vf b, vf c) { return _mm512_fmsub_ps(a, b, c); }  /* a*b - c */
 OSP_INLINE vf v_abs(vf a) { return _mm512_abs_ps(a); }
 OSP_INLINE vf v_round(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 OSP_INLINE float v_hsum(vf a) { return _mm512_reduce_add_ps(a); }
@@ -137,23 +124,9 @@ OSP_INLINE vf v_codes(const unsigned char *row, int64_t rowb, const qunpack *u, 
     return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, u->shift), u->mask));
 }
 
-/* In-register 16x16 transpose: r[i][j] -> r[j][i]. */
-OSP_INLINE void v_transpose(vf r[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4q+e], 128-bit block b: column 4b+e of rows 4q..4q+3 */
-    for (int q = 0; q < 4; q++) {
-        __m512d a0 = _mm512_castps_pd(t[4 * q]), a1 = _mm512_castps_pd(t[4 * q + 1]);
-        __m512d a2 = _mm512_castps_pd(t[4 * q + 2]), a3 = _mm512_castps_pd(t[4 * q + 3]);
-        u[4 * q] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-        u[4 * q + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-        u[4 * q + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-        u[4 * q + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-    }
-    /* 4x4 transpose of 128-bit blocks across u[e], u[4+e], u[8+e], u[12+e] */
+/* The last stage of ops_vec.h's v_transpose: a 4x4 transpose of 128-bit
+ * blocks across u[e], u[4+e], u[8+e], u[12+e]. */
+OSP_INLINE void v_transpose_blocks(const vf u[16], vf r[16]) {
     for (int e = 0; e < 4; e++) {
         __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44);
         __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xEE);

@@ -66,11 +66,13 @@ OSP_INLINE void q4_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
     }
 }
 
+/* One MV_CHUNK pass of the 4-bit decode, 4 rows a step. */
 OSP_INLINE void q4_pass(const osp_weight *w, const float *x, const float *sx, int64_t c0, int64_t cw, float *y,
                         int64_t r0, int64_t r1, const int G) {
     for (int64_t r = r0; r < r1; r += 4) q4_rows(w, r, r1, x, sx, c0, cw, y + r - r0, c0 > 0, G);
 }
 
+/* Whether mv_q_fast handles w: 4- or 8-bit codes in groups of 32/64/128. */
 static int mv_q_ok(const osp_weight *w) {
     return (w->qbits == 4 || w->qbits == 8) && (w->group == 32 || w->group == 64 || w->group == 128);
 }

@@ -78,6 +78,7 @@ OSP_INLINE void q4_rows(const osp_weight *w, int64_t r, int64_t r1, const float 
     }
 }
 
+/* One MV_CHUNK pass of the 4-bit decode: x permuted once for all rows. */
 OSP_INLINE void q4_pass(const osp_weight *w, const float *x, const float *sx, int64_t c0, int64_t cw, float *y,
                         int64_t r0, int64_t r1, const int G) {
     float xp[MV_CHUNK] __attribute__((aligned(64)));
@@ -227,6 +228,7 @@ OSP_INLINE void dense_each_t(const osp_weight *w, const float *x, int64_t n, flo
         }
     }
 }
+
 static void matmul(const osp_weight *w, const float *x, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1) {
     if (matmul_trivial(w, n, y, ldy, r0, r1)) return;
     if (n == 1 && mv_q_ok(w)) mv_q_fast(w, x, y, r0, r1);

@@ -22,6 +22,7 @@ int osp_cmd_mel(int argc, char **argv);       /* cli/cmd_mel.c */
 int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
 int osp_cmd_maskbench(int argc, char **argv);  /* cli/cmd_maskbench.c */
 int osp_cmd_embed(int argc, char **argv);      /* cli/cmd_embed.c */
+int osp_cmd_rerank(int argc, char **argv);     /* cli/cmd_rerank.c */
 /* cli/whisper_tools.c: Whisper in synth and bench */
 int osp_whisper_preset_known(const char *name);
 int osp_whisper_synth(const char *preset, const char *dtype, const char *out, uint64_t seed);

@@ -194,6 +194,16 @@ static const struct {
      " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0,"
      " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"use_sliding_window\": false,"
      " \"vocab_size\": 512}"},
+    /* a Qwen3-Reranker at the goldens' size (tests/data/rerank): a causal LM with its head, untied so that the
+     * scores read the head's rows, not the embedding's */
+    {"qwen3-reranker-tiny",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": null, \"eos_token_id\": 266, \"head_dim\": 16, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 64, \"initializer_range\": 0.02, \"intermediate_size\": 128,"
+     " \"max_position_embeddings\": 2048, \"model_type\": \"qwen3\", \"num_attention_heads\": 4,"
+     " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0,"
+     " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"use_sliding_window\": false,"
+     " \"vocab_size\": 512}"},
     /* untied, so the lm_head path is exercised too */
     {"tiny-llama",
      "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"bos_token_id\": 1,"
@@ -489,7 +499,8 @@ static void synth_usage(FILE *f) {
             "Writes DIR/config.json and DIR/model.safetensors with random weights.\n"
             "presets: llama-3.2-1b, qwen3-0.6b, gemma-3-1b, gemma-4-e2b, gemma-4-26b-a4b,\n"
             "         whisper-tiny, whisper-base, whisper-small, whisper-large-v3 (bf16),\n"
-            "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head)\n"
+            "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head),\n"
+            "         qwen3-reranker-tiny\n"
             "--dtype defaults to bf16 (or to the quantization of --config's file);\n"
             "quantized models use MLX affine quantization, group size 64.\n");
 }
@@ -617,7 +628,8 @@ int osp_cmd_synth(int argc, char **argv) {
         if (!cfg && (cfg = osp_encoder_preset_config(a.preset))) bare = enc = 1;
         if (!cfg)
             return synth_fail("unknown preset '%s' (llama-3.2-1b, qwen3-0.6b, gemma-3-1b, "
-                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny)", a.preset);
+                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny, "
+                              "qwen3-reranker-tiny)", a.preset);
     } else {
         json_error_t je;
         cfg = json_load_file(a.config, 0, &je);

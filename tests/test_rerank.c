@@ -72,7 +72,7 @@ static void check_golden(const char *file) {
     osp_status st = osp_embed_session_new(m, 2, 512, &s);
     if (st != OSP_OK) printf("%s\n", osp_last_error());
     assert_int_equal(st, OSP_OK);
-    osp_embed_config last = {.pooling = OSP_POOLING_LAST, .dims = (int32_t)H};
+    osp_embed_config last = {.pooling = OSP_POOLING_LAST, .hidden = (int32_t)H, .dims = (int32_t)H};
     float *h = malloc(sizeof(float) * (size_t)(p.n * H));
     assert_int_equal(osp_embed_run(s, &last, (const int32_t *const *)p.ids, p.len, p.n, h), OSP_OK);
     double worst = 0;

@@ -125,7 +125,7 @@ static osp_status score(osp_reranker *r, const int32_t *const *ids, const int32_
     qwen3_state *q = r->state;
     const int64_t H = r->m->cfg.hidden;
     const double cap = r->m->cfg.final_softcap;
-    osp_embed_config last = {.pooling = OSP_POOLING_LAST, .dims = (int32_t)H};
+    osp_embed_config last = {.pooling = OSP_POOLING_LAST, .hidden = (int32_t)H, .dims = (int32_t)H};
     for (int32_t i0 = 0; i0 < n; i0 += r->rows) {
         int32_t nb = n - i0 < r->rows ? n - i0 : r->rows;
         OSP_TRY(osp_embed_run(r->s, &last, ids + i0, len + i0, nb, q->h));

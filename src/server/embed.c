@@ -67,6 +67,7 @@ void srv_embed_teardown(srv *s) {
     srv_embed *e = s->embed;
     if (!e) return;
     osp_session_free(e->session);
+    osp_embed_config_free(&e->cfg);
     osp_tokenizer_free(e->tok);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);

@@ -6,13 +6,15 @@
  * {"text"} objects), top_n, return_documents, instruction, model; results
  * by score, the highest first. A pair over the context is a 400 naming
  * documents. A request's pairs run together as rows of one forward
- * (up to --parallel at a time); requests take turns on the reranker (a
- * mutex), in the device's production precision as chat. */
+ * (up to --parallel at a time), with the pairs of the requests waiting when
+ * it starts (server/seqbatch.h), in the device's production precision as
+ * chat. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "model/rerank.h"
 #include "server/rerank_req.h"
+#include "server/seqbatch.h"
 #include "server/server_internal.h"
 
 typedef struct srv_rerank {
@@ -20,15 +22,19 @@ typedef struct srv_rerank {
     osp_tokenizer *tok;
     osp_reranker *r;
     char name[256];     /* the id answered when a request names none */
-    pthread_mutex_t mu; /* one request on the reranker at a time */
+    srv_seqbatch batch; /* the requests' pairs, batched across requests, on the reranker */
+    int batch_init;
 } srv_rerank;
+
+static osp_status rerank_rows(void *ctx, const int32_t *const *ids, const int32_t *len, int32_t n, float *out) {
+    return osp_rerank_score(((srv_rerank *)ctx)->r, ids, len, n, out);
+}
 
 int srv_rerank_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     if (!c->rerank_model) return 0;
     srv_rerank *e = calloc(1, sizeof *e);
     if (!e) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
-    pthread_mutex_init(&e->mu, NULL);
     s->rerank = e;
     osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
     if (osp_model_load_params(c->rerank_model, &mp, &e->model) != OSP_OK) return -1;
@@ -38,6 +44,8 @@ int srv_rerank_setup(srv *s) {
         osp_rerank_open(e->model, e->tok, c->parallel > 0 ? c->parallel : 4, ctx, &e->r) != OSP_OK)
         return -1;
     osp_rerank_set_fast(e->r, 1);
+    srv_seqbatch_init(&e->batch, rerank_rows, e, 1);
+    e->batch_init = 1;
     srv_model_name(c->rerank_model, e->name, sizeof e->name);
     OSP_LOG(1, "osprey serve: reranker %s (%s, %s, context %d) on /v1/rerank", c->rerank_model, in->architecture,
             osp_rerank_kind_name(e->r), osp_rerank_ctx(e->r));
@@ -50,7 +58,7 @@ void srv_rerank_teardown(srv *s) {
     osp_rerank_free(e->r);
     osp_tokenizer_free(e->tok);
     osp_model_free(e->model);
-    pthread_mutex_destroy(&e->mu);
+    if (e->batch_init) srv_seqbatch_destroy(&e->batch);
     free(e);
     s->rerank = NULL;
 }
@@ -86,9 +94,7 @@ int srv_rerank_respond(srv *s, srv_req *c, const json_t *body) {
         tokens += len[i];
     }
     atomic_fetch_add(&s->active, 1);
-    pthread_mutex_lock(&e->mu);
-    osp_status st = osp_rerank_score(e->r, (const int32_t *const *)ids, len, n, scores);
-    pthread_mutex_unlock(&e->mu);
+    osp_status st = srv_seqbatch_run(&e->batch, (const int32_t *const *)ids, len, n, scores);
     atomic_fetch_sub(&s->active, 1);
     const json_t *model = json_object_get(body, "model");
     json_t *o = st == OSP_OK ? srv_rerank_answer(&q, scores, json_is_string(model) ? json_string_value(model) : e->name,

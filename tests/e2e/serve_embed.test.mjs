@@ -187,6 +187,15 @@ test('EmbeddingGemma (bidirectional, mean pooling, two Dense modules): a batch o
       assert.ok(Math.abs(norm(a) - 1) < 1e-5);
       assert.ok(maxDiff(a, b) < 1e-5, `input ${i}: ${maxDiff(a, b)}`); // padding unseen by the bidirectional rows
     }
+    // requests at once are batched with each other (rows of the same forward calls): each as it is alone
+    const solo = [];
+    for (const x of inputs) solo.push((await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: x }) })).json);
+    const many = await Promise.all([...inputs, ...inputs].map((x) =>
+      raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: x }) })));
+    many.forEach((r, k) => {
+      assert.equal(r.status, 200, r.text);
+      assert.ok(maxDiff(r.json.data[0].embedding, solo[k % inputs.length].data[0].embedding) < 1e-5, `request ${k}`);
+    });
     const mrl = await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: 'hi', dimensions: 32 }) });
     assert.equal(mrl.status, 200, mrl.text);
     assert.equal(mrl.json.data[0].embedding.length, 32);

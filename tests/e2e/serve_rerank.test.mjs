@@ -65,6 +65,19 @@ test('top_n, return_documents, {text} documents and the other routes', async () 
   assert.notEqual(ins.json.results[0].relevance_score, all.find((x) => x.index === ins.json.results[0].index).relevance_score);
 });
 
+test('requests at once (batched with each other): each as it is alone', async () => {
+  const bodies = DOCS.map((d, i) => ({ query: i % 2 ? QUERY : 'snow', documents: [d, ...DOCS.slice(0, i)] }));
+  const solo = [];
+  for (const b of bodies) solo.push((await rerank(b)).json.results);
+  const many = await Promise.all([...bodies, ...bodies].map((b) => rerank(b)));
+  many.forEach((r, k) => {
+    assert.equal(r.status, 200, r.text);
+    const want = solo[k % bodies.length];
+    assert.deepEqual(r.json.results.map((x) => x.index), want.map((x) => x.index));
+    r.json.results.forEach((x, j) => assert.ok(Math.abs(x.relevance_score - want[j].relevance_score) < 1e-6));
+  });
+});
+
 test('malformed requests: a 400 naming the field', async () => {
   const long = 'snow '.repeat(200);
   const cases = [

@@ -130,7 +130,7 @@ static osp_status read_matryoshka(const osp_model *m, osp_embed_config *c) {
     json_t *j = load_json(m->dir, "config.json", &rc);
     if (!j) return rc;
     json_t *list = json_object_get(j, "matryoshka_dimensions"), *flag = json_object_get(j, "is_matryoshka");
-    /* (a bidirectional Gemma 3 is EmbeddingGemma, trained for 512, 256 and 128 of its 768) */
+    /* (a bidirectional Gemma 3 is EmbeddingGemma, trained for Matryoshka widths) */
     c->matryoshka = json_is_boolean(flag) ? json_is_true(flag) : m->cfg.arch->matryoshka || m->cfg.bidirectional;
     if (json_is_array(list)) {
         size_t i;

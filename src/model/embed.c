@@ -216,6 +216,9 @@ void osp_embed_finish(const osp_embed_config *c, float *v, int32_t d) {
 }
 
 osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, osp_session **out) {
+    if (m->cfg.bidirectional && !m->be->bidir_attention)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s has bidirectional attention, which the %s backend does not run yet "
+                       "(--device cpu runs it)", m->dir, m->be->name);
     int64_t tok = (int64_t)rows * ctx;
     osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .max_tokens = (int32_t)(tok < 2048 ? (tok < rows ? rows : tok) : 2048)};
     if (o.max_tokens < rows) o.max_tokens = rows;

@@ -117,6 +117,50 @@ static void check_golden(const char *file) {
     osp_st_close(g);
 }
 
+/* the cross-encoder kind (model/bert.c's pair and logit): the sigmoid of test_bert's reference logits, batched; no
+ * instruction */
+static void test_cross_encoder(void **state) {
+    (void)state;
+    static const char *const PAIRS[4][2] = {{"what sat on the mat?", "The cat sat on the mat."},
+                                            {"hi", "hello"},
+                                            {"where is the cat", "running cats sat in the hall"},
+                                            {"the", "the the the the the the the the"}};
+    const char *dir = "data/bert/xlmr-reranker-tiny";
+    osp_model *m;
+    osp_tokenizer *tok;
+    osp_reranker *r;
+    osp_st *g;
+    assert_int_equal(osp_model_load(dir, &m), OSP_OK);
+    assert_int_equal(osp_tokenizer_load(dir, &tok), OSP_OK);
+    assert_int_equal(osp_st_open_file("data/bert/xlmr-reranker-tiny/numpy_golden.safetensors", &g), OSP_OK);
+    assert_int_equal(osp_rerank_open(m, tok, 3, 0, &r), OSP_OK);
+    assert_string_equal(osp_rerank_kind_name(r), "xlmr-cross-encoder");
+    assert_int_equal(osp_rerank_takes_instruction(r), 0);
+    int32_t *ids[4], len[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(osp_rerank_tokens(r, NULL, PAIRS[i][0], strlen(PAIRS[i][0]), PAIRS[i][1], strlen(PAIRS[i][1]),
+                                           &ids[i], &len[i]), OSP_OK);
+    int32_t *x, nx;
+    assert_int_equal(osp_rerank_tokens(r, "a task", "q", 1, "d", 1, &x, &nx), OSP_ERR_INVALID);
+    float sc[4];
+    assert_int_equal(osp_rerank_score(r, (const int32_t *const *)ids, len, 4, sc), OSP_OK);
+    const osp_st_tensor *t = osp_st_find(g, "score");
+    assert_non_null(t);
+    assert_int_equal(t->numel, 4);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) {
+        double ref = 1 / (1 + exp(-(double)((const float *)t->data)[i]));
+        worst = fmax(worst, rel(sc[i], ref));
+        osp_free(ids[i]);
+    }
+    printf("xlmr-reranker-tiny: sigmoid scores, max |diff| %.3g\n", worst);
+    assert_true(worst <= 2e-5);
+    osp_st_close(g);
+    osp_rerank_free(r);
+    osp_tokenizer_free(tok);
+    osp_model_free(m);
+}
+
 static void test_goldens(void **state) {
     (void)state;
     check_golden("golden.safetensors");       /* transformers (make_golden.py, on the device) */
@@ -166,7 +210,7 @@ static void test_context(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_goldens), cmocka_unit_test(test_refused),
-                                       cmocka_unit_test(test_context)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_goldens), cmocka_unit_test(test_cross_encoder),
+                                       cmocka_unit_test(test_refused), cmocka_unit_test(test_context)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

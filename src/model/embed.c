@@ -228,8 +228,8 @@ osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, 
     return osp_session_new_opts(m, &o, out);
 }
 
-/* the Dense modules on one pooled vector v [c->hidden] into out [c->dims]; tmp [2][widest] */
-static void apply_dense(const osp_embed_config *c, const float *v, float *out, float *tmp, int64_t widest) {
+/* the Dense modules on one pooled vector v [H] into out [c->dims]; tmp [2][widest] */
+static void apply_dense(const osp_embed_config *c, const float *v, int64_t H, float *out, float *tmp, int64_t widest) {
     const float *x = v;
     for (int k = 0; k < c->n_dense; k++) {
         const osp_embed_dense *d = &c->dense[k];
@@ -242,12 +242,14 @@ static void apply_dense(const osp_embed_config *c, const float *v, float *out, f
         }
         x = y;
     }
-    if (!c->n_dense) memcpy(out, v, sizeof(float) * (size_t)c->hidden);
+    if (!c->n_dense) memcpy(out, v, sizeof(float) * (size_t)H);
 }
 
 osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_t *const *ids, const int32_t *len,
                          int32_t n, float *out) {
-    const int64_t H = c->hidden, D = c->dims;
+    /* the pooled width is the model's; the output's the last Dense module's (a config made by hand may say only
+     * dims) */
+    const int64_t H = s->m->cfg.hidden, D = c->n_dense ? c->dense[c->n_dense - 1].out : H;
     const int32_t R = osp_session_rows(s), ctx = osp_session_max_ctx(s);
     for (int32_t i = 0; i < n; i++)
         if (len[i] < 1 || len[i] > ctx)
@@ -277,7 +279,7 @@ osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_
         rc = osp_forward_rows_hidden_lens(s, rows, nb, buf, T, len + i0, all ? NULL : pos, h);
         for (int32_t b = 0; b < nb && rc == OSP_OK; b++) {
             osp_embed_pool(c->pooling, h + (int64_t)b * (all ? T : 1) * H, len[i0 + b], H, pv);
-            apply_dense(c, pv, out + (int64_t)(i0 + b) * D, pv + H, widest);
+            apply_dense(c, pv, H, out + (int64_t)(i0 + b) * D, pv + H, widest);
         }
         for (int32_t b = 0; b < nb; b++) osp_session_reset_row(s, b);
     }

@@ -54,7 +54,8 @@ typedef struct osp_embed_dense {
 typedef struct osp_embed_config {
     osp_pooling pooling;
     int normalize;                      /* L2-normalize the pooled vector */
-    int32_t hidden;                     /* the pooled vector's width (the model's hidden size) */
+    int32_t hidden;                     /* the pooled vector's width (the model's hidden size; osp_embed_run reads
+                                           the model's own) */
     int32_t dims;                       /* the embedding's full width (the last Dense's out, else hidden) */
     int matryoshka;                     /* fewer dimensions may be asked */
     int32_t mrl_dims[OSP_EMBED_MAX_MRL];/* config's matryoshka_dimensions: the only widths allowed (none: 1..dims) */

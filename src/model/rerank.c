@@ -6,7 +6,7 @@
 #include "rerank_kind.h"
 
 /* tried in order; a new kind is a file and a line here */
-static const osp_rerank_kind *const KINDS[] = {&osp_rerank_qwen3};
+static const osp_rerank_kind *const KINDS[] = {&osp_rerank_qwen3, &osp_rerank_xlmr};
 #define N_KINDS (sizeof KINDS / sizeof *KINDS)
 
 osp_status osp_rerank_open(const osp_model *m, const osp_tokenizer *tok, int32_t rows, int32_t ctx, osp_reranker **out) {
@@ -48,6 +48,7 @@ void osp_rerank_free(osp_reranker *r) {
 }
 
 const char *osp_rerank_kind_name(const osp_reranker *r) { return r->kind->name; }
+int osp_rerank_takes_instruction(const osp_reranker *r) { return r->kind->instruction; }
 int32_t osp_rerank_ctx(const osp_reranker *r) { return r->ctx; }
 void osp_rerank_set_fast(osp_reranker *r, int fast) { osp_session_set_fast(r->s, fast); }
 

@@ -7,7 +7,8 @@
  * list in order and takes the first that recognises the model; nothing
  * outside a kind's own file names a model. Kinds: Qwen3-Reranker
  * (rerank_qwen3.c: P(yes) of the "yes" and "no" logits at the last
- * position of its prompt).
+ * position of its prompt) and the XLM-R cross-encoder (rerank_xlmr.c: the
+ * sigmoid of its classifier's logit).
  *
  * The reranker owns its session (rows pairs at once, each of up to ctx
  * tokens); the model and tokenizer are the caller's and must outlive it.
@@ -30,6 +31,8 @@ osp_status osp_rerank_open(const osp_model *m, const osp_tokenizer *tok, int32_t
 void osp_rerank_free(osp_reranker *r);
 
 const char *osp_rerank_kind_name(const osp_reranker *r);
+/* 1 when the kind takes an instruction (osp_rerank_tokens refuses one otherwise) */
+int osp_rerank_takes_instruction(const osp_reranker *r);
 int32_t osp_rerank_ctx(const osp_reranker *r);
 /* production precision (the server's), as osp_session_set_fast */
 void osp_rerank_set_fast(osp_reranker *r, int fast);

@@ -16,6 +16,7 @@ struct osp_reranker {
 
 typedef struct osp_rerank_kind {
     const char *name; /* for the log: "qwen3-reranker" */
+    int instruction;  /* takes an instruction (the task) */
     /* 1 when m and tok are of this kind; else 0 and what it looks for in why */
     int (*matches)(const osp_model *m, const osp_tokenizer *tok, char *why, size_t cap);
     /* its state in r->state (r's model, tokenizer and session are set); close frees it */
@@ -29,5 +30,6 @@ typedef struct osp_rerank_kind {
 } osp_rerank_kind;
 
 extern const osp_rerank_kind osp_rerank_qwen3;
+extern const osp_rerank_kind osp_rerank_xlmr;
 
 #endif

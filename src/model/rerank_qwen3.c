@@ -140,5 +140,5 @@ static osp_status score(osp_reranker *r, const int32_t *const *ids, const int32_
     return OSP_OK;
 }
 
-const osp_rerank_kind osp_rerank_qwen3 = {.name = "qwen3-reranker", .matches = matches, .open = open_state,
+const osp_rerank_kind osp_rerank_qwen3 = {.name = "qwen3-reranker", .instruction = 1, .matches = matches, .open = open_state,
                                           .close = close_state, .tokens = tokens, .score = score};

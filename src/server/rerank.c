@@ -69,6 +69,10 @@ int srv_rerank_respond(srv *s, srv_req *c, const json_t *body) {
     const char *param = "";
     char m[400];
     if (srv_rerank_parse(body, &q, &param, m, sizeof m)) return srv_send_json(s, c, 400, srv_error_json(400, m, param));
+    if (q.instruction && !osp_rerank_takes_instruction(e->r)) {
+        snprintf(m, sizeof m, "this reranker (%s) takes no instruction", osp_rerank_kind_name(e->r));
+        return srv_send_json(s, c, 400, srv_error_json(400, m, "instruction"));
+    }
     int32_t n = q.n, **ids = calloc((size_t)n, sizeof *ids), *len = calloc((size_t)n, sizeof *len);
     float *scores = malloc(sizeof(float) * (size_t)n);
     int64_t tokens = 0;

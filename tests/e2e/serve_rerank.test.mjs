@@ -120,6 +120,24 @@ test('a rerank-only server: no chat or embedding routes', async () => {
   assert.equal(e.status, 404);
 });
 
+test('the cross-encoder kind (XLM-R with one label): sigmoid scores in order; no instruction', async () => {
+  const xr = path.join(ROOT, 'tests', 'data', 'bert', 'xlmr-reranker-tiny');
+  const s = await startServer(['--rerank-model', xr], { model: null });
+  try {
+    const body = { query: 'where is the cat', documents: ['The cat sat on the mat.', 'hello', 'running cats'] };
+    const r = await raw(s.base, '/v1/rerank', { body: JSON.stringify(body) });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.results.length, 3);
+    for (let i = 1; i < 3; i++) assert.ok(r.json.results[i - 1].relevance_score >= r.json.results[i].relevance_score);
+    for (const x of r.json.results) assert.ok(x.relevance_score > 0 && x.relevance_score < 1);
+    const ins = await raw(s.base, '/v1/rerank', { body: JSON.stringify({ ...body, instruction: 'x' }) });
+    assert.equal(ins.status, 400, ins.text);
+    assert.equal(ins.json.error.param, 'instruction');
+  } finally {
+    assert.equal((await s.stop()).code, 0, s.log());
+  }
+});
+
 test('beside a chat model; a model that is not a reranker is refused at start', async () => {
   const s = await startServer(['--rerank-model', RR, '-c', '400']);
   try {

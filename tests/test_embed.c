@@ -275,6 +275,51 @@ static void test_dims(void **state) {
 }
 
 /* the folder's sentence-transformers files, and config.json's Matryoshka keys */
+/* a Dense module (2_Dense: config.json, model.safetensors) after cls pooling: tanh(W h + b), 64 -> 8 */
+static void dense_module(osp_model *m, osp_embed_config *c) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/2_Dense", g_emb);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/2_Dense/config.json", g_emb);
+    write_text(p, "{\"in_features\": 64, \"out_features\": 8, \"bias\": true, \"activation_function\": "
+                  "\"torch.nn.modules.activation.Tanh\"}");
+    float w[8 * 64], b[8];
+    for (int i = 0; i < 8 * 64; i++) w[i] = (float)((i * 37) % 11 - 5) * 0.05f;
+    for (int i = 0; i < 8; i++) b[i] = 0.1f * (float)i - 0.3f;
+    osp_st_writer *sw = osp_st_writer_new();
+    int64_t ws[2] = {8, 64}, bs[1] = {8};
+    assert_int_equal(osp_st_writer_add(sw, "linear.weight", OSP_DT_F32, 2, ws, w, sizeof w), OSP_OK);
+    assert_int_equal(osp_st_writer_add(sw, "linear.bias", OSP_DT_F32, 1, bs, b, sizeof b), OSP_OK);
+    snprintf(p, sizeof p, "%s/2_Dense/model.safetensors", g_emb);
+    assert_int_equal(osp_st_writer_write(sw, p, NULL, NULL), OSP_OK);
+    osp_st_writer_free(sw);
+    assert_int_equal(osp_embed_config_load(m, c), OSP_OK);
+    assert_true(c->n_dense == 1 && c->dims == 8 && c->hidden == 64 && c->pooling == OSP_POOLING_CLS);
+    /* osp_embed_run's vector: the state at position 0 through the module, as computed here in double */
+    int32_t ids[5] = {3, 30, 300, 7, 9}, len = 5, row = 0, pos = 0, *pi = ids;
+    float h[64], out[8];
+    osp_session *s;
+    assert_int_equal(osp_embed_session_new(m, 1, 16, &s), OSP_OK);
+    assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids, len, &pos, h), OSP_OK);
+    osp_session_reset_row(s, 0);
+    assert_int_equal(osp_embed_run(s, c, (const int32_t *const *)&pi, &len, 1, out), OSP_OK);
+    for (int r = 0; r < 8; r++) {
+        double acc = b[r];
+        for (int j = 0; j < 64; j++) acc += (double)w[r * 64 + j] * h[j];
+        assert_true(fabs(out[r] - tanh(acc)) < 1e-6);
+    }
+    osp_session_free(s);
+    osp_embed_config_free(c);
+    /* an activation not run; a width that does not follow */
+    snprintf(p, sizeof p, "%s/2_Dense/config.json", g_emb);
+    write_text(p, "{\"in_features\": 64, \"out_features\": 8, \"activation_function\": \"torch.nn.modules.activation.ReLU\"}");
+    assert_int_equal(osp_embed_config_load(m, c), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "ReLU"));
+    write_text(p, "{\"in_features\": 32, \"out_features\": 8, \"bias\": false}");
+    assert_int_equal(osp_embed_config_load(m, c), OSP_ERR_FORMAT);
+    assert_non_null(strstr(osp_last_error(), "in_features"));
+}
+
 static void test_st_files(void **state) {
     (void)state;
     char p[600];
@@ -304,8 +349,9 @@ static void test_st_files(void **state) {
     write_text(p, "[{\"type\": \"sentence_transformers.models.Transformer\", \"path\": \"\"},"
                   " {\"type\": \"sentence_transformers.models.Pooling\", \"path\": \"1_Pooling\"},"
                   " {\"type\": \"sentence_transformers.models.Dense\", \"path\": \"2_Dense\"}]");
-    assert_int_equal(osp_embed_config_load(m, &c), OSP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(osp_last_error(), "Dense"));
+    assert_int_equal(osp_embed_config_load(m, &c), OSP_ERR_FORMAT); /* no 2_Dense folder */
+    assert_non_null(strstr(osp_last_error(), "2_Dense"));
+    dense_module(m, &c);
     osp_model_free(m);
     unlink(p);
     /* config.json: is_matryoshka false wins over the architecture's default; matryoshka_dimensions lists widths */

@@ -156,6 +156,21 @@ typedef struct osp_full_attn_args {
     int32_t whole;
 } osp_full_attn_args;
 
+/* Attention without a causal mask over each row's own positions, the whole sequence in one chunk (a bidirectional
+ * encoder's: EmbeddingGemma): query t of row b sees the keys j < len[b] of that row with |t - j| < radius (radius
+ * 0: all of them); a query that sees none gets zeros. q, k, v as the projections wrote them (after RoPE); query
+ * head h reads KV head h / (n_heads / n_kv_heads), as attention does. */
+typedef struct osp_bidir_attn_args {
+    const osp_dbuf *q;           /* [nb*T, n_heads*D] */
+    const osp_dbuf *k, *v;       /* [nb*T, n_kv_heads*D] */
+    osp_dbuf *out;               /* [nb*T, n_heads*D] */
+    const int32_t *len;          /* [nb] host: each row's valid positions, or NULL: all T */
+    int32_t nb, T, n_heads, n_kv_heads, head_dim, radius;
+    float scale;                 /* multiplies q·k */
+    float softcap;               /* 0 = none */
+} osp_bidir_attn_args;
+#define OSP_BIDIR_MAX_T 8192 /* T at most (the caller checks) */
+
 /* Causal attention of n tokens over per-row caches (a Whisper decoder's
  * beams): token i, of row row[i] at position pos[i], sees positions
  * [0, pos[i]] of its row, its own stored first (rows_store). */
@@ -318,6 +333,8 @@ typedef struct osp_backend {
     void (*rows_store)(osp_be_session *s, osp_dbuf *kc, osp_dbuf *vc, const osp_dbuf *k, const osp_dbuf *v,
                        const int32_t *row, const int32_t *pos, int64_t n, int64_t ctx, int64_t ld);
     void (*rows_attention)(osp_be_session *s, const osp_rows_attn_args *a);
+    /* osp_bidir_attn_args (model/llama.c's bidirectional Gemma 3); NULL: not on this backend */
+    void (*bidir_attention)(osp_be_session *s, const osp_bidir_attn_args *a);
 
     /* Are the rows of a chunk computed independently of the chunk's size
      * (one token alone, in a batch of 5 or of 500: the same bits) for these

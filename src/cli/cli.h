@@ -22,10 +22,14 @@ int osp_cmd_mel(int argc, char **argv);       /* cli/cmd_mel.c */
 int osp_cmd_transcribe(int argc, char **argv); /* cli/cmd_transcribe.c */
 int osp_cmd_maskbench(int argc, char **argv);  /* cli/cmd_maskbench.c */
 int osp_cmd_embed(int argc, char **argv);      /* cli/cmd_embed.c */
+int osp_cmd_rerank(int argc, char **argv);     /* cli/cmd_rerank.c */
 /* cli/whisper_tools.c: Whisper in synth and bench */
 int osp_whisper_preset_known(const char *name);
 int osp_whisper_synth(const char *preset, const char *dtype, const char *out, uint64_t seed);
 int osp_whisper_bench(const char *model, int device, int fast, int n_tokens, int as_json);
+struct osp_model;
+/* bench_embed.c: an embedder's tokens/s embedding n_inputs inputs of p tokens, batch rows at a time */
+int osp_bench_embed(struct osp_model *m, int fast, int n_inputs, int p, int batch, int as_json);
 
 /* Print "osprey <cmd>: <last library error>" and return 1. */
 int osp_cli_fail(const char *cmd);

@@ -84,7 +84,9 @@ static int usage(void) {
                     "  --prompt TEXT [--chat]: with speculation, the prompt (through the chat template with --chat)\n"
                     OSP_CLI_SPEC_HELP
                     "  with speculation: the same greedy generations decoded plainly and speculatively, interleaved;\n"
-                    "  decode_tok_s, decode_tok_s_plain, spec_speedup, acceptance, identical (--json)\n");
+                    "  decode_tok_s, decode_tok_s_plain, spec_speedup, acceptance, identical (--json)\n"
+                    "  an embedder (no lm_head, or --embed): --inputs N (default 1000) inputs of -p tokens (default\n"
+                    "  256) embedded, --concurrency rows at a time (default 8), against its prefill of one input\n");
     return 2;
 }
 
@@ -93,7 +95,7 @@ int osp_cmd_bench(int argc, char **argv) {
     int p = 512, n = 128, threads = 0, json = 0, fast = 1, conc = 1, kv_bits = 0, kv_group = 64, device = OSP_DEVICE_AUTO, dr;
     osp_cli_spec spc = OSP_CLI_SPEC_UNSET;
     const char *prompt = NULL;
-    int chat = 0;
+    int chat = 0, embed = 0, inputs = 1000, p_set = 0, conc_set = 0;
     for (int i = 1; i < argc; i++) {
         int sr = osp_cli_spec_flag(&spc, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
         if (sr < 0) return 2;
@@ -109,6 +111,15 @@ int osp_cmd_bench(int argc, char **argv) {
             chat = 1;
             continue;
         }
+        if (!strcmp(argv[i], "--embed")) {
+            embed = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--inputs") && i + 1 < argc) {
+            inputs = atoi(argv[++i]);
+            continue;
+        }
+        p_set |= !strcmp(argv[i], "-p"), conc_set |= !strcmp(argv[i], "--concurrency") || !strcmp(argv[i], "-np");
         if ((!strcmp(argv[i], "--model") || !strcmp(argv[i], "-m")) && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) p = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
@@ -141,6 +152,11 @@ int osp_cmd_bench(int argc, char **argv) {
     if (osp_model_load_params(model, &mp, &m) != OSP_OK) return osp_cli_fail("bench");
     const double t_load = osp_now_s() - t_load0; /* open, map, place (repack or upload): a server's start */
     const osp_model_info *in = osp_model_get_info(m);
+    if (embed || !in->has_head) { /* cli/bench_embed.c */
+        int r = inputs < 1 ? usage() : osp_bench_embed(m, fast, inputs, p_set ? p : 256, conc_set ? conc : 8, json);
+        osp_model_free(m);
+        return r;
+    }
     osp_session *s = NULL;
     int32_t *ids = malloc(sizeof(int32_t) * p * conc), *next = malloc(sizeof(int32_t) * conc),
             *all = malloc(sizeof(int32_t) * conc);

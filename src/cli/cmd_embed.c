@@ -91,7 +91,7 @@ int osp_cmd_embed(int argc, char **argv) {
     osp_model *m = NULL;
     osp_tokenizer *tok = NULL;
     osp_session *s = NULL;
-    osp_embed_config ec;
+    osp_embed_config ec = {0};
     int32_t **ids = calloc((size_t)n, sizeof *ids), *len = calloc((size_t)n, sizeof *len), maxlen = 0;
     float *out = NULL;
     osp_model_params p = {.device = (osp_device)device, .place = 1};
@@ -139,6 +139,7 @@ done:
     }
     free(texts), free(ids), free(len), free(out);
     osp_session_free(s);
+    osp_embed_config_free(&ec);
     osp_tokenizer_free(tok);
     osp_model_free(m);
     return rc;

@@ -32,6 +32,7 @@ static int usage(FILE *f) {
             "                           without --model the server transcribes only (no chat model is loaded)\n"
             "  --audio-tokenizer PATH   its tokenizer.json or .tiktoken rank file, when the folder has none\n"
             "  --embedding-model M      a model for POST /v1/embeddings (beside MODEL, or alone; docs/EMBEDDINGS.md)\n"
+            "  --rerank-model M         a reranker for POST /v1/rerank (beside MODEL, or alone; docs/EMBEDDINGS.md)\n"
             "  --max-audio-body BYTES   upload limit of the audio routes (default 26214400)\n"
             "  --responses-store-size BYTES  stored /v1/responses kept for GET and previous_response_id\n"
             "                           (default 67108864; 0 = none stored); written beside the prefix cache's files\n"
@@ -176,6 +177,7 @@ int osp_cmd_serve(int argc, char **argv) {
         else if (IS("--audio-model")) c.audio_model = v;
         else if (IS("--audio-tokenizer")) c.audio_tokenizer = v;
         else if (IS("--embedding-model")) c.embedding_model = v;
+        else if (IS("--rerank-model")) c.rerank_model = v;
         else if (IS("--max-audio-body")) { if (NUM(1024, 1ull << 32)) return 2; c.max_audio_body = (size_t)d; }
         else if (IS("--responses-store-size")) { if (NUM(0, 1ull << 40)) return 2; c.responses_store = (size_t)d; }
         else if (IS("--responses-store-ttl")) { if (NUM(1, 1e10)) return 2; c.responses_ttl = d; }
@@ -234,9 +236,9 @@ int osp_cmd_serve(int argc, char **argv) {
 #undef IS
 #undef NUM
     }
-    if (!c.model && !c.audio_model && !c.embedding_model) /* with --audio-model or --embedding-model alone: only those */
+    if (!c.model && !c.audio_model && !c.embedding_model && !c.rerank_model) /* with --audio-model or --embedding-model alone: only those */
         c.model = osp_cli_default_model();
-    if (!c.model && !c.audio_model && !c.embedding_model) {
+    if (!c.model && !c.audio_model && !c.embedding_model && !c.rerank_model) {
         fprintf(stderr, "osprey serve: no model given and the bundled model was not found\n");
         return 2;
     }

@@ -22,6 +22,7 @@
  */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -109,6 +110,8 @@ static void synth_gen(uint64_t seed, uint64_t hash, int64_t row, float mean, flo
     }
 }
 
+static osp_status synth_mkdir(const char *dir);
+
 /* ---------- presets: data ---------- */
 
 static const struct {
@@ -194,6 +197,40 @@ static const struct {
      " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0,"
      " \"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\", \"use_sliding_window\": false,"
      " \"vocab_size\": 512}"},
+    /* a Qwen3-Reranker at the goldens' size (tests/data/rerank): a causal LM with its head, untied so that the
+     * scores read the head's rows, not the embedding's */
+    {"qwen3-reranker-tiny",
+     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"bos_token_id\": null, \"eos_token_id\": 266, \"head_dim\": 16, \"hidden_act\": \"silu\","
+     " \"hidden_size\": 64, \"initializer_range\": 0.02, \"intermediate_size\": 128,"
+     " \"max_position_embeddings\": 2048, \"model_type\": \"qwen3\", \"num_attention_heads\": 4,"
+     " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0,"
+     " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"use_sliding_window\": false,"
+     " \"vocab_size\": 512}"},
+    /* EmbeddingGemma-300M's config: a bare Gemma 3 body with bidirectional attention */
+    {"embeddinggemma-300m",
+     "{\"architectures\": [\"Gemma3TextModel\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"attn_logit_softcapping\": null, \"bos_token_id\": 2, \"eos_token_id\": 1,"
+     " \"final_logit_softcapping\": null, \"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\","
+     " \"hidden_size\": 768, \"initializer_range\": 0.02, \"intermediate_size\": 1152,"
+     " \"sliding_window_pattern\": 6, \"max_position_embeddings\": 2048, \"model_type\": \"gemma3_text\","
+     " \"num_attention_heads\": 3, \"num_hidden_layers\": 24, \"num_key_value_heads\": 1, \"pad_token_id\": 0,"
+     " \"query_pre_attn_scalar\": 256, \"rms_norm_eps\": 1e-06, \"rope_local_base_freq\": 10000.0,"
+     " \"rope_scaling\": null, \"rope_theta\": 1000000.0, \"sliding_window\": 512,"
+     " \"use_bidirectional_attention\": true, \"vocab_size\": 262144}"},
+    /* the same kind at the goldens' size (tests/data/embeddinggemma): a window of 8 (|q - k| < 5) that short
+     * inputs outgrow, a query scale other than the head's */
+    {"embeddinggemma-tiny",
+     "{\"architectures\": [\"Gemma3TextModel\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+     " \"attn_logit_softcapping\": null, \"bos_token_id\": null, \"eos_token_id\": null,"
+     " \"final_logit_softcapping\": null, \"head_dim\": 16, \"hidden_activation\": \"gelu_pytorch_tanh\","
+     " \"hidden_size\": 64, \"initializer_range\": 0.02, \"intermediate_size\": 128,"
+     " \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\"],"
+     " \"max_position_embeddings\": 2048, \"model_type\": \"gemma3_text\", \"num_attention_heads\": 4,"
+     " \"num_hidden_layers\": 3, \"num_key_value_heads\": 2, \"pad_token_id\": 0, \"query_pre_attn_scalar\": 32,"
+     " \"rms_norm_eps\": 1e-06, \"rope_local_base_freq\": 10000.0, \"rope_scaling\": null,"
+     " \"rope_theta\": 1000000.0, \"sliding_window\": 8, \"use_bidirectional_attention\": true,"
+     " \"vocab_size\": 512}"},
     /* untied, so the lm_head path is exercised too */
     {"tiny-llama",
      "{\"architectures\": [\"LlamaForCausalLM\"], \"attention_bias\": false, \"bos_token_id\": 1,"
@@ -207,27 +244,62 @@ static const struct {
 /* embedders as sentence-transformers saves them: the bare model's weights (no "model.", no lm_head), modules.json
  * and 1_Pooling/config.json (last token, normalized) */
 static const char *const BARE[] = {"qwen3-embedding-0.6b", "qwen3-embedding-tiny"};
+/* ... and EmbeddingGemma's: mean pooling, 2_Dense (hidden -> 4·hidden) and 3_Dense (back), no biases, Normalize */
+static const char *const BARE_DENSE[] = {"embeddinggemma-300m", "embeddinggemma-tiny"};
 
 static json_t *preset_config(const char *name, int *bare) {
     for (size_t i = 0; i < sizeof BARE / sizeof *BARE; i++) *bare |= !strcmp(name, BARE[i]);
+    for (size_t i = 0; i < sizeof BARE_DENSE / sizeof *BARE_DENSE; i++) *bare |= 2 * !strcmp(name, BARE_DENSE[i]);
     for (size_t i = 0; i < sizeof PRESETS / sizeof *PRESETS; i++)
         if (!strcmp(name, PRESETS[i].name)) return json_loads(PRESETS[i].json, 0, NULL);
     return NULL;
 }
 
-static osp_status synth_mkdir(const char *dir);
-
-/* an embedder's sentence-transformers files: last-token pooling, then Normalize (Qwen3-Embedding's) */
-static osp_status write_st_files(const char *dir, int hidden) {
+/* a Dense module's folder, as sentence-transformers saves one: config.json and model.safetensors (linear.weight
+ * [out, in] in f32, N(0, 1/in), no bias, Identity) */
+static osp_status write_dense(const char *dir, const char *sub, int in, int out, uint64_t seed) {
     char path[4200];
-    json_t *mods = json_pack("[{s:i, s:s, s:s, s:s}, {s:i, s:s, s:s, s:s}, {s:i, s:s, s:s, s:s}]", "idx", 0, "name",
-                             "0", "path", "", "type", "sentence_transformers.models.Transformer", "idx", 1, "name", "1",
-                             "path", "1_Pooling", "type", "sentence_transformers.models.Pooling", "idx", 2, "name", "2",
-                             "path", "2_Normalize", "type", "sentence_transformers.models.Normalize");
+    snprintf(path, sizeof path, "%s/%s", dir, sub);
+    OSP_TRY(synth_mkdir(path));
+    json_t *cfg = json_pack("{s:i, s:i, s:b, s:s}", "in_features", in, "out_features", out, "bias", 0,
+                            "activation_function", "torch.nn.modules.linear.Identity");
+    snprintf(path, sizeof path, "%s/%s/config.json", dir, sub);
+    osp_status st = cfg ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
+    if (st == OSP_OK && json_dump_file(cfg, path, JSON_INDENT(2))) st = osp_err(OSP_ERR_IO, "cannot write %s", path);
+    json_decref(cfg);
+    float *w = st == OSP_OK ? malloc(sizeof(float) * (size_t)in * (size_t)out) : NULL;
+    osp_st_writer *sw = w ? osp_st_writer_new() : NULL;
+    if (st == OSP_OK && !sw) st = osp_err(OSP_ERR_NOMEM, "out of memory");
+    for (int r = 0; st == OSP_OK && r < out; r++) /* (drawn as bf16 values, kept in f32) */
+        synth_gen(seed, fnv1a(sub), r, 0, 1.0f / sqrtf((float)in), w + (int64_t)r * in, in);
+    int64_t shape[2] = {out, in};
+    if (st == OSP_OK) st = osp_st_writer_add(sw, "linear.weight", OSP_DT_F32, 2, shape, w, sizeof(float) * (size_t)in * (size_t)out);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, sub);
+    if (st == OSP_OK) st = osp_st_writer_write(sw, path, NULL, NULL);
+    osp_st_writer_free(sw);
+    free(w);
+    return st;
+}
+
+/* an embedder's sentence-transformers files: last-token pooling, then Normalize (Qwen3-Embedding's); dense: mean
+ * pooling, 2_Dense, 3_Dense, then Normalize (EmbeddingGemma's) */
+static osp_status write_st_files(const char *dir, int hidden, int dense, uint64_t seed) {
+    char path[4200];
+    json_t *mods = json_pack("[{s:i, s:s, s:s, s:s}, {s:i, s:s, s:s, s:s}]", "idx", 0, "name", "0", "path", "",
+                             "type", "sentence_transformers.models.Transformer", "idx", 1, "name", "1", "path",
+                             "1_Pooling", "type", "sentence_transformers.models.Pooling");
+    for (int k = 2; mods && dense && k < 4; k++)
+        json_array_append_new(mods, json_pack("{s:i, s:s, s:s, s:s}", "idx", k, "name", k == 2 ? "2" : "3", "path",
+                                              k == 2 ? "2_Dense" : "3_Dense", "type",
+                                              "sentence_transformers.models.Dense"));
+    if (mods)
+        json_array_append_new(mods, json_pack("{s:i, s:s, s:s, s:s}", "idx", dense ? 4 : 2, "name", dense ? "4" : "2",
+                                              "path", dense ? "4_Normalize" : "2_Normalize", "type",
+                                              "sentence_transformers.models.Normalize"));
     json_t *pool = json_pack("{s:i, s:b, s:b, s:b, s:b, s:b, s:b, s:b}", "word_embedding_dimension", hidden,
-                             "pooling_mode_cls_token", 0, "pooling_mode_mean_tokens", 0, "pooling_mode_max_tokens", 0,
+                             "pooling_mode_cls_token", 0, "pooling_mode_mean_tokens", dense, "pooling_mode_max_tokens", 0,
                              "pooling_mode_mean_sqrt_len_tokens", 0, "pooling_mode_weightedmean_tokens", 0,
-                             "pooling_mode_lasttoken", 1, "include_prompt", 1);
+                             "pooling_mode_lasttoken", !dense, "include_prompt", 1);
     osp_status st = mods && pool ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
     snprintf(path, sizeof path, "%s/modules.json", dir);
     if (st == OSP_OK && json_dump_file(mods, path, JSON_INDENT(2))) st = osp_err(OSP_ERR_IO, "cannot write %s", path);
@@ -237,6 +309,8 @@ static osp_status write_st_files(const char *dir, int hidden) {
     if (st == OSP_OK && json_dump_file(pool, path, JSON_INDENT(2))) st = osp_err(OSP_ERR_IO, "cannot write %s", path);
     json_decref(mods);
     json_decref(pool);
+    if (st == OSP_OK && dense) st = write_dense(dir, "2_Dense", hidden, 4 * hidden, seed);
+    if (st == OSP_OK && dense) st = write_dense(dir, "3_Dense", 4 * hidden, hidden, seed);
     return st;
 }
 
@@ -489,7 +563,8 @@ static void synth_usage(FILE *f) {
             "Writes DIR/config.json and DIR/model.safetensors with random weights.\n"
             "presets: llama-3.2-1b, qwen3-0.6b, gemma-3-1b, gemma-4-e2b, gemma-4-26b-a4b,\n"
             "         whisper-tiny, whisper-base, whisper-small, whisper-large-v3 (bf16),\n"
-            "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head)\n"
+            "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head),\n"
+            "         qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny\n"
             "--dtype defaults to bf16 (or to the quantization of --config's file);\n"
             "quantized models use MLX affine quantization, group size 64.\n");
 }
@@ -617,7 +692,8 @@ int osp_cmd_synth(int argc, char **argv) {
         if (!cfg && (cfg = osp_encoder_preset_config(a.preset))) bare = enc = 1;
         if (!cfg)
             return synth_fail("unknown preset '%s' (llama-3.2-1b, qwen3-0.6b, gemma-3-1b, "
-                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny)", a.preset);
+                              "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny, "
+                              "qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny)", a.preset);
     } else {
         json_error_t je;
         cfg = json_load_file(a.config, 0, &je);
@@ -651,7 +727,8 @@ int osp_cmd_synth(int argc, char **argv) {
     if (st == OSP_OK) st = osp_st_writer_set_meta(w, "format", bits ? "mlx" : "pt");
     if (st == OSP_OK) st = synth_mkdir(a.out);
     if (st == OSP_OK) st = synth_write_config(cfg, bits, group, p.qover, a.out);
-    if (st == OSP_OK && bare) st = enc ? osp_encoder_synth_files(a.preset, a.out) : write_st_files(a.out, c.hidden);
+    if (st == OSP_OK && bare)
+        st = enc ? osp_encoder_synth_files(a.preset, a.out) : write_st_files(a.out, c.hidden, bare == 2, a.seed);
     if (st == OSP_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", a.out);
         synth_fill_ctx fc = {&p};

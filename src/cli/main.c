@@ -22,6 +22,7 @@ static const char *USAGE =
     "  tokenize --model M (--text TEXT | --file FILE) [--add-special]   token ids as a JSON array\n"
     "  detokenize --model M --ids 1,2,3   text of token ids\n"
     "  embed --model M (--input TEXT | -f FILE) [--dimensions N]   embeddings as JSON lines\n"
+    "  rerank --model M --query Q DOC...   relevance scores as JSON lines, the most relevant first\n"
     "  template --model M --messages FILE.json [--tools FILE.json] [--add-generation-prompt] [--var NAME=JSON]\n"
     "                                the model's chat template rendered\n"
     "  mel FILE [--n-mels 80|128] --output OUT.safetensors   Whisper's log-mel spectrogram (first 30 s)\n"
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
         {"detokenize", osp_cmd_detokenize}, {"template", osp_cmd_template}, {"chat", osp_cmd_chat},
         {"serve", osp_cmd_serve},     {"convert", osp_cmd_convert},   {"mel", osp_cmd_mel},
         {"transcribe", osp_cmd_transcribe}, {"maskbench", osp_cmd_maskbench}, {"embed", osp_cmd_embed},
+        {"rerank", osp_cmd_rerank},
     };
     for (size_t i = 0; i < sizeof CMDS / sizeof *CMDS; i++)
         if (!strcmp(cmd, CMDS[i].name)) return CMDS[i].fn(argc - 1, argv + 1);

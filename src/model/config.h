@@ -49,6 +49,9 @@ typedef struct osp_config {
     float final_softcap;  /* 0 = none */
     float attn_softcap;   /* 0 = none */
     int32_t sliding_window; /* 0 = none */
+    int bidirectional;      /* no causal mask (use_bidirectional_attention: EmbeddingGemma); the whole input in
+                               one chunk, hidden states only */
+    int32_t bidir_radius;   /* bidirectional sliding layers: |q - k| < radius (transformers' sliding_window/2 + 1) */
     uint8_t *layer_sliding; /* [n_layers] 1 = sliding-window layer */
     osp_rope rope_full, rope_sliding;
     int32_t bos_id;       /* -1 if none */

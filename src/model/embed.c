@@ -7,6 +7,7 @@
 #include <string.h>
 #include "core/json_get.h"
 #include "model.h"
+#include "safetensors.h"
 
 const char *osp_pooling_name(osp_pooling p) {
     return p == OSP_POOLING_MEAN ? "mean" : p == OSP_POOLING_CLS ? "cls" : "last token";
@@ -53,6 +54,49 @@ static osp_status read_pooling(const char *dir, const char *sub, osp_embed_confi
     return rc;
 }
 
+/* a Dense module's folder: config.json and model.safetensors (linear.weight, linear.bias) */
+static osp_status read_dense(const char *dir, const char *sub, int32_t in_width, osp_embed_dense *d) {
+    char name[300], path[4600];
+    snprintf(name, sizeof name, "%s/config.json", sub);
+    osp_status rc = OSP_OK;
+    json_t *j = load_json(dir, name, &rc);
+    if (!j) return rc != OSP_OK ? rc : osp_err(OSP_ERR_FORMAT, "%s: modules.json lists a Dense module but %s is missing", dir, name);
+    const char *act = osp_json_str(j, "activation_function");
+    d->in = osp_json_int(j, "in_features", -1), d->out = osp_json_int(j, "out_features", -1);
+    int bias = !json_is_false(json_object_get(j, "bias")); /* sentence-transformers' default: with a bias */
+    if (act && strcmp(act, "torch.nn.modules.linear.Identity") && strcmp(act, "torch.nn.modules.activation.Tanh"))
+        rc = osp_err(OSP_ERR_UNSUPPORTED, "%s/%s: activation_function %s is not supported (Identity or Tanh)", dir,
+                     name, act);
+    else if (d->in != in_width || d->out < 1 || d->out > 1 << 20)
+        rc = osp_err(OSP_ERR_FORMAT, "%s/%s: in_features %d and out_features %d do not follow a width of %d", dir,
+                     name, d->in, d->out, in_width);
+    d->tanh = !act || !strcmp(act, "torch.nn.modules.activation.Tanh"); /* (its default: Tanh) */
+    json_decref(j);
+    OSP_TRY(rc);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, sub);
+    osp_st *st;
+    OSP_TRY(osp_st_open_file(path, &st));
+    const osp_st_tensor *w = osp_st_find(st, "linear.weight"), *b = bias ? osp_st_find(st, "linear.bias") : NULL;
+    if (!w || w->ndim != 2 || w->shape[0] != d->out || w->shape[1] != d->in || (bias && (!b || b->numel != d->out)))
+        rc = osp_err(OSP_ERR_FORMAT, "%s: needs linear.weight [%d, %d]%s", path, d->out, d->in,
+                     bias ? " and linear.bias" : "");
+    int64_t nw = (int64_t)d->out * d->in;
+    if (rc == OSP_OK) {
+        d->w = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)nw);
+        d->b = bias ? osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)d->out) : NULL;
+        if (!d->w || (bias && !d->b)) rc = osp_err(OSP_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t i = 0; rc == OSP_OK && i < nw; i++) d->w[i] = osp_load_float(w->data, w->dtype, i);
+    for (int64_t i = 0; rc == OSP_OK && bias && i < d->out; i++) d->b[i] = osp_load_float(b->data, b->dtype, i);
+    osp_st_close(st);
+    return rc;
+}
+
+void osp_embed_config_free(osp_embed_config *c) {
+    for (int i = 0; i < c->n_dense; i++) osp_free(c->dense[i].w), osp_free(c->dense[i].b);
+    c->n_dense = 0;
+}
+
 static osp_status read_modules(const char *dir, json_t *mods, osp_embed_config *c) {
     if (!json_is_array(mods)) return osp_err(OSP_ERR_FORMAT, "%s/modules.json: not a list", dir);
     size_t i;
@@ -65,6 +109,11 @@ static osp_status read_modules(const char *dir, json_t *mods, osp_embed_config *
         if (!strcmp(kind, "Pooling") && !pooled) {
             OSP_TRY(read_pooling(dir, path ? path : "1_Pooling", c));
             pooled = 1;
+        } else if (!strcmp(kind, "Dense") && pooled && !c->normalize && c->n_dense < OSP_EMBED_MAX_DENSE) {
+            osp_embed_dense *d = &c->dense[c->n_dense];
+            OSP_TRY(read_dense(dir, path ? path : "2_Dense", c->dims, d));
+            c->n_dense++;
+            c->dims = d->out;
         } else if (!strcmp(kind, "Normalize") && pooled) {
             c->normalize = 1;
         } else {
@@ -81,7 +130,8 @@ static osp_status read_matryoshka(const osp_model *m, osp_embed_config *c) {
     json_t *j = load_json(m->dir, "config.json", &rc);
     if (!j) return rc;
     json_t *list = json_object_get(j, "matryoshka_dimensions"), *flag = json_object_get(j, "is_matryoshka");
-    c->matryoshka = json_is_boolean(flag) ? json_is_true(flag) : m->cfg.arch->matryoshka;
+    /* (a bidirectional Gemma 3 is EmbeddingGemma, trained for Matryoshka widths) */
+    c->matryoshka = json_is_boolean(flag) ? json_is_true(flag) : m->cfg.arch->matryoshka || m->cfg.bidirectional;
     if (json_is_array(list)) {
         size_t i;
         json_t *v;
@@ -102,7 +152,7 @@ static osp_status read_matryoshka(const osp_model *m, osp_embed_config *c) {
 
 osp_status osp_embed_config_load(const osp_model *m, osp_embed_config *c) {
     memset(c, 0, sizeof *c);
-    c->dims = m->cfg.hidden;
+    c->dims = c->hidden = m->cfg.hidden;
     if (!m->cfg.arch->hidden)
         return osp_err(OSP_ERR_UNSUPPORTED, "%s: %s models do not give hidden states: no embeddings", m->dir,
                        m->cfg.arch->name);
@@ -112,6 +162,7 @@ osp_status osp_embed_config_load(const osp_model *m, osp_embed_config *c) {
     if (mods) {
         rc = read_modules(m->dir, mods, c);
         json_decref(mods);
+        if (rc != OSP_OK) osp_embed_config_free(c);
         OSP_TRY(rc);
     } else if (m->cfg.arch->encoder) { /* no documented default for the family: CLS (bge) or mean (MiniLM) */
         return osp_err(OSP_ERR_UNSUPPORTED, "%s: an encoder pools as its sentence-transformers files say "
@@ -120,7 +171,9 @@ osp_status osp_embed_config_load(const osp_model *m, osp_embed_config *c) {
         c->pooling = OSP_POOLING_LAST, c->normalize = 1;
         snprintf(c->source, sizeof c->source, "default");
     }
-    return read_matryoshka(m, c);
+    rc = read_matryoshka(m, c);
+    if (rc != OSP_OK) osp_embed_config_free(c);
+    return rc;
 }
 
 osp_status osp_embed_check_dims(const osp_embed_config *c, int32_t d) {
@@ -163,17 +216,40 @@ void osp_embed_finish(const osp_embed_config *c, float *v, int32_t d) {
 }
 
 osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, osp_session **out) {
+    if (m->cfg.bidirectional && !m->be->bidir_attention)
+        return osp_err(OSP_ERR_UNSUPPORTED, "%s has bidirectional attention, which the %s backend does not run yet "
+                       "(--device cpu runs it)", m->dir, m->be->name);
     int64_t tok = (int64_t)rows * ctx;
     osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .max_tokens = (int32_t)(tok < 2048 ? (tok < rows ? rows : tok) : 2048)};
     if (o.max_tokens < rows) o.max_tokens = rows;
     int32_t whole = ctx > 0 && ctx < m->cfg.max_pos ? ctx : m->cfg.max_pos;
-    if (m->cfg.arch->encoder && o.max_tokens < whole) o.max_tokens = whole; /* an encoder runs an input whole */
+    if ((m->cfg.arch->encoder || m->cfg.bidirectional) && o.max_tokens < whole)
+        o.max_tokens = whole; /* an encoder (or a bidirectional decoder body) runs an input whole */
     return osp_session_new_opts(m, &o, out);
+}
+
+/* the Dense modules on one pooled vector v [H] into out [c->dims]; tmp [2][widest] */
+static void apply_dense(const osp_embed_config *c, const float *v, int64_t H, float *out, float *tmp, int64_t widest) {
+    const float *x = v;
+    for (int k = 0; k < c->n_dense; k++) {
+        const osp_embed_dense *d = &c->dense[k];
+        float *y = k == c->n_dense - 1 ? out : tmp + (k % 2) * widest;
+        for (int32_t r = 0; r < d->out; r++) {
+            const float *w = d->w + (int64_t)r * d->in;
+            double acc = d->b ? d->b[r] : 0;
+            for (int32_t j = 0; j < d->in; j++) acc += (double)w[j] * x[j];
+            y[r] = (float)(d->tanh ? tanh(acc) : acc);
+        }
+        x = y;
+    }
+    if (!c->n_dense) memcpy(out, v, sizeof(float) * (size_t)H);
 }
 
 osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_t *const *ids, const int32_t *len,
                          int32_t n, float *out) {
-    const int64_t H = c->dims;
+    /* the pooled width is the model's; the output's the last Dense module's (a config made by hand may say only
+     * dims) */
+    const int64_t H = s->m->cfg.hidden, D = c->n_dense ? c->dense[c->n_dense - 1].out : H;
     const int32_t R = osp_session_rows(s), ctx = osp_session_max_ctx(s);
     for (int32_t i = 0; i < n; i++)
         if (len[i] < 1 || len[i] > ctx)
@@ -182,12 +258,16 @@ osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_
     int32_t maxlen = 0;
     for (int32_t i = 0; i < n; i++) maxlen = len[i] > maxlen ? len[i] : maxlen;
     int all = c->pooling == OSP_POOLING_MEAN;
+    int64_t widest = H;
+    for (int k = 0; k < c->n_dense; k++) widest = c->dense[k].out > widest ? c->dense[k].out : widest;
     int32_t *rows = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)R * 2);
     int32_t *buf = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)R * (size_t)maxlen);
     float *h = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)R * (size_t)H * (size_t)(all ? maxlen : 1));
-    osp_status rc = rows && buf && h ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
-    for (int32_t i0 = 0; i0 < n && rc == OSP_OK; i0 += R) {
-        int32_t nb = n - i0 < R ? n - i0 : R, T = 0, *pos = rows + R;
+    float *pv = osp_malloc(OSP_POOL_MISC, sizeof(float) * (size_t)(H + 2 * widest));
+    osp_status rc = rows && buf && h && pv ? OSP_OK : osp_err(OSP_ERR_NOMEM, "out of memory");
+    for (int32_t i0 = 0, nb; i0 < n && rc == OSP_OK; i0 += nb) {
+        nb = n - i0 < R ? n - i0 : R;
+        int32_t T = 0, *pos = rows + R;
         for (int32_t b = 0; b < nb; b++) T = len[i0 + b] > T ? len[i0 + b] : T;
         for (int32_t b = 0; b < nb; b++) {
             int32_t L = len[i0 + b];
@@ -197,12 +277,15 @@ osp_status osp_embed_run(osp_session *s, const osp_embed_config *c, const int32_
             for (int32_t t = L; t < T; t++) buf[(int64_t)b * T + t] = ids[i0 + b][L - 1]; /* padding: unseen (lens) */
         }
         rc = osp_forward_rows_hidden_lens(s, rows, nb, buf, T, len + i0, all ? NULL : pos, h);
-        for (int32_t b = 0; b < nb && rc == OSP_OK; b++)
-            osp_embed_pool(c->pooling, h + (int64_t)b * (all ? T : 1) * H, len[i0 + b], H, out + (int64_t)(i0 + b) * H);
+        for (int32_t b = 0; b < nb && rc == OSP_OK; b++) {
+            osp_embed_pool(c->pooling, h + (int64_t)b * (all ? T : 1) * H, len[i0 + b], H, pv);
+            apply_dense(c, pv, H, out + (int64_t)(i0 + b) * D, pv + H, widest);
+        }
         for (int32_t b = 0; b < nb; b++) osp_session_reset_row(s, b);
     }
     osp_free(rows);
     osp_free(buf);
     osp_free(h);
+    osp_free(pv);
     return rc;
 }

@@ -94,7 +94,7 @@ static osp_status forward_rows(osp_session *s, const int32_t *rows, int32_t nb, 
     for (int32_t b = 0; lens && b < nb; b++)
         if (lens[b] < 1 || lens[b] > n_tok)
             return osp_err(OSP_ERR_RANGE, "row %d: length %d is not within the call's %d tokens", b, lens[b], n_tok);
-    if (c->arch->encoder) return encoder_rows(s, rows, nb, ids, n_tok, lens, hid);
+    if (c->arch->encoder || c->bidirectional) return encoder_rows(s, rows, nb, ids, n_tok, lens, hid);
     for (int32_t b = 0; b < nb; b++) OSP_TRY(osp_kv_reserve(kv, rows[b], kv->pos[rows[b]] + n_tok));
     s->rows = rows;
     s->nb = nb;

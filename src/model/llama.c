@@ -38,6 +38,12 @@ static osp_status configure_gemma3(const json_t *root, const json_t *tc, const c
     c->attn_scale = (float)pow(osp_json_num(tc, "query_pre_attn_scalar", c->head_dim), -0.5);
     c->final_softcap = (float)osp_json_num(tc, "final_logit_softcapping", 0);
     c->attn_softcap = (float)osp_json_num(tc, "attn_logit_softcapping", 0);
+    /* EmbeddingGemma: no causal mask; a sliding layer sees |q - k| < sliding_window/2 + 1 (transformers turns
+     * the window's width into that exclusive radius when it reads the config) */
+    if (json_is_true(json_object_get(tc, "use_bidirectional_attention"))) {
+        c->bidirectional = 1;
+        c->bidir_radius = c->sliding_window > 0 ? c->sliding_window / 2 + 1 : 0;
+    }
     return OSP_OK;
 }
 
@@ -126,7 +132,14 @@ static void attention_block(osp_session *s, int li, int32_t B, int32_t T, const 
     /* exact tokens: each token sees the earlier ones as stored, as in decode steps. One token: storing it
      * first changes nothing its attention reads (its own K/V come from k/v; a ring slot it overwrites is
      * out of its window). */
-    if (s->exact || T == 1) {
+    if (c->bidirectional) { /* no cache: the whole input is this chunk (forward_chunk checks) */
+        osp_be_rope_qk(be, bs, &r);
+        osp_bidir_attn_args ba = {.q = sc->q, .k = sc->k, .v = sc->v, .out = sc->att, .len = s->lens, .nb = B,
+                                  .T = T, .n_heads = (int32_t)Hq, .n_kv_heads = (int32_t)Hkv, .head_dim = (int32_t)D,
+                                  .radius = c->layer_sliding[li] ? c->bidir_radius : 0, .scale = c->attn_scale,
+                                  .softcap = c->attn_softcap};
+        be->bidir_attention(bs, &ba);
+    } else if (s->exact || T == 1) {
         r.kv = s->kv, r.layer = li, r.rows = s->rows, r.v = sc->v, r.attn = &a;
         osp_be_rope_qk(be, bs, &r);
     } else {
@@ -172,6 +185,14 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     const osp_config *c = &m->cfg;
     osp_scratch *sc = &s->sc;
     int32_t B = s->nb;
+    if (c->bidirectional) { /* every position sees the ones after it: forward.c runs it as an encoder (arch.h) */
+        if (!s->be->bidir_attention)
+            return osp_err(OSP_ERR_UNSUPPORTED, "%s: bidirectional attention is not on the %s backend yet", m->dir,
+                           s->be->name);
+        if (logits || T != ld_rows || T > OSP_BIDIR_MAX_T)
+            return osp_err(OSP_ERR_UNSUPPORTED, "%s has bidirectional attention: it embeds inputs of at most %d "
+                           "tokens whole (no logits, no chunks)", m->dir, OSP_BIDIR_MAX_T);
+    }
     if (ids) s->be->embed(s->bs, &m->embed, m->embed_scale, ids, (int64_t)B * T, sc->x);
     else s->be->embed_prev(s->bs, osp_model_embed_rows(m), m->embed_scale, (int64_t)B * T, sc->x);
     for (int li = 0; li < c->n_layers; li++) {
@@ -181,7 +202,7 @@ static osp_status forward_chunk(osp_session *s, const int32_t *ids, int32_t T, i
     /* the last layer's output: added with the head's norm, or here for an intermediate chunk */
     const osp_dbuf *res = c->n_layers ? sc->tmp : NULL;
     if (res && !logits) s->be->add(s->bs, sc->x, res, (int64_t)B * T * c->hidden);
-    for (int32_t b = 0; b < B; b++) s->kv->pos[s->rows[b]] += T;
+    for (int32_t b = 0; b < B && !c->bidirectional; b++) s->kv->pos[s->rows[b]] += T; /* (no cache: no position) */
     if (logits) { /* NULL: an intermediate prefill chunk */
         osp_head_args h = {.x = sc->x, .norm = m->final_norm, .w = &m->head, .B = B, .T = T,
                            .all_logits = all_logits, .hidden = c->hidden, .vocab = c->vocab, .ld_rows = ld_rows,
@@ -213,7 +234,8 @@ const osp_arch_ops osp_arch_qwen3 = {
     .model_types = (const char *const[]){"qwen3", NULL}, .act_default = "silu", .configure = configure_qwen3,
     .matryoshka = 1, LLAMA_BODY};
 const osp_arch_ops osp_arch_gemma3 = {
-    .name = "gemma3", .hf_names = (const char *const[]){"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", NULL},
+    .name = "gemma3",
+    .hf_names = (const char *const[]){"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma3TextModel", NULL},
     .model_types = (const char *const[]){"gemma3_text", "gemma3", NULL}, .tie_default = 1,
     .act_default = "gelu_pytorch_tanh", .sliding_pattern = 1, .local_rope_base = 1, .configure = configure_gemma3,
     LLAMA_BODY};

@@ -16,15 +16,16 @@
  * floats printed with 9 significant digits, which give back the f32 bits.
  *
  * A request's inputs run together as rows of one forward (up to --parallel
- * at a time, model/embed.c's osp_embed_run); requests take turns on the one
- * embedding session (a mutex): requests are not batched with each other
- * yet. The session computes in the device's production precision, as chat
- * does. */
+ * at a time, model/embed.c's osp_embed_run), and with the inputs of the
+ * requests waiting when it starts (server/seqbatch.h: batching across
+ * requests). The session computes in the device's production precision, as
+ * chat does. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/base64.h"
 #include "model/embed.h"
+#include "server/seqbatch.h"
 #include "server/server_internal.h"
 
 #define MAX_INPUTS 2048
@@ -36,15 +37,20 @@ typedef struct srv_embed {
     osp_session *session;
     int32_t ctx, rows, vocab;
     char name[256];     /* the id answered when a request names none */
-    pthread_mutex_t mu; /* one request on the session at a time */
+    srv_seqbatch batch; /* the requests' inputs, batched across requests, on the session */
+    int batch_init;
 } srv_embed;
+
+static osp_status embed_rows(void *ctx, const int32_t *const *ids, const int32_t *len, int32_t n, float *out) {
+    srv_embed *e = ctx;
+    return osp_embed_run(e->session, &e->cfg, ids, len, n, out);
+}
 
 int srv_embed_setup(srv *s) {
     const osp_serve_config *c = &s->cfg;
     if (!c->embedding_model) return 0;
     srv_embed *e = calloc(1, sizeof *e);
     if (!e) return osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
-    pthread_mutex_init(&e->mu, NULL);
     s->embed = e;
     osp_model_params mp = {.device = (osp_device)c->device, .place = 1};
     if (osp_model_load_params(c->embedding_model, &mp, &e->model) != OSP_OK) return -1;
@@ -57,6 +63,8 @@ int srv_embed_setup(srv *s) {
     srv_model_name(c->embedding_model, e->name, sizeof e->name);
     if (osp_embed_session_new(e->model, e->rows, e->ctx, &e->session) != OSP_OK) return -1;
     osp_session_set_fast(e->session, 1);
+    srv_seqbatch_init(&e->batch, embed_rows, e, e->cfg.dims);
+    e->batch_init = 1;
     OSP_LOG(1, "osprey serve: embedding model %s (%s, %d dimensions, %s pooling%s from %s, Matryoshka %s, context %d) "
             "on /v1/embeddings", c->embedding_model, in->architecture, e->cfg.dims, osp_pooling_name(e->cfg.pooling),
             e->cfg.normalize ? ", normalized" : "", e->cfg.source, e->cfg.matryoshka ? "yes" : "no", e->ctx);
@@ -67,9 +75,14 @@ void srv_embed_teardown(srv *s) {
     srv_embed *e = s->embed;
     if (!e) return;
     osp_session_free(e->session);
+    osp_embed_config_free(&e->cfg);
     osp_tokenizer_free(e->tok);
     osp_model_free(e->model);
-    pthread_mutex_destroy(&e->mu);
+    if (e->batch_init) {
+        OSP_LOG(2, "osprey serve: embeddings: %lld requests in %lld forward calls", (long long)e->batch.jobs,
+                (long long)e->batch.calls);
+        srv_seqbatch_destroy(&e->batch);
+    }
     free(e);
     s->embed = NULL;
 }
@@ -186,9 +199,7 @@ int srv_embed_respond(srv *s, srv_req *c, const json_t *body) {
         tokens += len[i];
     }
     atomic_fetch_add(&s->active, 1);
-    pthread_mutex_lock(&e->mu);
-    osp_status st = osp_embed_run(e->session, &e->cfg, (const int32_t *const *)ids, len, n, out);
-    pthread_mutex_unlock(&e->mu);
+    osp_status st = srv_seqbatch_run(&e->batch, (const int32_t *const *)ids, len, n, out);
     atomic_fetch_sub(&s->active, 1);
     if (st != OSP_OK) {
         rc = srv_send_error(s, c, 500, osp_last_error());

@@ -14,6 +14,7 @@
  *   GET  /stats, /metrics                the counters: JSON; Prometheus text (server/stats.c)
  *   POST /v1/audio/transcriptions, /v1/audio/translations (multipart; audio.c; --max-audio-body)
  *   POST /v1/embeddings, /embeddings (embed.c; --embedding-model)
+ *   POST /v1/rerank, /rerank, /v1/reranking, /reranking (rerank.c; --rerank-model)
  *   OPTIONS *                            CORS preflight
  * Anything else is a 404; a known route with the wrong method a 405.
  *
@@ -177,7 +178,7 @@ static int check_key(srv *s, srv_req *c) {
 }
 
 enum { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE, R_STATS, R_METRICS,
-       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, R_RESPONSE, R_EMBEDDINGS };
+       R_TRANSCRIBE, R_TRANSLATE, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES, R_RESPONSE, R_EMBEDDINGS, R_RERANK };
 
 /* The route of url; *arg = the rest after a prefix route (R_MODEL). */
 static int route_of(const char *url, int *is_post, const char **arg) {
@@ -194,6 +195,8 @@ static int route_of(const char *url, int *is_post, const char **arg) {
         {"/v1/messages", R_MESSAGES, 1},  {"/v1/messages/count_tokens", R_COUNT_TOKENS, 1},
         {"/v1/responses", R_RESPONSES, 1}, {"/responses", R_RESPONSES, 1},
         {"/v1/embeddings", R_EMBEDDINGS, 1}, {"/embeddings", R_EMBEDDINGS, 1},
+        {"/v1/rerank", R_RERANK, 1},       {"/rerank", R_RERANK, 1},
+        {"/v1/reranking", R_RERANK, 1},    {"/reranking", R_RERANK, 1},
     };
     size_t n = strlen(url);
     while (n > 1 && url[n - 1] == '/') n--;
@@ -259,6 +262,8 @@ static int model_mismatch(srv *s, const json_t *body, char *msg, size_t cap) {
                       "beside --audio-model for both)"
 #define NO_CHAT_MODEL_EMBED "no chat model is served: this server embeds only (start osprey serve with a MODEL beside " \
                             "--embedding-model for both)"
+#define NO_CHAT_MODEL_RERANK "no chat model is served: this server reranks only (start osprey serve with a MODEL beside " \
+                             "--rerank-model for both)"
 #define NO_AUDIO_MODEL "no audio model is served (start osprey serve with --audio-model)"
 
 /* ---- at the head ---- */
@@ -281,10 +286,12 @@ int srv_http_admit(srv *s, srv_req *c, size_t *limit, char *msg, size_t cap) {
         if (audio && !s->audio) return snprintf(msg, cap, NO_AUDIO_MODEL), 404;
         if (route == R_EMBEDDINGS && !s->embed)
             return snprintf(msg, cap, "no embedding model is served (start osprey serve with --embedding-model)"), 404;
+        if (route == R_RERANK && !s->rerank)
+            return snprintf(msg, cap, "no reranker is served (start osprey serve with --rerank-model)"), 404;
         if ((route == R_CHAT || route == R_COMPLETIONS || route == R_TOKENIZE || route == R_DETOKENIZE ||
              route == R_TEMPLATE || route == R_MESSAGES || route == R_COUNT_TOKENS || route == R_RESPONSES ||
              route == R_RESPONSE) && !s->model)
-            return snprintf(msg, cap, "%s", s->audio ? NO_CHAT_MODEL : NO_CHAT_MODEL_EMBED), 404;
+            return snprintf(msg, cap, "%s", s->audio ? NO_CHAT_MODEL : s->embed ? NO_CHAT_MODEL_EMBED : NO_CHAT_MODEL_RERANK), 404;
     }
     return 0;
 }
@@ -429,6 +436,7 @@ static void route_request(srv *s, srv_req *c) {
         else srv_responses(s, c, body);
         break;
     case R_EMBEDDINGS: srv_embed_respond(s, c, body); break;
+    case R_RERANK: srv_rerank_respond(s, c, body); break;
     case R_TOKENIZE: do_tokenize(s, c, body); break;
     case R_DETOKENIZE: do_detokenize(s, c, body); break;
     case R_TEMPLATE: {

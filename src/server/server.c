@@ -121,7 +121,7 @@ int osp_serve(const osp_serve_config *cfg) {
     s->cfg = *cfg;
     osp_log_level = cfg->log_level;
     s->created = (long long)time(NULL);
-    srv_model_name(cfg->model ? cfg->model : cfg->audio_model ? cfg->audio_model : cfg->embedding_model, s->model_name,
+    srv_model_name(cfg->model ? cfg->model : cfg->audio_model ? cfg->audio_model : cfg->embedding_model ? cfg->embedding_model : cfg->rerank_model, s->model_name,
                    sizeof s->model_name);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);

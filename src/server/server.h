@@ -64,6 +64,7 @@ typedef struct osp_serve_config {
     const char *audio_tokenizer;/* its tokenizer (tokenizer.json or .tiktoken) when not in the folder */
     size_t max_audio_body;      /* upload limit of the audio routes (default 25 MiB) */
     const char *embedding_model;/* a model for POST /v1/embeddings (server/embed.c), or NULL */
+    const char *rerank_model;   /* a reranker for POST /v1/rerank (server/rerank.c), or NULL */
     size_t responses_store;     /* bytes of stored Responses kept (default 64 MiB; 0 = none stored) */
     double responses_ttl;       /* s a stored Response is kept (default 30 days) */
 } osp_serve_config;

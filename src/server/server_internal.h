@@ -208,6 +208,7 @@ typedef struct srv {
     struct srv_embed *embed;  /* the embedding model (embed.c), or NULL */
     osp_grammar_vocab *gvocab;/* structured output: the tokenizer's trie (NULL: none for this tokenizer) */
     struct srv_gcache *gcache;/* compiled grammars (structured.c) */
+    struct srv_rerank *rerank;/* the reranker (rerank.c), or NULL */
 } srv;
 
 /* structured.c: compiled grammars in an LRU shared by requests, by what
@@ -239,6 +240,10 @@ int srv_audio_respond(srv *s, srv_req *q, const char *body, size_t len, int tran
 int srv_embed_setup(srv *s);
 void srv_embed_teardown(srv *s);
 int srv_embed_respond(srv *s, srv_req *q, const json_t *body);
+/* rerank.c: --rerank-model (0 ok, else osp_last_error) and POST /v1/rerank */
+int srv_rerank_setup(srv *s);
+void srv_rerank_teardown(srv *s);
+int srv_rerank_respond(srv *s, srv_req *q, const json_t *body);
 
 /* http.c: at a request's head (front.c's thread): 0 to read its body (up
  * to *limit bytes), else the status to refuse it with, and why in msg. */

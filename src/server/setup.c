@@ -119,7 +119,7 @@ int srv_setup(srv *s) {
     double t0 = osp_now_s();
     osp_alloc_long_running();
     if (!c->model) { /* audio and/or embeddings only */
-        if (srv_audio_setup(s) || srv_embed_setup(s)) return -1;
+        if (srv_audio_setup(s) || srv_embed_setup(s) || srv_rerank_setup(s)) return -1;
         if (s->audio)
             OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations (no chat "
                     "model)", c->audio_model);
@@ -191,13 +191,14 @@ int srv_setup(srv *s) {
             so.kv_bits && so.kv_bits != 16 ? " (affine-quantized)" : "", s->kv_budget / 1048576.0, full / (double)c->parallel / 1048576.0);
     if (srv_audio_setup(s)) return -1;
     if (s->audio) OSP_LOG(1, "osprey serve: audio model %s on /v1/audio/transcriptions and /v1/audio/translations", c->audio_model);
-    return srv_embed_setup(s);
+    return srv_embed_setup(s) || srv_rerank_setup(s) ? -1 : 0;
 }
 
 
 void srv_teardown(srv *s) {
     srv_audio_teardown(s);
     srv_embed_teardown(s);
+    srv_rerank_teardown(s);
     /* a clean shutdown writes what is only in memory; under --drain-timeout for at most 5 s more, the most
      * recently used entries first, so that the drain's bound holds whatever clients put in the cache */
     osp_prefix_free_within(s->pc, s->cfg.drain_timeout > 0 ? 5.0 : 0);

@@ -12,6 +12,7 @@
  * text is walked by extended grapheme clusters: a cluster of fewer than 6 bytes whose bytes begin with a key is
  * replaced by the shortest such key's replacement; otherwise each of its characters is, when one begins it, else
  * kept (spm_precompiled's normalize_string, as it is). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -152,8 +153,9 @@ osp_status tk_unigram_piece(tk_ctx *c, const tk_piece *pc, tk_ivec *out) {
         end = a;
     }
     size_t npairs = (out->n - first) / 2;
-    int32_t *pairs = (int32_t *)tk_arena_alloc(&c->arena, npairs * 2 * sizeof(int32_t));
-    if (!pairs) return osp_err(OSP_ERR_NOMEM, "tokenizer: out of memory");
+    char *raw = tk_arena_alloc(&c->arena, npairs * 2 * sizeof(int32_t) + sizeof(int32_t) - 1);
+    if (!raw) return osp_err(OSP_ERR_NOMEM, "tokenizer: out of memory");
+    int32_t *pairs = (int32_t *)(raw + (-(uintptr_t)raw & (sizeof(int32_t) - 1))); /* (the arena's bytes: aligned here) */
     memcpy(pairs, out->p + first, npairs * 2 * sizeof(int32_t));
     out->n = first;
     for (size_t k = npairs; k-- > 0;) OSP_TRY(emit(t, s, (size_t)pairs[2 * k + 1], (size_t)pairs[2 * k], out));

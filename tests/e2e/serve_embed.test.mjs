@@ -172,3 +172,34 @@ test('an embedding model alone: embeddings served, chat routes 404', async () =>
     (e) => e);
   assert.ok(bad && /no lm_head/.test(bad.message), String(bad));
 });
+
+test('EmbeddingGemma (bidirectional, mean pooling, two Dense modules): a batch of lengths as each alone', async () => {
+  const eg = path.join(ROOT, 'tests', 'data', 'embeddinggemma', 'embeddinggemma-tiny');
+  const s = await startServer(['--embedding-model', eg, '--parallel', '3'], { model: null });
+  try {
+    const inputs = ['hi', 'the cat sat on the mat by the fire, then there was snow', 'x', 'in the winter'];
+    const all = await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: inputs }) });
+    assert.equal(all.status, 200, all.text);
+    for (let i = 0; i < inputs.length; i++) {
+      const one = await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: inputs[i] }) });
+      const a = all.json.data[i].embedding, b = one.json.data[0].embedding;
+      assert.equal(a.length, 64);
+      assert.ok(Math.abs(norm(a) - 1) < 1e-5);
+      assert.ok(maxDiff(a, b) < 1e-5, `input ${i}: ${maxDiff(a, b)}`); // padding unseen by the bidirectional rows
+    }
+    // requests at once are batched with each other (rows of the same forward calls): each as it is alone
+    const solo = [];
+    for (const x of inputs) solo.push((await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: x }) })).json);
+    const many = await Promise.all([...inputs, ...inputs].map((x) =>
+      raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: x }) })));
+    many.forEach((r, k) => {
+      assert.equal(r.status, 200, r.text);
+      assert.ok(maxDiff(r.json.data[0].embedding, solo[k % inputs.length].data[0].embedding) < 1e-5, `request ${k}`);
+    });
+    const mrl = await raw(s.base, '/v1/embeddings', { body: JSON.stringify({ input: 'hi', dimensions: 32 }) });
+    assert.equal(mrl.status, 200, mrl.text);
+    assert.equal(mrl.json.data[0].embedding.length, 32);
+  } finally {
+    assert.equal((await s.stop()).code, 0, s.log());
+  }
+});

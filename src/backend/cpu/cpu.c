@@ -301,6 +301,7 @@ static osp_backend CPU = {
     .rope = rope,
     .embed = embed,
     .attention = osp_cpu_attention,
+    .bidir_attention = osp_cpu_bidir_attention,
     .kv_write = osp_cpu_kv_write,
     .head = head,
     .moe = moe,

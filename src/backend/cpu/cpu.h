@@ -31,6 +31,7 @@ struct osp_be_session {
 void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, const osp_dbuf *x, int64_t n,
                     osp_dbuf *const *ys);
 void osp_cpu_attention(osp_be_session *s, const osp_attn_args *a);
+void osp_cpu_bidir_attention(osp_be_session *s, const osp_bidir_attn_args *a); /* cpu/bidir.c */
 void osp_cpu_kv_write(osp_be_session *s, struct osp_kv *kv, int32_t layer, const int32_t *rows, int32_t nb,
                       const osp_dbuf *k, const osp_dbuf *v, int32_t T);
 /* the encoder-decoder operations (encdec.c) into the table */

@@ -564,7 +564,8 @@ static void synth_usage(FILE *f) {
             "presets: llama-3.2-1b, qwen3-0.6b, gemma-3-1b, gemma-4-e2b, gemma-4-26b-a4b,\n"
             "         whisper-tiny, whisper-base, whisper-small, whisper-large-v3 (bf16),\n"
             "         tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny (embedders: no lm_head),\n"
-            "         qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny\n"
+            "         qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny,\n"
+            "         all-minilm-l6-v2, bge-m3, bert-tiny, xlmr-tiny, xlmr-reranker-tiny (encoders)\n"
             "--dtype defaults to bf16 (or to the quantization of --config's file);\n"
             "quantized models use MLX affine quantization, group size 64.\n");
 }
@@ -693,7 +694,8 @@ int osp_cmd_synth(int argc, char **argv) {
         if (!cfg)
             return synth_fail("unknown preset '%s' (llama-3.2-1b, qwen3-0.6b, gemma-3-1b, "
                               "gemma-4-e2b, gemma-4-26b-a4b, tiny-llama, qwen3-embedding-0.6b, qwen3-embedding-tiny, "
-                              "qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny)", a.preset);
+                              "qwen3-reranker-tiny, embeddinggemma-300m, embeddinggemma-tiny, all-minilm-l6-v2, bge-m3, "
+                              "bert-tiny, xlmr-tiny, xlmr-reranker-tiny, whisper-tiny|base|small|large-v3)", a.preset);
     } else {
         json_error_t je;
         cfg = json_load_file(a.config, 0, &je);

@@ -50,6 +50,8 @@ static void test_regex_plain(void **st) {
     assert_int_equal(gr_regex_dfa("a)", 2, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
     assert_int_equal(gr_regex_dfa("\\1", 2, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
     assert_int_equal(gr_regex_dfa("*", 1, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
+    /* a count of many digits is too large, not an overflow (UBSan watches) */
+    assert_int_equal(gr_regex_dfa("a{0,36666666666666666666666666}", 31, GR_RE_PLAIN, &d), OSP_ERR_UNSUPPORTED);
 }
 
 static void test_regex_json_string(void **st) {

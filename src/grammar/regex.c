@@ -238,8 +238,10 @@ static int32_t parse_class(rparse *p) {
 static int parse_int(rparse *p, int32_t *v) {
     int d = 0;
     int64_t x = 0;
-    while (peek(p) >= '0' && peek(p) <= '9') x = x * 10 + (p->s[p->i++] - '0'), d++;
-    if (x > RE_MAX_COUNT) x = RE_MAX_COUNT + 1;
+    while (peek(p) >= '0' && peek(p) <= '9') {
+        x = x * 10 + (p->s[p->i++] - '0'), d++;
+        if (x > RE_MAX_COUNT) x = RE_MAX_COUNT + 1; /* (saturated as it goes: a long run of digits cannot overflow) */
+    }
     *v = (int32_t)x;
     return d;
 }

@@ -4,8 +4,8 @@
 # anything about speed. scripts/test.sh runs it. What it runs (the emulator runs one kernel at a time, so a process
 # uses one core; the jobs below go to $OSP_CUEMU_JOBS workers, default nproc, longest first):
 #   - scripts/test-gpu.sh's core part, job by job (the list below follows it): test_cuda, the suites (the long
-#     ones on fewer cases when built on the emulator: each test says how), test_batch and test_ids_out again
-#     without CUDA graphs, every golden in every mode, Whisper;
+#     ones on fewer cases when built on the emulator: each test says how), the embedders and rerankers, test_batch
+#     and test_ids_out again without CUDA graphs, every golden in every mode, Whisper;
 #   - its fuse part (scripts/test-gpu.sh with OSP_GPU_PARTS=fuse), as one job;
 #   - every golden in every mode and both precisions on an emulator build with ASan + UBSan (build-cuemu-asan):
 #     an out-of-bounds or misaligned access in a kernel or the backend is a failure.
@@ -29,7 +29,8 @@ a=$root/build-cuemu-asan
     # the ASan build, on one core while the other starts the suites; its goldens wait for it (asan.built)
     echo "build-cuemu-asan|cmake -S .. -B '$a' -DOSP_CUDA_EMU=ON -DOSP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null && cmake --build '$a' --target osprey golden_compare && touch '$logs/asan.built'"
     for t in test_kv_quant test_ids_out test_spec test_cuda test_parity test_prefix_cache test_batch test_shapes \
-        test_fast_path test_whisper test_generate test_fortune test_mixed_quant test_gemma4_layouts test_encdec; do
+        test_fast_path test_whisper test_generate test_fortune test_mixed_quant test_gemma4_layouts test_rerank \
+        test_embed test_embeddinggemma test_encdec test_bert; do
         echo "$t|'$b/tests/$t'"
         # eager steps only (no CUDA graphs): the same numbers
         case $t in test_ids_out | test_batch) echo "$t (no graphs)|OSP_CUDA_GRAPHS=0 '$b/tests/$t'" ;; esac

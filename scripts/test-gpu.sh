@@ -50,6 +50,11 @@ for t in test_parity test_shapes test_batch test_ids_out test_fast_path test_kv_
     test_mixed_quant test_gemma4_layouts test_prefix_cache test_spec; do
     run "$t" "$(bin "$t")"
 done
+# the embedders and rerankers (BERT and XLM-R encoders, EmbeddingGemma's bidirectional attention, the rerankers,
+# Qwen3-Embedding): their goldens at the CPU's bound, in reference precision, batched and alone
+for t in test_bert test_embeddinggemma test_rerank test_embed; do
+    run "$t" "$(bin "$t")"
+done
 # eager steps only (no CUDA graphs): the same numbers
 OSP_CUDA_GRAPHS=0 run "test_batch (no graphs)" "$(bin test_batch)"
 OSP_CUDA_GRAPHS=0 run "test_ids_out (no graphs)" "$(bin test_ids_out)"

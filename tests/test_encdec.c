@@ -1,6 +1,7 @@
 /* The encoder-decoder operations of osp_backend (model/whisper.c's: linear,
  * layernorm, gelu, im2col, pack_kv, full attention and scores, the row
- * caches) against scalar references computed here in double precision, on
+ * caches) and the bidirectional encoders' attention (model/llama.c's
+ * EmbeddingGemma) against scalar references computed here in double precision, on
  * random data, on the device osp_backend_get picks: the CPU here,
  * OSP_DEVICE=cuda on a GPU (scripts/test-gpu.sh). */
 #include <math.h>
@@ -259,6 +260,65 @@ static void test_full_attention_fast(void **state) {
     be->set_fast(S, 0);
 }
 
+/* Bidirectional attention (osp_bidir_attn_args) against a double reference: rows of their own lengths (the padding's
+ * K and V large, so that a key of it seen anywhere shows), query heads sharing KV heads, full and windowed (a
+ * padded query past its row's window sees nothing: zeros), with and without a soft-cap; then one long row whose
+ * scores need more than 48 KiB of a GPU block's shared memory, and EmbeddingGemma-300M's shapes. */
+static void bidir_case(int32_t nb, int32_t T, const int32_t *len, int32_t Hq, int32_t Hkv, int32_t D, int32_t radius,
+                       float scale, float softcap) {
+    const int64_t ldq = (int64_t)Hq * D, ldk = (int64_t)Hkv * D, N = (int64_t)nb * T;
+    float *q = rnd(N * ldq, 1), *k = rnd(N * ldk, 1), *v = rnd(N * ldk, 1);
+    for (int32_t b = 0; b < nb; b++)
+        for (int64_t t = len ? len[b] : T; t < T; t++)
+            for (int64_t c = 0; c < ldk; c++) k[(b * T + t) * ldk + c] = 50, v[(b * T + t) * ldk + c] = 1e4f;
+    osp_dbuf *dq = up(q, N * ldq), *dk = up(k, N * ldk), *dv = up(v, N * ldk), *dout = be->alloc((size_t)(N * ldq));
+    be->begin_chunk(S, nb, T);
+    osp_bidir_attn_args a = {.q = dq, .k = dk, .v = dv, .out = dout, .len = len, .nb = nb, .T = T, .n_heads = Hq,
+                             .n_kv_heads = Hkv, .head_dim = D, .radius = radius, .scale = scale, .softcap = softcap};
+    be->bidir_attention(S, &a);
+    float *out = down(dout, N * ldq);
+    double *p = malloc(sizeof(double) * (size_t)T), *ref = malloc(sizeof(double) * (size_t)D);
+    for (int32_t b = 0; b < nb; b++)
+        for (int32_t h = 0; h < Hq; h++)
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t L = len ? len[b] : T, hk = h / (Hq / Hkv);
+                int64_t lo = 0, hi = L;
+                if (radius) lo = t - radius + 1 > 0 ? t - radius + 1 : 0, hi = t + radius < L ? t + radius : L;
+                const float *qr = q + (b * T + t) * ldq + h * D;
+                for (int64_t j = lo; j < hi; j++) {
+                    double x = 0;
+                    for (int e = 0; e < D; e++) x += (double)qr[e] * k[(b * T + j) * ldk + hk * D + e];
+                    x *= scale;
+                    p[j - lo] = softcap > 0 ? softcap * tanh(x / softcap) : x;
+                }
+                if (hi > lo) softmax_d(p, hi - lo);
+                for (int e = 0; e < D; e++) {
+                    ref[e] = 0;
+                    for (int64_t j = lo; j < hi; j++) ref[e] += p[j - lo] * v[(b * T + j) * ldk + hk * D + e];
+                    near("bidir_attention", (b * T + t) * ldq + h * D + e, out[(b * T + t) * ldq + h * D + e], ref[e],
+                         1e-5);
+                }
+            }
+    free(q), free(k), free(v), free(out), free(p), free(ref);
+    be->free(dq), be->free(dk), be->free(dv), be->free(dout);
+}
+
+static void test_bidir_attention(void **state) {
+    (void)state;
+    if (!be->bidir_attention) fail_msg("%s has no bidirectional attention", be->name);
+    const int32_t lens[3] = {21, 13, 4};
+    bidir_case(3, 21, lens, 4, 2, 8, 0, 0.3f, 0.0f);
+    bidir_case(3, 21, lens, 4, 2, 8, 5, 0.3f, 0.0f);
+    bidir_case(3, 21, lens, 4, 2, 8, 5, 0.9f, 2.0f);
+    bidir_case(3, 21, lens, 4, 4, 16, 1, 0.5f, 0.0f);
+    bidir_case(2, 7, NULL, 2, 1, 8, 3, 0.4f, 0.0f);
+    const int32_t one[1] = {3090};
+    bidir_case(1, 3100, one, 1, 1, 8, 0, 0.2f, 0.0f);
+    /* EmbeddingGemma-300M's heads (3 query heads of 256 on one KV head) and sliding radius, two rows */
+    const int32_t two[2] = {600, 390};
+    bidir_case(2, 600, two, 3, 1, 256, 257, 0.0625f, 0.0f);
+}
+
 /* 2 rows of a 12-position cache: row 1 filled to 6 by a chunk, then a step of both rows (row 0 at 0) */
 static void test_rows_attention(void **state) {
     (void)state;
@@ -316,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_full_attention),
         cmocka_unit_test(test_full_attention_fast),
         cmocka_unit_test(test_rows_attention),
+        cmocka_unit_test(test_bidir_attention),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     be->session_free(S);

@@ -65,9 +65,10 @@ int srv_embed_setup(srv *s) {
     osp_session_set_fast(e->session, 1);
     srv_seqbatch_init(&e->batch, embed_rows, e, e->cfg.dims);
     e->batch_init = 1;
-    OSP_LOG(1, "osprey serve: embedding model %s (%s, %d dimensions, %s pooling%s from %s, Matryoshka %s, context %d) "
-            "on /v1/embeddings", c->embedding_model, in->architecture, e->cfg.dims, osp_pooling_name(e->cfg.pooling),
-            e->cfg.normalize ? ", normalized" : "", e->cfg.source, e->cfg.matryoshka ? "yes" : "no", e->ctx);
+    OSP_LOG(1, "osprey serve: embedding model %s (%s, %d dimensions, %s pooling%s from %s, Matryoshka %s, context %d; "
+            "%s) on /v1/embeddings", c->embedding_model, in->architecture, e->cfg.dims,
+            osp_pooling_name(e->cfg.pooling), e->cfg.normalize ? ", normalized" : "", e->cfg.source,
+            e->cfg.matryoshka ? "yes" : "no", e->ctx, in->device);
     return 0;
 }
 

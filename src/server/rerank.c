@@ -47,8 +47,8 @@ int srv_rerank_setup(srv *s) {
     srv_seqbatch_init(&e->batch, rerank_rows, e, 1);
     e->batch_init = 1;
     srv_model_name(c->rerank_model, e->name, sizeof e->name);
-    OSP_LOG(1, "osprey serve: reranker %s (%s, %s, context %d) on /v1/rerank", c->rerank_model, in->architecture,
-            osp_rerank_kind_name(e->r), osp_rerank_ctx(e->r));
+    OSP_LOG(1, "osprey serve: reranker %s (%s, %s, context %d; %s) on /v1/rerank", c->rerank_model,
+            in->architecture, osp_rerank_kind_name(e->r), osp_rerank_ctx(e->r), in->device);
     return 0;
 }
 

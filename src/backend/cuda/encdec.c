@@ -187,6 +187,29 @@ static void rows_attention(osp_be_session *s, const osp_rows_attn_args *in) {
     SUBMIT(s, ratt_exec, a);
 }
 
+typedef struct bidir_args {
+    osp_bidir_attn_args a;
+    const int32_t *lens; /* device (staged), or NULL */
+} bidir_args;
+_Static_assert(sizeof(bidir_args) <= OP_ARGS, "the arguments fit an operation's");
+
+static void bidir_exec(osp_be_session *s, const void *p) {
+    const bidir_args *f = p;
+    const osp_bidir_attn_args *a = &f->a;
+    osp_cu_note(s, osp_cu_bidir_attention(s->st, CD(a->q), CD(a->k), CD(a->v), D(a->out), f->lens, a->nb, a->T,
+                                          a->n_heads, a->n_kv_heads, a->head_dim, a->radius, a->scale, a->softcap),
+                "bidirectional attention");
+}
+
+/* f32 in both precisions; each row's lengths staged with the chunk */
+static void bidir_attention(osp_be_session *s, const osp_bidir_attn_args *in) {
+    ARGS(bidir_args, f);
+    f.a = *in;
+    f.a.len = NULL; /* the host array is read here, not when the operation runs */
+    if (in->len && !(f.lens = osp_cu_stage(s, in->len, sizeof(int32_t) * (size_t)in->nb))) return;
+    SUBMIT(s, bidir_exec, f);
+}
+
 void osp_cu_encdec_fill(osp_backend *b) {
     b->layernorm = layernorm;
     b->gelu = gelu;
@@ -197,4 +220,5 @@ void osp_cu_encdec_fill(osp_backend *b) {
     b->full_scores = full_scores;
     b->rows_store = rows_store;
     b->rows_attention = rows_attention;
+    b->bidir_attention = bidir_attention;
 }

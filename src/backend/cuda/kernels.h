@@ -203,6 +203,12 @@ int64_t osp_cu_flash_scratch(int64_t n, int64_t S, int64_t ld, int heads, int wh
 int osp_cu_flash_attention(osp_cu_stream st, const float *q, const float *kh, const float *vt, float *out,
                            float *scratch, int64_t n, int64_t S, int64_t ld, int heads, int hd, int whole,
                            int64_t ldkv);
+/* osp_bidir_attn_args' attention (q [nb·T, heads·hd], k and v [nb·T, kv_heads·hd], lens: device [nb] or NULL),
+ * f32; shared memory a block needs: osp_cu_bidir_attention_smem */
+int64_t osp_cu_bidir_attention_smem(int64_t T, int hd, int radius);
+int osp_cu_bidir_attention(osp_cu_stream st, const float *q, const float *k, const float *v, float *out,
+                           const int32_t *lens, int nb, int64_t T, int heads, int kv_heads, int hd, int radius,
+                           float scale, float softcap);
 int osp_cu_full_scores(osp_cu_stream st, float *out, const float *q, const float *kh, int64_t n, int64_t S, int64_t ld,
                        int head, int hd);
 /* row, pos: device [n] */

@@ -235,6 +235,113 @@ extern "C" int osp_cu_full_attention(osp_cu_stream st, const float *q, const flo
     return launch_status();
 }
 
+// ---- bidirectional attention (osp_bidir_attn_args: EmbeddingGemma): a block per (FQ queries, query head, row) ----
+//
+// Query t of row b sees the keys j < len of its row with |t - j| < radius (radius 0: all of them); query head h
+// reads KV head h / group. K and V are read as the projections wrote them ([b·T + j][the KV head's columns]). The
+// block's scores over the union of its queries' key ranges sit in shared memory, each query's keys outside its own
+// range masked; then the CPU's order of operations: q·k, times scale, the soft-cap, the softmax (max-subtracted,
+// f32 sum, normalized), and a thread per output element sums p·V over the keys in order (neighbouring threads read
+// neighbouring values of a V row). A query that sees no key gets zeros.
+
+// the keys query t of a row of len positions sees: [*lo, *hi)
+__device__ __forceinline__ void bidir_range(int64_t t, int64_t len, int radius, int64_t *lo, int64_t *hi) {
+    *lo = 0, *hi = len;
+    if (radius > 0) {
+        *lo = t - radius + 1 > 0 ? t - radius + 1 : 0;
+        *hi = t + radius < len ? t + radius : len;
+    }
+}
+
+__global__ void __launch_bounds__(AT) bidir_attn_kernel(const float *q, const float *k, const float *v, float *out,
+                                                        const int32_t *lens, int64_t T, int heads, int kv_heads,
+                                                        int hd, int radius, int64_t span, float scale, float softcap) {
+    OSP_DYN_SHARED(float, sm);
+    __shared__ float red[32];
+    const int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * FQ;
+    const int nq = T - t0 < FQ ? (int)(T - t0) : FQ;
+    const int64_t len = lens ? lens[b] : T, ldq = (int64_t)heads * hd, ldk = (int64_t)kv_heads * hd;
+    const int64_t hk = h / (heads / kv_heads);
+    float *qs = sm, *sc = sm + FQ * hd; // [FQ][hd], [FQ][span]
+    int64_t lo, hi, lo1, hi1;           // the block's keys: the first query's lo to the last's hi
+    bidir_range(t0, len, radius, &lo, &hi1);
+    bidir_range(t0 + nq - 1, len, radius, &lo1, &hi);
+    const int64_t nk = hi > lo ? hi - lo : 0; // at most span
+    const float *K = k + b * T * ldk + hk * hd, *V = v + b * T * ldk + hk * hd;
+    for (int e = threadIdx.x; e < nq * hd; e += blockDim.x) qs[e] = q[(b * T + t0 + e / hd) * ldq + h * hd + e % hd];
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
+        const float *kr = K + (lo + j) * ldk;
+        float acc[FQ];
+        for (int r = 0; r < FQ; r++) acc[r] = 0.0f;
+        for (int e = 0; e < hd; e++) {
+            const float kv = kr[e];
+            for (int r = 0; r < FQ; r++) acc[r] = __fmaf_rn(qs[r * hd + e], kv, acc[r]);
+        }
+        for (int r = 0; r < nq; r++) {
+            int64_t a, z;
+            bidir_range(t0 + r, len, radius, &a, &z);
+            float x = __fmul_rn(acc[r], scale);
+            if (softcap > 0.0f) x = __fmul_rn(softcap, tanhf(__fdiv_rn(x, softcap)));
+            sc[r * span + j] = lo + j >= a && lo + j < z ? x : -INFINITY;
+        }
+    }
+    __syncthreads();
+    for (int r = 0; r < nq; r++) {
+        int64_t a, z;
+        bidir_range(t0 + r, len, radius, &a, &z);
+        if (z <= a) continue; // (the same for every thread of the block)
+        float *p = sc + r * span;
+        float mx = -INFINITY;
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, p[j]);
+        mx = bmax(mx, red);
+        float sum = 0.0f;
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
+            const float e = expf(p[j] - mx); // 0 for a masked key
+            p[j] = e;
+            sum += e;
+        }
+        sum = bsum(sum, red);
+        const float inv = 1.0f / sum;
+        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) p[j] *= inv;
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < nq * hd; o += blockDim.x) {
+        const int r = o / hd, e = o % hd;
+        int64_t a, z;
+        bidir_range(t0 + r, len, radius, &a, &z);
+        const float *p = sc + r * span;
+        float acc = 0.0f;
+        for (int64_t j = a; j < z; j++) acc = __fmaf_rn(p[j - lo], V[j * ldk + e], acc);
+        out[(b * T + t0 + r) * ldq + h * hd + e] = acc;
+    }
+}
+
+// the keys a block's queries see together, at most
+static int64_t bidir_span(int64_t T, int radius) {
+    const int64_t w = (int64_t)FQ - 1 + 2 * (int64_t)radius - 1;
+    return radius > 0 && w < T ? w : T;
+}
+
+extern "C" int64_t osp_cu_bidir_attention_smem(int64_t T, int hd, int radius) {
+    return (int64_t)sizeof(float) * FQ * (bidir_span(T, radius) + hd);
+}
+
+extern "C" int osp_cu_bidir_attention(osp_cu_stream st, const float *q, const float *k, const float *v, float *out,
+                                      const int32_t *lens, int nb, int64_t T, int heads, int kv_heads, int hd,
+                                      int radius, float scale, float softcap) {
+    if (nb <= 0 || T <= 0) return launch_status();
+    if (kv_heads <= 0 || heads % kv_heads) return (int)cudaErrorInvalidValue;
+    const int64_t span = bidir_span(T, radius), smem = osp_cu_bidir_attention_smem(T, hd, radius);
+    if (smem > 48 * 1024) {
+        int e = (int)cudaFuncSetAttribute(bidir_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e) return e;
+    }
+    launch(bidir_attn_kernel, dim3(blocks_for(T, FQ), (unsigned)heads, (unsigned)nb), AT, (size_t)smem, st, q, k, v,
+           out, lens, T, heads, kv_heads, hd, radius, span, scale, softcap);
+    return launch_status();
+}
+
 // ---- the production path's full attention on the tensor cores ----
 //
 // A block of 8 warps takes 128 queries (16 a warp) of one head over a range of keys, in tiles of 64 keys staged

@@ -106,6 +106,7 @@ static int32_t name_rule(lk *l, size_t *len_out) {
     if (len_out) *len_out = n;
     char buf[160];
     if (n + pn >= sizeof buf) return lfail(l, "a name over 150 characters"), -1;
+    if (l->g.n_rules > GB_MAX_RULES + 64) return lfail(l, "over 4096 names"), -1; /* (the lookup is linear) */
     memcpy(buf, l->ns, pn), memcpy(buf + pn, l->g.s + a, n);
     return gb_rule_of(&l->g, buf, pn + n);
 }

@@ -75,6 +75,7 @@ static void job_free_fields(srv_job *j) {
     osp_free(j->prompt);
     free(j->forced);
     free(j->rf_schema);
+    json_decref(j->custom_tools);
     srv_grammar_release(j->grammar);
     for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
     free(j->stops);
@@ -477,6 +478,15 @@ static json_t *normalize_messages(const json_t *msgs, perr *e) {
                 size_t q;
                 json_t *call;
                 json_array_foreach(tc, q, call) {
+                    json_t *cu = json_object_get(call, "custom"), *in = json_object_get(cu, "input");
+                    if (json_is_object(cu) && json_is_string(json_object_get(cu, "name")) && json_is_string(in)) {
+                        /* chat's custom tool call: the function of {"input"} the template was offered */
+                        json_object_set_new(call, "function", json_pack("{s:O,s:{s:O}}", "name", json_object_get(cu, "name"),
+                                                                        "arguments", "input", in));
+                        json_object_set_new(call, "type", json_string("function"));
+                        json_object_del(call, "custom");
+                        continue;
+                    }
                     json_t *f = json_object_get(call, "function");
                     json_t *a = f ? json_object_get(f, "arguments") : NULL;
                     if (json_is_string(a)) {
@@ -628,8 +638,8 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
  * their formats that are grammars in *formats (name -> {"syntax", "definition"}), each compiled once here so
  * that a bad one is a 400 even where no call is forced. *norm: b with those tools (and a tool_choice naming a
  * custom tool as a function), NULL when b has no custom tool. */
-static int custom_tools(srv *s, const json_t *b, json_t **norm, json_t **formats, perr *e) {
-    *norm = *formats = NULL;
+static int custom_tools(srv *s, const json_t *b, json_t **norm, json_t **formats, json_t **names, perr *e) {
+    *norm = *formats = *names = NULL;
     json_t *t = get(b, "tools"), *x;
     size_t i;
     int any = 0;
@@ -696,6 +706,12 @@ static int custom_tools(srv *s, const json_t *b, json_t **norm, json_t **formats
         !strcmp(json_string_value(json_object_get(tc, "type")), "custom") && json_is_string(cn))
         json_object_set_new(*norm, "tool_choice", json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", cn));
     *formats = fm;
+    *names = json_object();
+    json_array_foreach(t, i, x) {
+        json_t *c = json_is_object(get(x, "custom")) ? get(x, "custom") : (json_t *)x;
+        if (!strcmp(json_string_value(json_object_get(x, "type")) ? json_string_value(json_object_get(x, "type")) : "", "custom"))
+            json_object_set_new(*names, json_string_value(json_object_get(c, "name")), json_true());
+    }
     return 0;
 }
 
@@ -704,14 +720,16 @@ static srv_job *parse_chat_tools(srv *s, const json_t *b, const json_t *formats,
 
 static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err, srv_reject *why) {
     perr e = {0};
-    json_t *norm = NULL, *formats = NULL;
-    if (json_is_object(b) && custom_tools(s, b, &norm, &formats, &e)) {
+    json_t *norm = NULL, *formats = NULL, *names = NULL;
+    if (json_is_object(b) && custom_tools(s, b, &norm, &formats, &names, &e)) {
         *status = e.status ? e.status : 400;
         *err = srv_error_json(*status, e.msg, e.param);
         return NULL;
     }
     srv_job *j = parse_chat_tools(s, norm ? norm : b, formats, count_only, status, err, why);
     json_decref(norm), json_decref(formats);
+    if (j) j->custom_tools = names;
+    else json_decref(names);
     return j;
 }
 

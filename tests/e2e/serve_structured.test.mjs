@@ -330,9 +330,21 @@ test('a forced custom tool with a Lark grammar or a regex: the input follows it 
     const cr = await c.chat.completions.create({ model: 'fortune', max_tokens: 60, seed: 3, temperature: 0.8,
       messages: [{ role: 'user', content: 'say a word' }], tools: chatTools, tool_choice: { type: 'custom', custom: { name: 'say' } } });
     assert.equal(cr.choices[0].finish_reason, 'tool_calls', JSON.stringify(cr));
-    const fn = cr.choices[0].message.tool_calls[0].function;
-    assert.equal(fn.name, 'say');
-    assert.match(JSON.parse(fn.arguments).input, inputOf.say);
+    const call = cr.choices[0].message.tool_calls[0];
+    assert.equal(call.type, 'custom', JSON.stringify(call));
+    assert.equal(call.custom.name, 'say');
+    assert.match(call.custom.input, inputOf.say);
+    // streamed, and the call and its output sent back as history
+    let streamed = null;
+    for await (const ch of await c.chat.completions.create({ model: 'fortune', max_tokens: 60, temperature: 0.8, stream: true,
+      messages: [{ role: 'user', content: 'a code' }], tools: chatTools, tool_choice: { type: 'custom', custom: { name: 'code' } } }))
+      streamed = ch.choices?.[0]?.delta?.tool_calls?.[0] ?? streamed;
+    assert.equal(streamed?.type, 'custom', JSON.stringify(streamed));
+    assert.match(streamed.custom.input, inputOf.code);
+    const next = await c.chat.completions.create({ model: 'fortune', max_tokens: 4, tools: chatTools, messages: [
+      { role: 'user', content: 'say a word' }, { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: 'said' }] });
+    assert.ok(next.choices[0].finish_reason, JSON.stringify(next));
     // malformed formats and grammars that do not compile: a 400 naming the field and the problem, forced or not
     const bad = [
       [{ type: 'grammar', syntax: 'ebnf', definition: 'x' }, /format\.syntax must be "lark" or "regex"/],

@@ -96,6 +96,22 @@ static void test_syntax(void **st) {
     assert_false(takes(g, v, "a\nb"));          /* '.' takes no newline ... */
     assert_true(takes(g, v, "<\n>"));           /* ... unless the flag s says so */
     osp_grammar_free(g);
+    /* an alias at an alternative's end, the next alternative on the next line (the shape of OpenAI's examples) */
+    g = compile("start: expr\n"
+                "expr: term (SP ADD SP term)* -> add\n"
+                "    | term\n"
+                "term: factor (SP MUL SP factor)* -> mul\n"
+                "    | factor\n"
+                "factor: INT\n"
+                "SP: \" \"\n"
+                "ADD: \"+\"\n"
+                "MUL: \"*\"\n"
+                "%import common.INT\n");
+    assert_true(takes(g, v, "1 + 2 * 3"));
+    assert_true(takes(g, v, "42"));
+    assert_false(takes(g, v, "1+2"));
+    assert_false(takes(g, v, "1 + "));
+    osp_grammar_free(g);
     /* recursion: nested brackets */
     g = compile("start: list\nlist: \"[\" [item (\",\" item)*] \"]\"\n?item: list | INT\nINT: /[0-9]+/\n");
     assert_true(takes(g, v, "[]"));
@@ -303,9 +319,61 @@ static void test_json_string(void **st) {
     osp_grammar_vocab_free(v);
 }
 
+/* Tokens of many bytes across the JSON string's edges: a text split greedily into them passes token by token,
+ * the fast mask equal to its reference walk at each step. */
+static void test_json_tokens(void **st) {
+    (void)st;
+    static const char *const multi[] = {"\\\"", "\"}}", "\\n", "say", " \\\"", "\\\"\\n\"}}", "{\"input\": \"",
+                                        "hi", "\\\"h", "\"}", "ay \\\""};
+    enum { NM = sizeof multi / sizeof *multi, NT = 256 + NM + 1 };
+    static char bytes[256][1];
+    const char *p[NT];
+    uint32_t lens[NT];
+    for (int b = 0; b < 256; b++) bytes[b][0] = (char)b, p[b] = bytes[b], lens[b] = 1;
+    for (int k = 0; k < NM; k++) p[256 + k] = multi[k], lens[256 + k] = (uint32_t)strlen(multi[k]);
+    p[NT - 1] = NULL, lens[NT - 1] = 0;
+    osp_grammar_vocab *v;
+    assert_int_equal(osp_grammar_vocab_new(NT, p, lens, NT - 1, &v), OSP_OK);
+    osp_grammar_part part = {.prefix = "{\"name\": \"say\", \"arguments\": {\"input\": \"", .suffix = "\"}}",
+                             .syntax = OSP_GRAMMAR_LARK,
+                             .grammar = "start: \"say \\\"\" LCASE_LETTER~1..6 \"\\\"\\n\"\n%import common.LCASE_LETTER\n"};
+    part.grammar_len = strlen(part.grammar);
+    osp_grammar *g;
+    assert_int_equal(osp_grammar_from_parts(&part, 1, &g), OSP_OK);
+    const char *text = "{\"name\": \"say\", \"arguments\": {\"input\": \"say \\\"hi\\\"\\n\"}}";
+    osp_grammar_matcher *m;
+    assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+    uint32_t a[(NT + 31) / 32], b[(NT + 31) / 32];
+    int n_multi = 0;
+    for (size_t i = 0, n = strlen(text); i < n;) {
+        int32_t t = (uint8_t)text[i];
+        for (int k = 0; k < NM; k++)
+            if (lens[256 + k] > lens[t] && !strncmp(text + i, multi[k], lens[256 + k])) t = 256 + k;
+        osp_grammar_matcher_mask(m, a);
+        osp_grammar_matcher_mask_reference(m, b);
+        assert_memory_equal(a, b, sizeof a);
+        assert_true((a[t / 32] >> (t % 32)) & 1);
+        assert_false((a[(NT - 1) / 32] >> ((NT - 1) % 32)) & 1); /* no end before the call closes */
+        assert_int_equal(osp_grammar_matcher_commit(m, t), 1);
+        n_multi += t >= 256;
+        i += lens[t];
+    }
+    assert_true(n_multi >= 4);
+    assert_true(osp_grammar_matcher_accepting(m));
+    osp_grammar_matcher_free(m);
+    /* the same text with a raw quote inside the string is refused at that quote */
+    assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
+    const char *raw = "{\"name\": \"say\", \"arguments\": {\"input\": \"say \"";
+    assert_int_equal(osp_grammar_matcher_commit_bytes(m, raw, strlen(raw) - 1), 1);
+    assert_int_equal(osp_grammar_matcher_commit_bytes(m, "\"", 1), 0);
+    osp_grammar_matcher_free(m);
+    osp_grammar_free(g);
+    osp_grammar_vocab_free(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_syntax), cmocka_unit_test(test_common),
                                        cmocka_unit_test(test_errors), cmocka_unit_test(test_apply_patch),
-                                       cmocka_unit_test(test_json_string)};
+                                       cmocka_unit_test(test_json_string), cmocka_unit_test(test_json_tokens)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -633,85 +633,82 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
 /* count_only: the prompt is tokenized and counted, and may be longer than the
  * context (a count, not a generation: count_tokens). *why (not NULL): why
  * the prompt did not fit. */
+static int type_is(const json_t *o, const char *t) {
+    const char *v = json_string_value(json_object_get(o, "type"));
+    return v && !strcmp(v, t);
+}
+
+/* A custom tool's grammar format: "" when it is good (*sx its syntax, *def its text), else why not in msg. */
+static void custom_format(srv *s, const json_t *f, const char *at, const char **sx, json_t **def, char *msg, size_t cap) {
+    const json_t *g = json_is_object(get(f, "grammar")) ? get(f, "grammar") : f; /* chat nests it; responses does not */
+    const char *where = g == f ? "" : ".grammar";
+    *sx = json_string_value(json_object_get(g, "syntax"));
+    *def = json_object_get(g, "definition");
+    if (!*sx || (strcmp(*sx, "lark") && strcmp(*sx, "regex"))) {
+        snprintf(msg, cap, "%s.format%s.syntax must be \"lark\" or \"regex\"", at, where);
+        return;
+    }
+    if (!json_is_string(*def)) {
+        snprintf(msg, cap, "%s.format%s.definition must be a string (the grammar)", at, where);
+        return;
+    }
+    char why[400];
+    osp_grammar_part part = {.syntax = **sx == 'l' ? OSP_GRAMMAR_LARK : OSP_GRAMMAR_REGEX,
+                             .grammar = json_string_value(*def), .grammar_len = json_string_length(*def)};
+    srv_grammar *sg = srv_grammar_parts(s->gcache, &part, 1, why, sizeof why); /* (cached for the forced call) */
+    if (!sg) snprintf(msg, cap, "%s.format%s.definition: the %s grammar cannot be used: %.300s", at, where, *sx, why);
+    srv_grammar_release(sg);
+}
+
 /* Custom tools (chat's {"type": "custom", "custom": {"name", "description", "format"}}, or the responses
  * API's flat {"type": "custom", "name", ...}) as functions of {"input": string}, the chat template's shape;
- * their formats that are grammars in *formats (name -> {"syntax", "definition"}), each compiled once here so
- * that a bad one is a 400 even where no call is forced. *norm: b with those tools (and a tool_choice naming a
- * custom tool as a function), NULL when b has no custom tool. */
+ * their formats that are grammars in *formats (name -> {"syntax", "definition"}), each compiled here so that a
+ * bad one is a 400 even where no call is forced; their names in *names (name -> true). *norm: b with those
+ * tools (and a tool_choice naming a custom tool as a function), NULL when b has no custom tool. */
 static int custom_tools(srv *s, const json_t *b, json_t **norm, json_t **formats, json_t **names, perr *e) {
     *norm = *formats = *names = NULL;
     json_t *t = get(b, "tools"), *x;
     size_t i;
     int any = 0;
-    json_array_foreach(t, i, x) any |= json_is_string(json_object_get(x, "type")) &&
-                                       !strcmp(json_string_value(json_object_get(x, "type")), "custom");
-    if (!any || !json_is_array(t)) return 0;
-    json_t *out = json_array(), *fm = json_object();
-    char msg[sizeof e->msg];
+    json_array_foreach(t, i, x) any |= type_is(x, "custom");
+    if (!any) return 0;
+    json_t *out = json_array(), *fm = json_object(), *nm = json_object();
+    char msg[sizeof e->msg], at[64];
     msg[0] = 0;
     json_array_foreach(t, i, x) {
-        if (strcmp(json_string_value(json_object_get(x, "type")) ? json_string_value(json_object_get(x, "type")) : "",
-                   "custom")) {
+        if (!type_is(x, "custom")) {
             json_array_append(out, x);
             continue;
         }
-        json_t *c = json_is_object(get(x, "custom")) ? get(x, "custom") : (json_t *)x;
-        const char *at = c == x ? "" : ".custom";
-        json_t *n = json_object_get(c, "name"), *d = get(c, "description"), *f = get(c, "format"), *g = NULL;
+        json_t *c = json_is_object(get(x, "custom")) ? get(x, "custom") : x;
+        snprintf(at, sizeof at, "tools[%zu]%s", i, c == x ? "" : ".custom");
+        json_t *n = json_object_get(c, "name"), *d = get(c, "description"), *f = get(c, "format"), *def = NULL;
         const char *sx = NULL;
-        if (!json_is_string(n)) snprintf(msg, sizeof msg, "tools[%zu]%s: a custom tool needs a string 'name'", i, at);
-        else if (d && !json_is_string(d))
-            snprintf(msg, sizeof msg, "tools[%zu]%s: 'description' must be a string", i, at);
-        else if (f && !json_is_object(f)) snprintf(msg, sizeof msg, "tools[%zu]%s.format must be an object", i, at);
-        else if (f && json_is_string(json_object_get(f, "type")) && !strcmp(json_string_value(json_object_get(f, "type")), "grammar")) {
-            g = json_is_object(get(f, "grammar")) ? get(f, "grammar") : f; /* chat nests it; responses does not */
-            sx = json_string_value(json_object_get(g, "syntax"));
-            const char *where = g == f ? "" : ".grammar";
-            if (!sx || (strcmp(sx, "lark") && strcmp(sx, "regex")))
-                snprintf(msg, sizeof msg, "tools[%zu]%s.format%s.syntax must be \"lark\" or \"regex\"", i, at, where);
-            else if (!json_is_string(json_object_get(g, "definition")))
-                snprintf(msg, sizeof msg, "tools[%zu]%s.format%s.definition must be a string (the grammar)", i, at, where);
-            else {
-                char why[400];
-                json_t *def = json_object_get(g, "definition");
-                osp_grammar_part part = {.syntax = sx[0] == 'l' ? OSP_GRAMMAR_LARK : OSP_GRAMMAR_REGEX,
-                                         .grammar = json_string_value(def), .grammar_len = json_string_length(def)};
-                srv_grammar *sg = srv_grammar_parts(s->gcache, &part, 1, why, sizeof why);
-                if (!sg)
-                    snprintf(msg, sizeof msg, "tools[%zu]%s.format%s.definition: the %s grammar cannot be used: %s", i, at,
-                             where, sx, why);
-                srv_grammar_release(sg);
-            }
-        } else if (f && !(json_is_string(json_object_get(f, "type")) && !strcmp(json_string_value(json_object_get(f, "type")), "text")))
-            snprintf(msg, sizeof msg, "tools[%zu]%s.format.type must be \"text\" or \"grammar\"", i, at);
+        if (!json_is_string(n)) snprintf(msg, sizeof msg, "%s: a custom tool needs a string 'name'", at);
+        else if (json_object_get(nm, json_string_value(n)))
+            snprintf(msg, sizeof msg, "%s: two custom tools are named '%.60s'", at, json_string_value(n));
+        else if (d && !json_is_string(d)) snprintf(msg, sizeof msg, "%s: 'description' must be a string", at);
+        else if (f && !json_is_object(f)) snprintf(msg, sizeof msg, "%s.format must be an object", at);
+        else if (f && type_is(f, "grammar")) custom_format(s, f, at, &sx, &def, msg, sizeof msg);
+        else if (f && !type_is(f, "text")) snprintf(msg, sizeof msg, "%s.format.type must be \"text\" or \"grammar\"", at);
         if (msg[0]) break;
-        if (json_object_get(fm, json_string_value(n))) {
-            snprintf(msg, sizeof msg, "tools[%zu]%s: two tools are named '%.60s'", i, at, json_string_value(n));
-            break;
-        }
-        if (sx) json_object_set_new(fm, json_string_value(n), json_pack("{s:s,s:O}", "syntax", sx, "definition", json_object_get(g, "definition")));
-        json_t *fn = json_pack("{s:O,s:{s:s,s:{s:{s:s}},s:[s]}}", "name", n, "parameters", "type", "object", "properties",
-                               "input", "type", "string", "required", "input");
+        json_object_set_new(nm, json_string_value(n), json_true());
+        if (sx) json_object_set_new(fm, json_string_value(n), json_pack("{s:s,s:O}", "syntax", sx, "definition", def));
+        json_t *fn = json_pack("{s:O,s:{s:s,s:{s:{s:s}},s:[s]}}", "name", n, "parameters", "type", "object",
+                               "properties", "input", "type", "string", "required", "input");
         if (d) json_object_set(fn, "description", d);
         json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     }
     if (msg[0]) {
-        json_decref(out), json_decref(fm);
+        json_decref(out), json_decref(fm), json_decref(nm);
         FAIL(e, "tools", "%s", msg);
     }
     *norm = json_copy((json_t *)b);
     json_object_set_new(*norm, "tools", out);
     json_t *tc = get(b, "tool_choice"), *cn = json_object_get(get(tc, "custom"), "name");
-    if (json_is_object(tc) && json_is_string(json_object_get(tc, "type")) &&
-        !strcmp(json_string_value(json_object_get(tc, "type")), "custom") && json_is_string(cn))
+    if (type_is(tc, "custom") && json_is_string(cn))
         json_object_set_new(*norm, "tool_choice", json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", cn));
-    *formats = fm;
-    *names = json_object();
-    json_array_foreach(t, i, x) {
-        json_t *c = json_is_object(get(x, "custom")) ? get(x, "custom") : (json_t *)x;
-        if (!strcmp(json_string_value(json_object_get(x, "type")) ? json_string_value(json_object_get(x, "type")) : "", "custom"))
-            json_object_set_new(*names, json_string_value(json_object_get(c, "name")), json_true());
-    }
+    *formats = fm, *names = nm;
     return 0;
 }
 

@@ -253,9 +253,8 @@ static void custom_calls(const srv_job *j, json_t *tool_calls) {
     json_array_foreach(tool_calls, i, c) {
         json_t *f = json_object_get(c, "function"), *n = json_object_get(f, "name");
         if (!json_is_string(n) || !json_object_get(j->custom_tools, json_string_value(n))) continue;
-        json_t *a = json_loads(json_string_value(json_object_get(f, "arguments")) ? json_string_value(json_object_get(f, "arguments")) : "",
-                               0, NULL);
-        json_t *in = json_object_get(a, "input");
+        const char *args = json_string_value(json_object_get(f, "arguments"));
+        json_t *a = args ? json_loads(args, 0, NULL) : NULL, *in = json_object_get(a, "input");
         if (json_is_string(in)) {
             json_object_set_new(c, "custom", json_pack("{s:O,s:O}", "name", n, "input", in));
             json_object_set_new(c, "type", json_string("custom"));

@@ -362,6 +362,12 @@ test('a forced custom tool with a Lark grammar or a regex: the input follows it 
         assert.equal(r.json.error.param, 'tools', r.text);
         assert.match(r.json.error.message, msg);
       }
+    const cbad = await raw(s.base, '/v1/chat/completions', { body: JSON.stringify({ model: 'fortune', max_tokens: 4,
+      messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'custom', custom: { name: 't',
+        format: { type: 'grammar', grammar: { syntax: 'lark', definition: 'start: x' } } } }] }) });
+    assert.equal(cbad.status, 400, cbad.text);
+    assert.equal(cbad.json.error.param, 'tools');
+    assert.match(cbad.json.error.message, /tools\[0\]\.custom\.format\.grammar\.definition: .*'x' is used but not defined/);
     // format text: a forced call whose input is any string
     const tr = await c.responses.create({ model: 'fortune', input: 'hi', max_output_tokens: 40, temperature: 0, tools: [
       { type: 'custom', name: 'free', format: { type: 'text' } }], tool_choice: { type: 'custom', name: 'free' } });

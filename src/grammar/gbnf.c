@@ -17,7 +17,10 @@
  * (repetition by left recursion, which an Earley parser takes in linear
  * time). A lexeme that can match nothing is a nonterminal of two
  * productions, empty or the lexeme without its empty match, since the
- * parser moves past a lexeme only on a byte. */
+ * parser moves past a lexeme only on a byte.
+ *
+ * The rule tree (rules.h) and this compilation are shared with Lark's
+ * front end (lark.c), whose regex literals are G_RE nodes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

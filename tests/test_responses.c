@@ -106,8 +106,7 @@ static void test_translate_tools(void **st) {
     assert_json(json_object_get(c, "tools"),
                 "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"},"
                 "\"strict\":true}},"
-                "{\"type\":\"function\",\"function\":{\"name\":\"apply_patch\",\"parameters\":{\"type\":\"object\","
-                "\"properties\":{\"input\":{\"type\":\"string\"}},\"required\":[\"input\"]}}}]");
+                "{\"type\":\"custom\",\"name\":\"apply_patch\",\"format\":{\"type\":\"grammar\"}}]");
     assert_json(json_object_get(c, "tool_choice"), "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}");
     assert_json(json_object_get(c, "parallel_tool_calls"), "false");
     assert_int_equal(q.n_dropped, 2);

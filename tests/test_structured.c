@@ -42,7 +42,9 @@ static void test_compose(void **state) {
     osp_grammar_vocab *v = byte_vocab();
     const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},"
                          "\"required\":[\"a\"],\"additionalProperties\":false}";
-    osp_grammar_part alts[] = {{"<c>", schema, strlen(schema), "</c>"}, {"<d>", NULL, 0, "!"}, {NULL, "true", 4, NULL}};
+    osp_grammar_part alts[] = {{.prefix = "<c>", .schema = schema, .schema_len = strlen(schema), .suffix = "</c>"},
+                               {.prefix = "<d>", .suffix = "!"},
+                               {.schema = "true", .schema_len = 4}};
     osp_grammar *g;
     assert_int_equal(osp_grammar_from_parts(alts, 3, &g), OSP_OK);
     assert_true(accepts(g, v, "<c>{\"a\":5}</c>"));
@@ -66,7 +68,8 @@ static void test_compose(void **state) {
     osp_grammar_matcher_free(m);
     osp_grammar_free(g);
     /* a schema that does not compile names its alternative */
-    osp_grammar_part bad[] = {{"<c>", "{}", 2, NULL}, {"<d>", "{\"dependencies\":{\"a\":[\"b\"]}}", 28, NULL}};
+    osp_grammar_part bad[] = {{.prefix = "<c>", .schema = "{}", .schema_len = 2},
+                              {.prefix = "<d>", .schema = "{\"dependencies\":{\"a\":[\"b\"]}}", .schema_len = 28}};
     assert_int_not_equal(osp_grammar_from_parts(bad, 2, &g), OSP_OK);
     assert_non_null(strstr(osp_last_error(), "alternative 1"));
     osp_grammar_vocab_free(v);
@@ -84,7 +87,7 @@ static void test_cache(void **state) {
     srv_grammar *again = srv_grammar_schema(c, "{\"enum\":[\"x\"]}", 14, err, sizeof err);
     assert_ptr_equal(held, again);
     srv_grammar_release(again);
-    osp_grammar_part p = {"<", "{\"enum\":[\"x\"]}", 14, ">"};
+    osp_grammar_part p = {.prefix = "<", .schema = "{\"enum\":[\"x\"]}", .schema_len = 14, .suffix = ">"};
     srv_grammar *parts = srv_grammar_parts(c, &p, 1, err, sizeof err);
     assert_ptr_not_equal(parts, held); /* pieces are another key than the schema alone */
     srv_grammar_release(parts);

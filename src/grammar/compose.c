@@ -6,8 +6,11 @@
  * compiled on its own (schema.c) and its productions and lexemes are copied
  * into one builder, nonterminals and terminals renumbered; the literals are
  * terminals of their own. The alternatives are a choice from the start.
- * The copied DFAs are equal in content to the originals, so they share the
- * vocab's mask cache (lexemes are interned by content).
+ * A custom tool's input is a Lark grammar or a regex in place of the
+ * schema, its lexemes spelled as a JSON string's body (the quotes are the
+ * literals around it). The copied DFAs are equal in content to the
+ * originals, so they share the vocab's mask cache (lexemes are interned by
+ * content).
  */
 #include <stdio.h>
 #include <string.h>
@@ -80,9 +83,14 @@ osp_status osp_grammar_from_parts(const osp_grammar_part *alts, int n, osp_gramm
         int32_t seq[3];
         uint32_t len = 0;
         if (alts[i].prefix && *alts[i].prefix) st = gr_b_lit(&b, alts[i].prefix, strlen(alts[i].prefix), &seq[len++]);
-        if (!st && alts[i].schema) {
+        if (!st && (alts[i].schema || alts[i].syntax)) {
             osp_grammar *sub = NULL;
-            st = osp_grammar_from_json_schema(alts[i].schema, alts[i].schema_len, &sub);
+            const osp_grammar_part *p = &alts[i];
+            st = p->syntax == OSP_GRAMMAR_LARK ? osp_grammar_from_lark(p->grammar, p->grammar_len, OSP_GRAMMAR_JSON_STRING, &sub)
+                 : p->syntax == OSP_GRAMMAR_REGEX
+                     ? osp_grammar_from_regex_flags(p->grammar, p->grammar_len, OSP_GRAMMAR_JSON_STRING, &sub)
+                 : p->syntax ? osp_err(OSP_ERR_INVALID, "grammar: an unknown syntax")
+                             : osp_grammar_from_json_schema(p->schema, p->schema_len, &sub);
             if (st) {
                 if (n > 1) {
                     char why[400];

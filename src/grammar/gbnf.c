@@ -17,59 +17,16 @@
  * (repetition by left recursion, which an Earley parser takes in linear
  * time). A lexeme that can match nothing is a nonterminal of two
  * productions, empty or the lexeme without its empty match, since the
- * parser moves past a lexeme only on a byte. */
+ * parser moves past a lexeme only on a byte.
+ *
+ * The rule tree (rules.h) and this compilation are shared with Lark's
+ * front end (lark.c), whose regex literals are G_RE nodes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "grammar/grammar_internal.h"
+#include "grammar/rules.h"
 
-#define GB_MAX_TEXT (1 << 20)
-#define GB_MAX_DEPTH 64     /* nested groups */
-#define GB_MAX_NODES 100000
-#define GB_MAX_COUNT 1000   /* {m,n} bounds */
-#define GB_MAX_RE (1 << 20) /* bytes of one lexeme's regex */
-
-enum { G_LIT, G_CLASS, G_ANY, G_REF, G_SEQ, G_ALT, G_REP };
-
-typedef struct gnode {
-    int kind;
-    int32_t first, next; /* children (SEQ, ALT, REP: first), siblings */
-    int32_t ref;         /* G_REF: the rule */
-    int32_t min, max;    /* G_REP; max -1 unbounded */
-    int neg;             /* G_CLASS */
-    uint32_t off, len;   /* G_LIT: bytes; G_CLASS: pairs of code points, in data */
-} gnode;
-
-typedef struct grule {
-    char *name;
-    int32_t body;  /* an ALT node, -1 while only referred to */
-    int regular;   /* 1: not recursive, and refers only to regular rules */
-    int32_t nt;    /* its nonterminal, for the others */
-    int32_t index, low, on_stack, cyclic; /* Tarjan's */
-    int32_t *adj, n_adj; /* the rules it refers to */
-} grule;
-
-typedef struct gb {
-    const char *s;
-    size_t n, i;
-    int depth;
-    gnode *nodes;
-    int32_t n_nodes, cap_nodes;
-    uint32_t *data;  /* literal bytes and class ranges */
-    uint32_t n_data, cap_data;
-    grule *rules;
-    int32_t n_rules, cap_rules;
-    osp_status st;
-    /* compile */
-    gr_builder b;
-    char **lex_key;   /* lexemes made so far: regex text -> the symbol that stands for it */
-    int32_t *lex_sym;
-    int32_t n_lex, cap_lex;
-    char *re;         /* the regex being written */
-    size_t re_n, re_cap;
-} gb;
-
-static osp_status gfail(gb *g, const char *what) {
+osp_status gb_fail(gb *g, const char *what) {
     if (!g->st) {
         size_t line = 1, col = 1;
         for (size_t k = 0; k < g->i && k < g->n; k++) g->s[k] == '\n' ? (line++, col = 1) : col++;
@@ -90,9 +47,9 @@ static void *grow(void *p, size_t have, size_t *cap, size_t need, size_t elt) {
     return q;
 }
 
-static int32_t node(gb *g, int kind) {
+int32_t gb_node(gb *g, int kind) {
     if (g->st) return -1;
-    if (g->n_nodes >= GB_MAX_NODES) return gfail(g, "grammar too large"), -1;
+    if (g->n_nodes >= GB_MAX_NODES) return gb_fail(g, "grammar too large"), -1;
     size_t cap = (size_t)g->cap_nodes;
     gnode *nn = grow(g->nodes, (size_t)g->n_nodes, &cap, (size_t)g->n_nodes + 1, sizeof(gnode));
     if (!nn) return g->st = osp_err(OSP_ERR_NOMEM, "out of memory"), -1;
@@ -103,7 +60,7 @@ static int32_t node(gb *g, int kind) {
     return g->n_nodes++;
 }
 
-static int push_data(gb *g, uint32_t v) {
+int gb_push_data(gb *g, uint32_t v) {
     size_t cap = g->cap_data;
     uint32_t *nd = grow(g->data, g->n_data, &cap, (size_t)g->n_data + 1, sizeof(uint32_t));
     if (!nd) return g->st = osp_err(OSP_ERR_NOMEM, "out of memory"), 0;
@@ -129,7 +86,7 @@ static void space(gb *g, int nl) {
 
 static int name_char(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'; }
 
-static int32_t rule_of(gb *g, const char *name, size_t len) {
+int32_t gb_rule_of(gb *g, const char *name, size_t len) {
     for (int32_t r = 0; r < g->n_rules; r++)
         if (strlen(g->rules[r].name) == len && !memcmp(g->rules[r].name, name, len)) return r;
     size_t cap = (size_t)g->cap_rules;
@@ -154,7 +111,7 @@ static int hexval(int c) {
 }
 
 /* One UTF-8 character of the text as a code point (-1: malformed). */
-static int32_t utf8_char(gb *g) {
+int32_t gb_utf8_char(gb *g) {
     const unsigned char *p = (const unsigned char *)g->s + g->i;
     size_t left = g->n - g->i;
     uint32_t c = p[0];
@@ -174,13 +131,13 @@ static int32_t utf8_char(gb *g) {
 /* A character of a literal or class: an escape or a UTF-8 character. */
 static int32_t char_at(gb *g) {
     if (peek(g) != '\\') {
-        int32_t c = utf8_char(g);
-        if (c < 0) gfail(g, "malformed UTF-8");
+        int32_t c = gb_utf8_char(g);
+        if (c < 0) gb_fail(g, "malformed UTF-8");
         return c;
     }
     g->i++;
     int e = peek(g);
-    if (e < 0) return gfail(g, "a trailing backslash"), -1;
+    if (e < 0) return gb_fail(g, "a trailing backslash"), -1;
     g->i++;
     switch (e) {
     case 'n': return '\n';
@@ -192,26 +149,26 @@ static int32_t char_at(gb *g) {
         uint32_t v = 0;
         for (int k = 0; k < nd; k++) {
             int h = hexval(peek(g));
-            if (h < 0) return gfail(g, "a bad hex escape"), -1;
+            if (h < 0) return gb_fail(g, "a bad hex escape"), -1;
             v = v * 16 + (uint32_t)h, g->i++;
         }
-        if (v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return gfail(g, "an escape that is no character"), -1;
+        if (v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) return gb_fail(g, "an escape that is no character"), -1;
         return (int32_t)v;
     }
     }
-    return gfail(g, "an unknown escape"), -1;
+    return gb_fail(g, "an unknown escape"), -1;
 }
 
 static int32_t parse_alts(gb *g, int nested);
 
 static int32_t parse_literal(gb *g) {
-    int32_t x = node(g, G_LIT);
+    int32_t x = gb_node(g, G_LIT);
     if (x < 0) return -1;
     g->nodes[x].off = g->n_data;
     g->i++; /* the quote */
     for (;;) {
         int c = peek(g);
-        if (c < 0 || c == '\n') return gfail(g, "an unterminated literal"), -1;
+        if (c < 0 || c == '\n') return gb_fail(g, "an unterminated literal"), -1;
         if (c == '"') {
             g->i++;
             break;
@@ -226,21 +183,21 @@ static int32_t parse_literal(gb *g) {
             u[0] = (unsigned char)((0xf00 >> k) | cp);
         }
         for (int j = 0; j < k; j++)
-            if (!push_data(g, u[j])) return -1;
+            if (!gb_push_data(g, u[j])) return -1;
     }
     g->nodes[x].len = g->n_data - g->nodes[x].off;
     return x;
 }
 
 static int32_t parse_class(gb *g) {
-    int32_t x = node(g, G_CLASS);
+    int32_t x = gb_node(g, G_CLASS);
     if (x < 0) return -1;
     g->i++; /* [ */
     if (peek(g) == '^') g->nodes[x].neg = 1, g->i++;
     g->nodes[x].off = g->n_data;
     for (;;) {
         int c = peek(g);
-        if (c < 0 || c == '\n') return gfail(g, "an unterminated character class"), -1;
+        if (c < 0 || c == '\n') return gb_fail(g, "an unterminated character class"), -1;
         if (c == ']') {
             g->i++;
             break;
@@ -251,9 +208,9 @@ static int32_t parse_class(gb *g) {
         if (peek(g) == '-' && g->i + 1 < g->n && g->s[g->i + 1] != ']') {
             g->i++;
             if ((hi = char_at(g)) < 0) return -1;
-            if (hi < lo) return gfail(g, "a range whose end comes before its start"), -1;
+            if (hi < lo) return gb_fail(g, "a range whose end comes before its start"), -1;
         }
-        if (!push_data(g, (uint32_t)lo) || !push_data(g, (uint32_t)hi)) return -1;
+        if (!gb_push_data(g, (uint32_t)lo) || !gb_push_data(g, (uint32_t)hi)) return -1;
     }
     g->nodes[x].len = (g->n_data - g->nodes[x].off) / 2;
     return x;
@@ -264,7 +221,7 @@ static int parse_count(gb *g, int32_t *v) {
     int64_t x = 0;
     while (peek(g) >= '0' && peek(g) <= '9') {
         x = x * 10 + (g->s[g->i++] - '0'), d++;
-        if (x > GB_MAX_COUNT) return gfail(g, "a repetition count over 1000"), 0;
+        if (x > GB_MAX_COUNT) return gb_fail(g, "a repetition count over 1000"), 0;
     }
     *v = (int32_t)x;
     return d;
@@ -276,23 +233,23 @@ static int32_t parse_item(gb *g, int nested) {
     int32_t x;
     if (c == '"') x = parse_literal(g);
     else if (c == '[') x = parse_class(g);
-    else if (c == '.') x = node(g, G_ANY), g->i++;
+    else if (c == '.') x = gb_node(g, G_ANY), g->i++;
     else if (c == '(') {
-        if (++g->depth > GB_MAX_DEPTH) return gfail(g, "groups nested too deep"), -1;
+        if (++g->depth > GB_MAX_DEPTH) return gb_fail(g, "groups nested too deep"), -1;
         g->i++;
         space(g, 1);
         x = parse_alts(g, 1);
         if (x < 0) return -1;
-        if (peek(g) != ')') return gfail(g, "a missing ')'"), -1;
+        if (peek(g) != ')') return gb_fail(g, "a missing ')'"), -1;
         g->i++;
         g->depth--;
     } else if (name_char(c)) {
         size_t a = g->i;
         while (name_char(peek(g))) g->i++;
-        int32_t r = rule_of(g, g->s + a, g->i - a);
+        int32_t r = gb_rule_of(g, g->s + a, g->i - a);
         if (r < 0) return -1;
-        if ((x = node(g, G_REF)) >= 0) g->nodes[x].ref = r;
-    } else return gfail(g, "an unexpected character"), -1;
+        if ((x = gb_node(g, G_REF)) >= 0) g->nodes[x].ref = r;
+    } else return gb_fail(g, "an unexpected character"), -1;
     if (x < 0) return -1;
     for (;;) {
         space(g, nested);
@@ -304,7 +261,7 @@ static int32_t parse_item(gb *g, int nested) {
         else if (op == '{') {
             g->i++;
             space(g, nested);
-            if (!parse_count(g, &min)) return gfail(g, "a bad {m,n}"), -1;
+            if (!parse_count(g, &min)) return gb_fail(g, "a bad {m,n}"), -1;
             space(g, nested);
             max = min;
             if (peek(g) == ',') {
@@ -314,11 +271,11 @@ static int32_t parse_item(gb *g, int nested) {
                 if (g->st) return -1;
                 space(g, nested);
             }
-            if (peek(g) != '}') return gfail(g, "a bad {m,n}"), -1;
+            if (peek(g) != '}') return gb_fail(g, "a bad {m,n}"), -1;
             g->i++;
-            if (max >= 0 && max < min) return gfail(g, "a {m,n} with n < m"), -1;
+            if (max >= 0 && max < min) return gb_fail(g, "a {m,n} with n < m"), -1;
         } else return x;
-        int32_t r = node(g, G_REP);
+        int32_t r = gb_node(g, G_REP);
         if (r < 0) return -1;
         g->nodes[r].first = x, g->nodes[r].min = min, g->nodes[r].max = max;
         x = r;
@@ -326,7 +283,7 @@ static int32_t parse_item(gb *g, int nested) {
 }
 
 static int32_t parse_seq(gb *g, int nested) {
-    int32_t s = node(g, G_SEQ), last = -1;
+    int32_t s = gb_node(g, G_SEQ), last = -1;
     if (s < 0) return -1;
     for (;;) {
         space(g, nested);
@@ -342,7 +299,7 @@ static int32_t parse_seq(gb *g, int nested) {
 }
 
 static int32_t parse_alts(gb *g, int nested) {
-    int32_t a = node(g, G_ALT), last;
+    int32_t a = gb_node(g, G_ALT), last;
     if (a < 0) return -1;
     if ((last = parse_seq(g, nested)) < 0) return -1;
     g->nodes[a].first = last;
@@ -370,18 +327,18 @@ static void parse_rules(gb *g) {
         size_t a = g->i;
         while (name_char(peek(g))) g->i++;
         if (g->i == a) {
-            gfail(g, "a rule name expected");
+            gb_fail(g, "a rule name expected");
             return;
         }
-        int32_t r = rule_of(g, g->s + a, g->i - a);
+        int32_t r = gb_rule_of(g, g->s + a, g->i - a);
         if (r < 0) return;
         space(g, 0);
         if (g->i + 3 > g->n || memcmp(g->s + g->i, "::=", 3)) {
-            gfail(g, "'::=' expected");
+            gb_fail(g, "'::=' expected");
             return;
         }
         if (g->rules[r].body >= 0) {
-            gfail(g, "a rule defined twice");
+            gb_fail(g, "a rule defined twice");
             return;
         }
         g->i += 3;
@@ -391,15 +348,13 @@ static void parse_rules(gb *g) {
         g->rules[r].body = body;
         space(g, 0);
         if (g->i < g->n && peek(g) != '\n') {
-            gfail(g, "an unexpected character");
+            gb_fail(g, "an unexpected character");
             return;
         }
     }
 }
 
 /* ---- which rules are regular: Tarjan's strongly connected components ---- */
-
-#define GB_MAX_RULES 4096
 
 static int add_refs(gb *g, grule *r, int32_t x) {
     for (; x >= 0; x = g->nodes[x].next) {
@@ -619,8 +574,24 @@ static void re_node(gb *g, int32_t x, int depth) {
     const gnode *n = &g->nodes[x];
     switch (n->kind) {
     case G_LIT:
-        for (uint32_t k = 0; k < n->len; k++) re_byte(g, g->data[n->off + k]);
+        for (uint32_t k = 0; k < n->len; k++) {
+            unsigned b = g->data[n->off + k];
+            if ((n->flags & GB_ICASE) && ((b | 0x20) >= 'a' && (b | 0x20) <= 'z')) {
+                char t[5] = {'[', (char)(b | 0x20), (char)(b & ~0x20u), ']', 0};
+                re_s(g, t);
+            } else re_byte(g, b);
+        }
         return;
+    case G_RE: {
+        re_s(g, n->flags == (GB_ICASE | GB_DOTALL) ? "(?is:" : n->flags == GB_ICASE ? "(?i:" : n->flags ? "(?s:" : "(");
+        char t[64];
+        for (uint32_t k = 0; k < n->len && !g->st;) {
+            uint32_t m = 0;
+            while (m < sizeof t && k < n->len) t[m++] = (char)g->data[n->off + k++];
+            re_put(g, t, m);
+        }
+        return re_s(g, ")");
+    }
     case G_CLASS: return re_class(g, g->data + n->off, n->len, n->neg);
     case G_ANY: return re_class(g, NULL, 0, 0);
     case G_REF: return re_group(g, g->rules[n->ref].body, depth + 1);
@@ -679,7 +650,14 @@ static int32_t lexeme(gb *g) {
     for (int32_t k = 0; k < g->n_lex; k++)
         if (!strcmp(g->lex_key[k], g->re)) return g->lex_sym[k];
     gr_dfa d;
-    if ((g->st = gr_regex_dfa(g->re, g->re_n, GR_RE_PLAIN, &d))) return GB_NONE;
+    if (g->json) { /* the text as a JSON string's body: ^( ... )$ */
+        char *a = osp_malloc(OSP_POOL_MISC, g->re_n + 5);
+        if (!a) return g->st = osp_err(OSP_ERR_NOMEM, "out of memory"), GB_NONE;
+        memcpy(a, "^(", 2), memcpy(a + 2, g->re, g->re_n), memcpy(a + 2 + g->re_n, ")$", 3);
+        g->st = gr_regex_dfa(a, g->re_n + 4, GR_RE_JSONBODY, &d);
+        osp_free(a);
+    } else g->st = gr_regex_dfa(g->re, g->re_n, GR_RE_PLAIN | GR_RE_UTF8, &d);
+    if (g->st) return GB_NONE;
     int live = 0;
     for (int32_t c = 0; c < d.ncls && !live; c++) live = d.next[d.ncls + c] != 0;
     int32_t sym = GB_NONE;
@@ -794,12 +772,51 @@ static int32_t sym_of(gb *g, int32_t x, int depth) {
     return g->st ? GB_NONE : nt;
 }
 
-static void gb_free(gb *g) {
+void gb_free(gb *g) {
     for (int32_t r = 0; r < g->n_rules; r++) osp_free(g->rules[r].name), osp_free(g->rules[r].adj);
     for (int32_t k = 0; k < g->n_lex; k++) osp_free(g->lex_key[k]);
     osp_free(g->rules), osp_free(g->nodes), osp_free(g->data), osp_free(g->lex_key), osp_free(g->lex_sym);
     osp_free(g->re);
     gr_b_free(&g->b);
+}
+
+osp_status gb_compile(gb *g, const char *start_name, const char *prefix, osp_grammar **out) {
+    int32_t root = -1;
+    for (int32_t r = 0; r < g->n_rules && !g->st; r++) {
+        if (g->rules[r].body < 0)
+            g->st = osp_err(OSP_ERR_INVALID, "grammar: rule '%.60s' is used but not defined", g->rules[r].name);
+        if (!strcmp(g->rules[r].name, start_name)) root = r;
+    }
+    if (!g->st && root < 0) g->st = osp_err(OSP_ERR_INVALID, "grammar: no '%s' rule", start_name);
+    if (!g->st && g->n_rules > GB_MAX_RULES) g->st = osp_err(OSP_ERR_UNSUPPORTED, "grammar: over %d rules", GB_MAX_RULES);
+    if (!g->st) find_regular(g);
+    for (int32_t r = 0; r < g->n_rules && !g->st; r++)
+        if (!g->rules[r].regular) g->rules[r].nt = gr_b_nt(&g->b);
+    for (int32_t r = 0; r < g->n_rules && !g->st; r++)
+        if (!g->rules[r].regular) alt_prods(g, g->rules[r].nt, g->rules[r].body, 0);
+    int32_t start = -1;
+    if (!g->st) {
+        if (!g->rules[root].regular) start = g->rules[root].nt;
+        else {
+            start = gr_b_nt(&g->b);
+            g->re_n = 0;
+            re_node(g, g->rules[root].body, 0);
+            int32_t s = lexeme(g);
+            if (!g->st) {
+                /* (a nullable lexeme is a nonterminal already) */
+                g->st = s == GB_NONE ? gr_b_prod(&g->b, start, NULL, 0) : gr_b_prod(&g->b, start, &s, 1);
+            }
+        }
+    }
+    if (!g->st && prefix && *prefix) { /* start -> the prefix's bytes, then root */
+        int32_t two[2], s2 = gr_b_nt(&g->b);
+        g->st = gr_b_lit(&g->b, prefix, strlen(prefix), &two[0]);
+        two[1] = start;
+        if (!g->st) g->st = gr_b_prod(&g->b, s2, two, 2);
+        start = s2;
+    }
+    if (!g->st) g->st = gr_b_finish(&g->b, start, out);
+    return g->st;
 }
 
 osp_status osp_grammar_from_gbnf(const char *text, size_t len, const char *prefix, osp_grammar **out) {
@@ -810,42 +827,7 @@ osp_status osp_grammar_from_gbnf(const char *text, size_t len, const char *prefi
     g.s = text, g.n = len;
     gr_b_init(&g.b);
     parse_rules(&g);
-    int32_t root = -1;
-    for (int32_t r = 0; r < g.n_rules && !g.st; r++) {
-        if (g.rules[r].body < 0)
-            g.st = osp_err(OSP_ERR_INVALID, "grammar: rule '%.60s' is used but not defined", g.rules[r].name);
-        if (!strcmp(g.rules[r].name, "root")) root = r;
-    }
-    if (!g.st && root < 0) g.st = osp_err(OSP_ERR_INVALID, "grammar: no 'root' rule");
-    if (!g.st && g.n_rules > GB_MAX_RULES) g.st = osp_err(OSP_ERR_UNSUPPORTED, "grammar: over %d rules", GB_MAX_RULES);
-    if (!g.st) find_regular(&g);
-    for (int32_t r = 0; r < g.n_rules && !g.st; r++)
-        if (!g.rules[r].regular) g.rules[r].nt = gr_b_nt(&g.b);
-    for (int32_t r = 0; r < g.n_rules && !g.st; r++)
-        if (!g.rules[r].regular) alt_prods(&g, g.rules[r].nt, g.rules[r].body, 0);
-    int32_t start = -1;
-    if (!g.st) {
-        if (!g.rules[root].regular) start = g.rules[root].nt;
-        else {
-            start = gr_b_nt(&g.b);
-            g.re_n = 0;
-            re_node(&g, g.rules[root].body, 0);
-            int32_t s = lexeme(&g);
-            if (!g.st) {
-                /* (a nullable lexeme is a nonterminal already) */
-                g.st = s == GB_NONE ? gr_b_prod(&g.b, start, NULL, 0) : gr_b_prod(&g.b, start, &s, 1);
-            }
-        }
-    }
-    if (!g.st && prefix && *prefix) { /* start -> the prefix's bytes, then root */
-        int32_t two[2], s2 = gr_b_nt(&g.b);
-        g.st = gr_b_lit(&g.b, prefix, strlen(prefix), &two[0]);
-        two[1] = start;
-        if (!g.st) g.st = gr_b_prod(&g.b, s2, two, 2);
-        start = s2;
-    }
-    if (!g.st) g.st = gr_b_finish(&g.b, start, out);
-    osp_status st = g.st;
+    osp_status st = g.st ? g.st : gb_compile(&g, "root", prefix, out);
     gb_free(&g);
     return st;
 }

@@ -51,6 +51,18 @@ osp_status osp_grammar_from_regex(const char *re, size_t len, osp_grammar **out)
  * `root` is the start, after the literal text prefix (NULL or "": none). A
  * malformed grammar is OSP_ERR_INVALID naming the line and column. */
 osp_status osp_grammar_from_gbnf(const char *text, size_t len, const char *prefix, osp_grammar **out);
+/* OSP_GRAMMAR_JSON_STRING: the grammar's language spelled as the body of a
+ * JSON string (no quotes): '"' and '\\' escaped, control characters as
+ * \n \r \t \b \f or else \u00XX, '/' as itself or \/, other bytes as
+ * themselves. For a custom tool's input inside the JSON of a tool call. */
+enum { OSP_GRAMMAR_JSON_STRING = 1 };
+/* Compile a grammar in the Lark subset of OpenAI's custom tools (lark.c
+ * says what it takes and refuses); `start` is the start. A malformed
+ * grammar, or a construct it cannot honour, is an error naming it. */
+osp_status osp_grammar_from_lark(const char *text, size_t len, int flags, osp_grammar **out);
+/* A regular expression over the whole text, as osp_grammar_from_regex
+ * but non-ASCII characters whole (classes, '.') and with the flags above. */
+osp_status osp_grammar_from_regex_flags(const char *re, size_t len, int flags, osp_grammar **out);
 void osp_grammar_free(osp_grammar *g);
 
 osp_status osp_grammar_matcher_new(osp_grammar *g, const osp_grammar_vocab *v, osp_grammar_matcher **out);
@@ -72,12 +84,19 @@ int osp_grammar_matcher_accepting(const osp_grammar_matcher *m);
 /* compose.c: a choice of sequences, each literal text, a JSON Schema's
  * value, literal text (prefix / suffix may be NULL or "", schema NULL for
  * none): a tool call in a model family's syntax, the arguments constrained
- * by the tool's parameters. A schema's error names its alternative. */
+ * by the tool's parameters. A schema's error names its alternative.
+ * In place of the schema, a grammar's text (syntax OSP_GRAMMAR_LARK or
+ * OSP_GRAMMAR_REGEX) compiled with OSP_GRAMMAR_JSON_STRING: a custom
+ * tool's input inside a JSON string. */
+enum { OSP_GRAMMAR_NONE = 0, OSP_GRAMMAR_LARK = 1, OSP_GRAMMAR_REGEX = 2 };
 typedef struct osp_grammar_part {
     const char *prefix;
     const char *schema;
     size_t schema_len;
     const char *suffix;
+    int syntax;          /* OSP_GRAMMAR_LARK / _REGEX: `grammar` instead of schema */
+    const char *grammar;
+    size_t grammar_len;
 } osp_grammar_part;
 osp_status osp_grammar_from_parts(const osp_grammar_part *alts, int n, osp_grammar **out);
 

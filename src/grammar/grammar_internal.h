@@ -26,8 +26,13 @@ static inline int32_t gr_dfa_next(const gr_dfa *d, int32_t s, uint8_t b) { retur
 /* GR_RE_JSONBODY: a piece of a string's literal (anchored), with its opening
  * and/or closing quote when GR_RE_OPEN / GR_RE_CLOSE are ORed in.
  * GR_RE_ALLESC (ORed in): printable ASCII characters also match as \u00XX
- * escapes, for a DFA that removes strings (every spelling must go). */
-enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1, GR_RE_JSONBODY = 2, GR_RE_OPEN = 4, GR_RE_CLOSE = 8, GR_RE_ALLESC = 16 };
+ * escapes, for a DFA that removes strings (every spelling must go).
+ * GR_RE_UTF8 (ORed into GR_RE_PLAIN): a class's non-ASCII members are
+ * whole UTF-8 characters rather than single bytes 0x80..0xff.
+ * Groups (?i:...) and (?s:...) (or (?is:...)) match letters in either case
+ * and let '.' take a newline. */
+enum { GR_RE_PLAIN = 0, GR_RE_JSONSTR = 1, GR_RE_JSONBODY = 2, GR_RE_OPEN = 4, GR_RE_CLOSE = 8, GR_RE_ALLESC = 16,
+       GR_RE_UTF8 = 32 };
 /* Compile a regex to a DFA. In GR_RE_JSONSTR mode the regex is over decoded
  * string characters and the DFA matches their JSON encoding (escapes). */
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out);

@@ -30,6 +30,8 @@ typedef struct rparse {
     size_t n, i;
     int mode;
     int allesc; /* GR_RE_ALLESC */
+    int utf8;   /* GR_RE_UTF8 */
+    int icase, dotall; /* inside (?i:...), (?s:...) */
     rnode *nodes;
     int32_t n_nodes, cap;
     osp_status st;
@@ -130,17 +132,30 @@ static int32_t json_class(rparse *p, const cclass *c) {
     if (r < 0) r = mk_set(p, (uint64_t[4]){0}); /* matches nothing */
     return r;
 }
-/* A class as an AST in the parser's mode (plain: bytes; non-ASCII = 0x80..0xff). */
-static int32_t class_node(rparse *p, const cclass *c) {
-    if (p->mode != GR_RE_PLAIN) return json_class(p, c);
-    uint64_t s[4] = {c->ascii[0], c->ascii[1], c->nonascii ? ~0ull : 0, c->nonascii ? ~0ull : 0};
+/* A class as an AST in the parser's mode (plain: bytes; non-ASCII =
+ * 0x80..0xff, or whole UTF-8 characters under GR_RE_UTF8); letters in
+ * both cases inside (?i:...). */
+static int32_t class_node(rparse *p, const cclass *c0) {
+    cclass c = *c0;
+    if (p->icase)
+        for (int x = 'A'; x <= 'Z'; x++)
+            if (cc_has(&c, x) || cc_has(&c, x | 0x20)) cc_add(&c, x, x), cc_add(&c, x | 0x20, x | 0x20);
+    if (p->mode != GR_RE_PLAIN) return json_class(p, &c);
+    if (p->utf8 && c.nonascii) {
+        uint64_t s[4] = {c.ascii[0], c.ascii[1], 0, 0};
+        int32_t cont = mk_range(p, 0x80, 0xbf), r = (s[0] | s[1]) ? mk_set(p, s) : -1;
+        r = mk_alt(p, r, mk_cat(p, mk_range(p, 0xc2, 0xdf), cont));
+        r = mk_alt(p, r, mk_cat(p, mk_range(p, 0xe0, 0xef), mk_rep(p, cont, 2, 2)));
+        return mk_alt(p, r, mk_cat(p, mk_range(p, 0xf0, 0xf4), mk_rep(p, cont, 3, 3)));
+    }
+    uint64_t s[4] = {c.ascii[0], c.ascii[1], c.nonascii ? ~0ull : 0, c.nonascii ? ~0ull : 0};
     return mk_set(p, s);
 }
 static int32_t char_node(rparse *p, int x) {
     if (x >= 0x80) return mk_range(p, x, x); /* a raw byte (a UTF-8 sequence's part) */
     cclass c = {{0, 0}, 0};
     cc_add(&c, x, x);
-    if (p->mode != GR_RE_PLAIN) return json_class(p, &c);
+    if (p->mode != GR_RE_PLAIN || (p->icase && (x | 0x20) >= 'a' && (x | 0x20) <= 'z')) return class_node(p, &c);
     return mk_range(p, x, x);
 }
 
@@ -231,6 +246,9 @@ static int32_t parse_class(rparse *p) {
         }
         cc_add(&c, lo, hi);
     }
+    if (p->icase) /* (folded before a negation: [^a] under i takes neither case) */
+        for (int x = 'A'; x <= 'Z'; x++)
+            if (cc_has(&c, x) || cc_has(&c, x | 0x20)) cc_add(&c, x, x), cc_add(&c, x | 0x20, x | 0x20);
     if (neg) c.ascii[0] = ~c.ascii[0], c.ascii[1] = ~c.ascii[1], c.nonascii = !c.nonascii;
     return class_node(p, &c);
 }
@@ -250,11 +268,19 @@ static int32_t parse_atom(rparse *p) {
     int ch = peek(p);
     p->i++;
     if (ch == '(') {
-        if (peek(p) == '?') {
-            if (p->i + 1 < p->n && p->s[p->i + 1] == ':') p->i += 2;
-            else return fail(p, "group flags or lookaround"), -1;
+        int icase = p->icase, dotall = p->dotall;
+        if (peek(p) == '?') { /* (?:...), or flags i and s for the group */
+            size_t k = p->i + 1;
+            while (k < p->n && (p->s[k] == 'i' || p->s[k] == 's')) {
+                if (p->s[k] == 'i') p->icase = 1;
+                else p->dotall = 1;
+                k++;
+            }
+            if (k < p->n && p->s[k] == ':') p->i = k + 1;
+            else return fail(p, "group flags other than (?i:...) and (?s:...), or lookaround"), -1;
         }
         int32_t r = parse_alt(p);
+        p->icase = icase, p->dotall = dotall;
         if (p->st) return -1;
         if (peek(p) != ')') return fail(p, "missing )"), -1;
         p->i++;
@@ -263,7 +289,7 @@ static int32_t parse_atom(rparse *p) {
     if (ch == '[') return parse_class(p);
     if (ch == '.') {
         cclass c = {{~0ull, ~0ull}, 1};
-        c.ascii[0] &= ~(1ull << '\n');
+        if (!p->dotall) c.ascii[0] &= ~(1ull << '\n');
         return class_node(p, &c);
     }
     if (ch == '\\') {
@@ -614,7 +640,7 @@ void gr_dfa_free(gr_dfa *d) {
 
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     memset(out, 0, sizeof *out);
-    rparse p = {re, len, 0, mode & 3, (mode & GR_RE_ALLESC) != 0, NULL, 0, 0, OSP_OK};
+    rparse p = {re, len, 0, mode & 3, (mode & GR_RE_ALLESC) != 0, (mode & GR_RE_UTF8) != 0, 0, 0, NULL, 0, 0, OSP_OK};
     int anch_s = 0, anch_e = 0;
     if (p.n && re[0] == '^') anch_s = 1, p.i = 1;
     if (p.n > p.i && re[p.n - 1] == '$') { /* not an escaped '$': an even run of backslashes before it */
@@ -629,7 +655,7 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
         if (mode & GR_RE_OPEN) root = mk_cat(&p, mk_range(&p, '"', '"'), root);
         if (mode & GR_RE_CLOSE) root = mk_cat(&p, root, mk_range(&p, '"', '"'));
     }
-    if (!p.st && (mode & ~GR_RE_ALLESC) == GR_RE_JSONSTR) {
+    if (!p.st && (mode & ~(GR_RE_ALLESC | GR_RE_UTF8)) == GR_RE_JSONSTR) {
         cclass any = {{~0ull, ~0ull}, 1};
         int32_t star = mk_rep(&p, json_class(&p, &any), 0, -1);
         if (!anch_s) root = mk_cat(&p, star, root);

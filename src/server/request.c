@@ -75,6 +75,7 @@ static void job_free_fields(srv_job *j) {
     osp_free(j->prompt);
     free(j->forced);
     free(j->rf_schema);
+    json_decref(j->custom_tools);
     srv_grammar_release(j->grammar);
     for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
     free(j->stops);
@@ -193,8 +194,8 @@ static int settle_grammar(srv *s, srv_job *j, const char *prefix, perr *e) {
  * and gives its arguments (a strict tool's under its schema, another's any object); the text around is free.
  * Only the JSON formats (and calls without forcing only where a call has an opening marker): Gemma 4's own
  * notation is not JSON Schema's. */
-static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_t *tools, int force, const char *name,
-                        perr *e) {
+static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_t *tools, const json_t *formats,
+                        int force, const char *name, perr *e) {
     if (!s->gvocab || (f->calls != OSP_REPLY_CALLS_JSON_BLOCK && f->calls != OSP_REPLY_CALLS_JSON_REPLY)) return 0;
     size_t nt = json_array_size(tools), n = 0, any = strlen(f->force.any), i;
     json_t *t;
@@ -209,7 +210,7 @@ static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_
         j->grammar_trigger = f->tool_open;
     }
     osp_grammar_part *alts = calloc(nt ? nt : 1, sizeof *alts);
-    char **texts = calloc(nt ? nt * 2 : 1, sizeof *texts);
+    char **texts = calloc(nt ? nt * 3 : 1, sizeof *texts);
     srv_buf suffix = {0};
     srv_buf_addf(&suffix, "}%s%s", f->tool_close ? "\n" : "", f->tool_close ? f->tool_close : "");
     int rc = 0;
@@ -240,6 +241,21 @@ static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_
         }
         alts[n] = (osp_grammar_part){.prefix = texts[2 * n + 1], .schema = texts[2 * n],
                                      .schema_len = texts[2 * n] ? strlen(texts[2 * n]) : 0, .suffix = suffix.p};
+        json_t *fm = force ? json_object_get(formats, fname) : NULL;
+        if (fm) { /* a custom tool's grammar: its input, inside the JSON string of {"input": ...} */
+            const char *sx = json_string_value(json_object_get(fm, "syntax"));
+            json_t *def = json_object_get(fm, "definition");
+            srv_buf pre = {0}, suf = {0};
+            srv_buf_addf(&pre, "%s{\"input\": \"", texts[2 * n + 1] ? texts[2 * n + 1] : "");
+            srv_buf_addf(&suf, "\"}%s", suffix.p ? suffix.p : "");
+            free(texts[2 * n + 1]);
+            texts[2 * n + 1] = pre.p ? strdup(pre.p) : NULL;
+            texts[2 * nt + n] = suf.p ? strdup(suf.p) : NULL;
+            srv_buf_free(&pre), srv_buf_free(&suf);
+            alts[n] = (osp_grammar_part){.prefix = texts[2 * n + 1], .suffix = texts[2 * nt + n],
+                                         .syntax = !strcmp(sx, "lark") ? OSP_GRAMMAR_LARK : OSP_GRAMMAR_REGEX,
+                                         .grammar = json_string_value(def), .grammar_len = json_string_length(def)};
+        }
         n++;
     }
     if (!rc && n) {
@@ -247,11 +263,12 @@ static int tool_grammar(srv *s, srv_job *j, const osp_reply_spec *f, const json_
         j->grammar = srv_grammar_parts(s->gcache, alts, (int)n, why, sizeof why);
         if (!j->grammar) {
             e->status = 400, e->param = "tools";
-            snprintf(e->msg, sizeof e->msg, "tools: a function's 'parameters' cannot be used as a JSON Schema: %s", why);
+            snprintf(e->msg, sizeof e->msg, "tools: a function's 'parameters' (or a custom tool's 'format') cannot be used: %s",
+                     why);
             rc = -1;
         }
     }
-    for (size_t k = 0; texts && k < 2 * nt; k++) free(texts[k]);
+    for (size_t k = 0; texts && k < 3 * nt; k++) free(texts[k]);
     free(texts), free(alts);
     srv_buf_free(&suffix);
     return rc;
@@ -461,6 +478,15 @@ static json_t *normalize_messages(const json_t *msgs, perr *e) {
                 size_t q;
                 json_t *call;
                 json_array_foreach(tc, q, call) {
+                    json_t *cu = json_object_get(call, "custom"), *in = json_object_get(cu, "input");
+                    if (json_is_object(cu) && json_is_string(json_object_get(cu, "name")) && json_is_string(in)) {
+                        /* chat's custom tool call: the function of {"input"} the template was offered */
+                        json_object_set_new(call, "function", json_pack("{s:O,s:{s:O}}", "name", json_object_get(cu, "name"),
+                                                                        "arguments", "input", in));
+                        json_object_set_new(call, "type", json_string("function"));
+                        json_object_del(call, "custom");
+                        continue;
+                    }
                     json_t *f = json_object_get(call, "function");
                     json_t *a = f ? json_object_get(f, "arguments") : NULL;
                     if (json_is_string(a)) {
@@ -607,7 +633,105 @@ static srv_job *begin_job(srv *s, const json_t *b, srv_kind kind, int32_t *max_t
 /* count_only: the prompt is tokenized and counted, and may be longer than the
  * context (a count, not a generation: count_tokens). *why (not NULL): why
  * the prompt did not fit. */
+static int type_is(const json_t *o, const char *t) {
+    const char *v = json_string_value(json_object_get(o, "type"));
+    return v && !strcmp(v, t);
+}
+
+/* A custom tool's grammar format: "" when it is good (*sx its syntax, *def its text), else why not in msg. */
+static void custom_format(srv *s, const json_t *f, const char *at, const char **sx, json_t **def, char *msg, size_t cap) {
+    const json_t *g = json_is_object(get(f, "grammar")) ? get(f, "grammar") : f; /* chat nests it; responses does not */
+    const char *where = g == f ? "" : ".grammar";
+    *sx = json_string_value(json_object_get(g, "syntax"));
+    *def = json_object_get(g, "definition");
+    if (!*sx || (strcmp(*sx, "lark") && strcmp(*sx, "regex"))) {
+        snprintf(msg, cap, "%s.format%s.syntax must be \"lark\" or \"regex\"", at, where);
+        return;
+    }
+    if (!json_is_string(*def)) {
+        snprintf(msg, cap, "%s.format%s.definition must be a string (the grammar)", at, where);
+        return;
+    }
+    char why[400];
+    osp_grammar_part part = {.syntax = **sx == 'l' ? OSP_GRAMMAR_LARK : OSP_GRAMMAR_REGEX,
+                             .grammar = json_string_value(*def), .grammar_len = json_string_length(*def)};
+    srv_grammar *sg = srv_grammar_parts(s->gcache, &part, 1, why, sizeof why); /* (cached for the forced call) */
+    if (!sg) snprintf(msg, cap, "%s.format%s.definition: the %s grammar cannot be used: %.300s", at, where, *sx, why);
+    srv_grammar_release(sg);
+}
+
+/* Custom tools (chat's {"type": "custom", "custom": {"name", "description", "format"}}, or the responses
+ * API's flat {"type": "custom", "name", ...}) as functions of {"input": string}, the chat template's shape;
+ * their formats that are grammars in *formats (name -> {"syntax", "definition"}), each compiled here so that a
+ * bad one is a 400 even where no call is forced; their names in *names (name -> true). *norm: b with those
+ * tools (and a tool_choice naming a custom tool as a function), NULL when b has no custom tool. */
+static int custom_tools(srv *s, const json_t *b, json_t **norm, json_t **formats, json_t **names, perr *e) {
+    *norm = *formats = *names = NULL;
+    json_t *t = get(b, "tools"), *x;
+    size_t i;
+    int any = 0;
+    json_array_foreach(t, i, x) any |= type_is(x, "custom");
+    if (!any) return 0;
+    json_t *out = json_array(), *fm = json_object(), *nm = json_object();
+    char msg[sizeof e->msg], at[64];
+    msg[0] = 0;
+    json_array_foreach(t, i, x) {
+        if (!type_is(x, "custom")) {
+            json_array_append(out, x);
+            continue;
+        }
+        json_t *c = json_is_object(get(x, "custom")) ? get(x, "custom") : x;
+        snprintf(at, sizeof at, "tools[%zu]%s", i, c == x ? "" : ".custom");
+        json_t *n = json_object_get(c, "name"), *d = get(c, "description"), *f = get(c, "format"), *def = NULL;
+        const char *sx = NULL;
+        if (!json_is_string(n)) snprintf(msg, sizeof msg, "%s: a custom tool needs a string 'name'", at);
+        else if (json_object_get(nm, json_string_value(n)))
+            snprintf(msg, sizeof msg, "%s: two custom tools are named '%.60s'", at, json_string_value(n));
+        else if (d && !json_is_string(d)) snprintf(msg, sizeof msg, "%s: 'description' must be a string", at);
+        else if (f && !json_is_object(f)) snprintf(msg, sizeof msg, "%s.format must be an object", at);
+        else if (f && type_is(f, "grammar")) custom_format(s, f, at, &sx, &def, msg, sizeof msg);
+        else if (f && !type_is(f, "text")) snprintf(msg, sizeof msg, "%s.format.type must be \"text\" or \"grammar\"", at);
+        if (msg[0]) break;
+        json_object_set_new(nm, json_string_value(n), json_true());
+        if (sx) json_object_set_new(fm, json_string_value(n), json_pack("{s:s,s:O}", "syntax", sx, "definition", def));
+        json_t *fn = json_pack("{s:O,s:{s:s,s:{s:{s:s}},s:[s]}}", "name", n, "parameters", "type", "object",
+                               "properties", "input", "type", "string", "required", "input");
+        if (d) json_object_set(fn, "description", d);
+        json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+    }
+    if (msg[0]) {
+        json_decref(out), json_decref(fm), json_decref(nm);
+        FAIL(e, "tools", "%s", msg);
+    }
+    *norm = json_copy((json_t *)b);
+    json_object_set_new(*norm, "tools", out);
+    json_t *tc = get(b, "tool_choice"), *cn = json_object_get(get(tc, "custom"), "name");
+    if (type_is(tc, "custom") && json_is_string(cn))
+        json_object_set_new(*norm, "tool_choice", json_pack("{s:s,s:{s:O}}", "type", "function", "function", "name", cn));
+    *formats = fm, *names = nm;
+    return 0;
+}
+
+static srv_job *parse_chat_tools(srv *s, const json_t *b, const json_t *formats, int count_only, int *status,
+                                 json_t **err, srv_reject *why);
+
 static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status, json_t **err, srv_reject *why) {
+    perr e = {0};
+    json_t *norm = NULL, *formats = NULL, *names = NULL;
+    if (json_is_object(b) && custom_tools(s, b, &norm, &formats, &names, &e)) {
+        *status = e.status ? e.status : 400;
+        *err = srv_error_json(*status, e.msg, e.param);
+        return NULL;
+    }
+    srv_job *j = parse_chat_tools(s, norm ? norm : b, formats, count_only, status, err, why);
+    json_decref(norm), json_decref(formats);
+    if (j) j->custom_tools = names;
+    else json_decref(names);
+    return j;
+}
+
+static srv_job *parse_chat_tools(srv *s, const json_t *b, const json_t *formats, int count_only, int *status,
+                                 json_t **err, srv_reject *why) {
     perr e = {0};
     int32_t max_tokens;
     srv_job *j = begin_job(s, b, SRV_CHAT, &max_tokens, status, err);
@@ -659,12 +783,12 @@ static srv_job *parse_chat(srv *s, const json_t *b, int count_only, int *status,
         /* a forced call is the whole reply: its grammar replaces a response format's */
         free(j->rf_schema);
         j->rf_schema = NULL, j->rf_gbnf = 0;
-        if (tool_grammar(s, j, fmt, tools, force, force_name, &e)) {
+        if (tool_grammar(s, j, fmt, tools, formats, force, force_name, &e)) {
             osp_free(text);
             return fail_job(j, &e, status, err);
         }
     } else if (settle_grammar(s, j, j->start_in_reasoning ? fmt->force.close_think : NULL, &e) ||
-               (!j->grammar && tools && tool_grammar(s, j, fmt, tools, 0, NULL, &e))) {
+               (!j->grammar && tools && tool_grammar(s, j, fmt, tools, formats, 0, NULL, &e))) {
         osp_free(text);
         return fail_job(j, &e, status, err);
     }

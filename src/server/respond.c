@@ -246,8 +246,27 @@ static void limit_calls(srv_resp *r, json_t *calls) {
         while (json_array_size(calls) > 1) json_array_remove(calls, json_array_size(calls) - 1);
 }
 
+/* Calls of the request's custom tools in chat's shape: {"id", "type": "custom", "custom": {"name", "input"}}. */
+static void custom_calls(const srv_job *j, json_t *tool_calls) {
+    size_t i;
+    json_t *c;
+    json_array_foreach(tool_calls, i, c) {
+        json_t *f = json_object_get(c, "function"), *n = json_object_get(f, "name");
+        if (!json_is_string(n) || !json_object_get(j->custom_tools, json_string_value(n))) continue;
+        const char *args = json_string_value(json_object_get(f, "arguments"));
+        json_t *a = args ? json_loads(args, 0, NULL) : NULL, *in = json_object_get(a, "input");
+        if (json_is_string(in)) {
+            json_object_set_new(c, "custom", json_pack("{s:O,s:O}", "name", n, "input", in));
+            json_object_set_new(c, "type", json_string("custom"));
+            json_object_del(c, "function");
+        }
+        json_decref(a);
+    }
+}
+
 static void end_ok_openai(srv_resp *r, const srv_event *e, json_t *tool_calls) {
     srv_job *j = r->j;
+    if (j->custom_tools) custom_calls(j, tool_calls);
     const char *finish = e->stats.finish == OSP_FINISH_LENGTH ? "length" : "stop";
     if (json_array_size(tool_calls)) finish = "tool_calls";
     if (r->mode == MODE_SSE) {

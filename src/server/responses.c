@@ -181,11 +181,15 @@ static int tools_of(const json_t *tools, json_t *chat, srv_rsp_req *q, rerr *e) 
             json_decref(out);
             RFAIL(e, "tools[%zu] (type '%.40s') %s", i, ty, bad);
         }
-        json_t *params = custom ? json_pack("{s:s,s:{s:{s:s}},s:[s]}", "type", "object", "properties", "input", "type",
-                                            "string", "required", "input")
-                         : p    ? json_deep_copy(p)
-                                : json_pack("{s:s}", "type", "object");
-        if (custom) json_array_append(q->custom, n);
+        if (custom) { /* the chat request takes custom tools (their formats) in this flat shape too */
+            json_array_append(q->custom, n);
+            json_t *c = json_pack("{s:s,s:O}", "type", "custom", "name", n);
+            if (d) json_object_set(c, "description", d);
+            if (get(t, "format")) json_object_set(c, "format", get(t, "format"));
+            json_array_append_new(out, c);
+            continue;
+        }
+        json_t *params = p ? json_deep_copy(p) : json_pack("{s:s}", "type", "object");
         json_t *f = json_pack("{s:O,s:o}", "name", n, "parameters", params), *strict = get(t, "strict");
         if (d) json_object_set(f, "description", d);
         if (json_is_boolean(strict)) json_object_set(f, "strict", strict);

@@ -13,8 +13,9 @@
  *   function_call / custom_tool_call     → the assistant message's tool_calls
  *   *_call_output                        → tool messages
  *   reasoning items                      → the next assistant message's reasoning_content
- *   function tools                       → chat function tools; custom tools → a
- *                                           function taking {"input": string}
+ *   function tools                       → chat function tools; custom tools → chat
+ *                                           custom tools (functions taking {"input": string},
+ *                                           a forced call held to its grammar format)
  *   hosted tools (web_search, namespace, ...) → left out (the caller counts them)
  *   max_output_tokens                    → kept apart: cut to what the context leaves
  *   reasoning.effort, tool_choice, temperature, top_p, parallel_tool_calls,

@@ -113,6 +113,7 @@ typedef struct srv_job {
     char *rf_schema;          /* while parsing: the response format's JSON Schema (text), or NULL */
     const char *rf_param;     /* the field it came from */
     int rf_gbnf;              /* rf_schema is a GBNF grammar (llama-server's `grammar`), not a JSON Schema */
+    json_t *custom_tools;     /* the names of the request's custom tools (an object: name -> true; owned), or NULL */
     struct srv_rsp_job *rsp;  /* a Responses job: its request's side (responses.h), owned by the route */
     char id[64];
     long long created;

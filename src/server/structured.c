@@ -176,6 +176,8 @@ srv_grammar *srv_grammar_parts(srv_gcache *c, const osp_grammar_part *alts, int 
         key_piece(&k, alts[i].prefix, alts[i].prefix ? strlen(alts[i].prefix) : 0);
         key_piece(&k, alts[i].schema, alts[i].schema_len);
         key_piece(&k, alts[i].suffix, alts[i].suffix ? strlen(alts[i].suffix) : 0);
+        srv_buf_addf(&k, "%d", alts[i].syntax);
+        key_piece(&k, alts[i].grammar, alts[i].grammar_len);
     }
     if (!k.p) {
         snprintf(err, cap, "out of memory");

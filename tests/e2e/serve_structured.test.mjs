@@ -291,6 +291,92 @@ test('forced tool calls (required and named), chat and responses, streamed and n
   }
 });
 
+// custom tools (OpenAI's freeform tools): the input follows the tool's Lark grammar or regex when the call is
+// forced; the grammars are bounded so that every forced call closes within max_output_tokens
+const customTools = [
+  { type: 'custom', name: 'calc', description: 'Adds two numbers',
+    format: { type: 'grammar', syntax: 'lark', definition: 'start: "add " NUM " " NUM\nNUM: DIGIT~1..3\n%import common.DIGIT\n' } },
+  { type: 'custom', name: 'say', description: 'Says a word, quoted, on a line',
+    format: { type: 'grammar', syntax: 'lark', definition: 'start: "say \\"" LCASE_LETTER~1..6 "\\"\\n"\n%import common.LCASE_LETTER\n' } },
+  { type: 'custom', name: 'code', description: 'A code', format: { type: 'grammar', syntax: 'regex', definition: '^[0-9]{2}-[a-z]{2}$' } },
+];
+const inputOf = { calc: /^add [0-9]{1,3} [0-9]{1,3}$/, say: /^say "[a-z]{1,6}"\n$/, code: /^[0-9]{2}-[a-z]{2}$/ };
+
+test('a forced custom tool with a Lark grammar or a regex: the input follows it (responses and chat), bad formats are a 400', async () => {
+  const s = await startServer(['--parallel', '8', '--chat-template', path.join(here, 'tools_template.jinja')]);
+  try {
+    const c = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: 'unused', maxRetries: 0 });
+    const jobs = [];
+    for (const name of Object.keys(inputOf))
+      for (const stream of [false, true])
+        jobs.push((async () => {
+          const req = { model: 'fortune', input: `use ${name}`, max_output_tokens: 60, temperature: 0.8,
+            tools: customTools, tool_choice: { type: 'custom', name } };
+          if (!stream) return { name, r: await c.responses.create(req) };
+          let r = null;
+          for await (const ev of await c.responses.create({ ...req, stream })) if (ev.type === 'response.completed') r = ev.response;
+          return { name, r };
+        })());
+    for (const { name, r } of await Promise.all(jobs)) {
+      assert.equal(r?.status, 'completed', JSON.stringify(r));
+      const call = r.output.find((o) => o.type === 'custom_tool_call');
+      assert.ok(call, JSON.stringify(r.output));
+      assert.equal(call.name, name);
+      assert.match(call.input, inputOf[name]);
+    }
+    // chat completions' shape of a custom tool and of its forced choice
+    const chatTools = customTools.map(({ type, format, ...rest }) => ({ type, custom: { ...rest,
+      format: { type: 'grammar', grammar: { syntax: format.syntax, definition: format.definition } } } }));
+    const cr = await c.chat.completions.create({ model: 'fortune', max_tokens: 60, seed: 3, temperature: 0.8,
+      messages: [{ role: 'user', content: 'say a word' }], tools: chatTools, tool_choice: { type: 'custom', custom: { name: 'say' } } });
+    assert.equal(cr.choices[0].finish_reason, 'tool_calls', JSON.stringify(cr));
+    const call = cr.choices[0].message.tool_calls[0];
+    assert.equal(call.type, 'custom', JSON.stringify(call));
+    assert.equal(call.custom.name, 'say');
+    assert.match(call.custom.input, inputOf.say);
+    // streamed, and the call and its output sent back as history
+    let streamed = null;
+    for await (const ch of await c.chat.completions.create({ model: 'fortune', max_tokens: 60, temperature: 0.8, stream: true,
+      messages: [{ role: 'user', content: 'a code' }], tools: chatTools, tool_choice: { type: 'custom', custom: { name: 'code' } } }))
+      streamed = ch.choices?.[0]?.delta?.tool_calls?.[0] ?? streamed;
+    assert.equal(streamed?.type, 'custom', JSON.stringify(streamed));
+    assert.match(streamed.custom.input, inputOf.code);
+    const next = await c.chat.completions.create({ model: 'fortune', max_tokens: 4, tools: chatTools, messages: [
+      { role: 'user', content: 'say a word' }, { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: 'said' }] });
+    assert.ok(next.choices[0].finish_reason, JSON.stringify(next));
+    // malformed formats and grammars that do not compile: a 400 naming the field and the problem, forced or not
+    const bad = [
+      [{ type: 'grammar', syntax: 'ebnf', definition: 'x' }, /format\.syntax must be "lark" or "regex"/],
+      [{ type: 'grammar', syntax: 'lark' }, /format\.definition must be a string/],
+      [{ type: 'grammar', syntax: 'lark', definition: 'start: ( "a"' }, /format\.definition: the lark grammar cannot be used: .*missing '\)'/],
+      [{ type: 'grammar', syntax: 'lark', definition: 'start: A\nA.2: "a"' }, /priorities/],
+      [{ type: 'grammar', syntax: 'regex', definition: '(?=a)' }, /lookaround/],
+      [{ type: 'yaml' }, /format\.type must be "text" or "grammar"/],
+    ];
+    for (const [format, msg] of bad)
+      for (const tool_choice of ['auto', { type: 'custom', name: 't' }]) {
+        const r = await raw(s.base, '/v1/responses', { body: JSON.stringify({ model: 'fortune', input: 'hi', max_output_tokens: 4,
+          tools: [{ type: 'custom', name: 't', format }], tool_choice }) });
+        assert.equal(r.status, 400, `${JSON.stringify(format)}: ${r.text}`);
+        assert.equal(r.json.error.param, 'tools', r.text);
+        assert.match(r.json.error.message, msg);
+      }
+    const cbad = await raw(s.base, '/v1/chat/completions', { body: JSON.stringify({ model: 'fortune', max_tokens: 4,
+      messages: [{ role: 'user', content: 'hi' }], tools: [{ type: 'custom', custom: { name: 't',
+        format: { type: 'grammar', grammar: { syntax: 'lark', definition: 'start: x' } } } }] }) });
+    assert.equal(cbad.status, 400, cbad.text);
+    assert.equal(cbad.json.error.param, 'tools');
+    assert.match(cbad.json.error.message, /tools\[0\]\.custom\.format\.grammar\.definition: .*'x' is used but not defined/);
+    // format text: a forced call whose input is any string
+    const tr = await c.responses.create({ model: 'fortune', input: 'hi', max_output_tokens: 40, temperature: 0, tools: [
+      { type: 'custom', name: 'free', format: { type: 'text' } }], tool_choice: { type: 'custom', name: 'free' } });
+    assert.ok(['completed', 'incomplete'].includes(tr.status), JSON.stringify(tr));
+  } finally {
+    assert.equal((await s.stop()).code, 0);
+  }
+});
+
 test('a strict tool without forcing: the call the model writes is held to the schema from its opening marker on', async () => {
   // the copy model writes a call whose unit is outside the enum: the grammar takes over at the marker
   const answer = 'Let me look. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}\n</tool_call>';

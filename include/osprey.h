@@ -93,7 +93,7 @@ osp_status osp_identity_dir(const char *dir, const char *memo_dir, char out[65])
 /* The version of the engine's numerics: raised whenever a kernel's results
  * change, so that stored KV (the prefix cache's files) computed by an older
  * engine is never used by a newer one. */
-#define OSP_NUMERICS_VERSION 2 /* 2: bf16 weights on AVX512-BF16 (the CPU's DOT engine) */
+#define OSP_NUMERICS_VERSION 3 /* 2: bf16 weights on AVX512-BF16 (the CPU's DOT engine); 3: 4-bit prefill chunks on AMX */
 
 /* Number of worker threads used by kernels (0 = all cores). Global. */
 osp_status osp_set_threads(int n_threads);

@@ -5,7 +5,9 @@
  * a few ulps of the terms' sum (the hardware's rounding inside a step is its
  * own), the DOT engine bitwise (VDPBF16PS's definition, where the CPU follows it; else within ulps too); a token's outputs
  * the same alone and among any number (batch invariance); 8-bit weights'
- * dequantization bitwise its twin; and both twins against the f64 product
+ * dequantization bitwise its twin; repacked 4-bit tiles' dequantization
+ * (the twin against s * c + b from the MLX layout, the AVX-512 form
+ * bitwise the twin) and their product on each engine; and both twins against the f64 product
  * of the bf16 operands. An engine the CPU lacks is skipped; the twins'
  * checks run everywhere. */
 #include <setjmp.h>
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/bf16t.h"
+#include "backend/q8act.h"
 
 static uint64_t rs = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
@@ -215,8 +218,89 @@ static void test_q8(void **state) {
     if (!any) skip();
 }
 
+/* f32 -> bf16, round to nearest even (the test's own: finite values only) */
+static uint16_t rne16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* 4-bit weights (prefill chunks on AMX): the repacked tiles dequantized by the twin equal s * c + b (one fma,
+ * rounded to bf16) computed from the MLX layout, the AVX-512 form bitwise the twin, and each engine's product
+ * the bf16 kernel's on those rows; rows past the weight's end come out zero. bf16 and f16 scales. */
+static void q4(osp_bf16t_kind k, int f16) {
+    const int64_t R = 45, C = 256, G = 64, ng = C / G, n = 20, tiles = (R + 15) / 16;
+    uint8_t *codes = malloc(R * C / 2);
+    uint16_t *sc = malloc(sizeof(uint16_t) * R * ng), *bi = malloc(sizeof(uint16_t) * R * ng);
+    for (int64_t i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)rnd();
+    for (int64_t i = 0; i < R * ng; i++) {
+        float s = 0.01f + 0.02f * (frand() + 1), b = frand();
+        if (f16) {
+            sc[i] = osp_f32_to_f16(s), bi[i] = osp_f32_to_f16(b);
+        } else {
+            uint32_t u, v;
+            memcpy(&u, &s, 4), memcpy(&v, &b, 4);
+            sc[i] = (uint16_t)(u >> 16), bi[i] = (uint16_t)(v >> 16);
+        }
+    }
+    osp_weight q;
+    memset(&q, 0, sizeof q);
+    q.qbits = 4, q.group = G, q.sdtype = f16 ? OSP_DT_F16 : OSP_DT_BF16, q.rows = R, q.cols = C, q.data = codes;
+    q.scales = sc, q.biases = bi;
+    void *packed = aligned_alloc(64, (osp_q4pack_bytes(&q) + 63) & ~(size_t)63);
+    osp_q4pack(&q, packed, 0, tiles);
+    q.packed = packed;
+    assert_true(osp_q4t_fits(&q));
+    /* the MLX layout's rows, dequantized here */
+    uint16_t *deq = calloc((size_t)(tiles * 16 * C), sizeof(uint16_t));
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) {
+            const int code = (codes[r * C / 2 + c / 2] >> (4 * (c & 1))) & 15;
+            const float s = osp_load_float(sc, q.sdtype, r * ng + c / G), b = osp_load_float(bi, q.sdtype, r * ng + c / G);
+            deq[r * C + c] = rne16(fmaf(s, (float)code, b));
+        }
+    uint16_t *tr = malloc(sizeof(uint16_t) * 16 * C), *tf = malloc(sizeof(uint16_t) * 16 * C);
+    for (int64_t t = 0; t < tiles; t++) {
+        osp_q4t_tile_ref(&q, t, tr, C);
+        if (memcmp(tr, deq + t * 16 * C, sizeof(uint16_t) * 16 * C))
+            fail_msg("q4 tile %ld: the twin's dequantization differs from the MLX layout's", (long)t);
+        if (osp_bf16t_has(OSP_BF16T_DOT)) {
+            osp_q4t_tile_fast(&q, t, tf, C);
+            if (memcmp(tf, tr, sizeof(uint16_t) * 16 * C)) fail_msg("q4 tile %ld: the AVX-512 dequantization differs", (long)t);
+        }
+    }
+    osp_weight d;
+    memset(&d, 0, sizeof d);
+    d.dtype = OSP_DT_BF16, d.rows = R, d.cols = C, d.data = deq;
+    float *x = malloc(sizeof(float) * n * C), *y = malloc(sizeof(float) * n * R), *yd = malloc(sizeof(float) * n * R);
+    for (int64_t i = 0; i < n * C; i++) x[i] = frand() * 2;
+    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C)), *dq = malloc(sizeof(uint16_t) * 32 * C);
+    osp_bf16t_pack(k, x, n, C, xp);
+    for (int64_t r0 = 0; r0 < R && osp_bf16t_has(k); r0 += 16)
+        for (int64_t r1 = r0 + 1; r1 <= R; r1 += 7) {
+            osp_q4t_mm(k, &q, xp, n, y, R, r0, r1, dq);
+            osp_bf16t_mm(k, &d, xp, n, yd, R, r0, r1);
+            for (int64_t t = 0; t < n; t++)
+                if (memcmp(y + t * R, yd + t * R, sizeof(float) * (size_t)(r1 - r0)))
+                    fail_msg("%s q4, rows %ld..%ld: token %ld differs from the twin's dequantization", osp_bf16t_name(k),
+                             (long)r0, (long)r1, (long)t);
+        }
+    free(codes), free(sc), free(bi), free(packed), free(deq), free(tr), free(tf), free(dq), free(x), free(y), free(yd);
+    free(xp);
+}
+
+static void test_q4(void **state) {
+    (void)state;
+    /* the dequantization's twin everywhere, the products on each engine the CPU has */
+    for (osp_bf16t_kind k = OSP_BF16T_AMX; k <= OSP_BF16T_DOT; k++)
+        for (int f16 = 0; f16 < 2; f16++) q4(k, f16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_twin), cmocka_unit_test(test_amx),
-                                       cmocka_unit_test(test_dot), cmocka_unit_test(test_q8)};
+                                       cmocka_unit_test(test_dot), cmocka_unit_test(test_q8),
+                                       cmocka_unit_test(test_q4)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "backend/cpu/bf16t.h"
+#include "backend/q8act.h"
 
 int osp_bf16t_dot_built(void) { return 1; }
 
@@ -187,6 +188,56 @@ void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out) {
             __m512 hi =
                 _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + 16)))), b);
             _mm512_storeu_si512(out + g * G + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+/* The repacked 4-bit tile (q8act.h) to bf16 rows: a block's 4 vectors (one dword of 8 codes per row and
+ * vector) transposed 4 x 4 in each 128-bit lane so that a lane holds one row's 32 codes, the nibbles split
+ * and interleaved back to column order, then s * c + b per row as the twin computes it. */
+void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld) {
+    const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
+    const size_t seg = 64 + (size_t)G * 8;
+    const unsigned char *tp = (const unsigned char *)w->packed + (size_t)tile * (size_t)ng * seg;
+    const int f16 = w->sdtype == OSP_DT_F16;
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int64_t g = 0; g < ng; g++) {
+        const unsigned char *sg = tp + (size_t)g * seg;
+        float s[16], b[16];
+        const __m256i hs = _mm256_loadu_si256((const __m256i *)sg), hb = _mm256_loadu_si256((const __m256i *)(sg + 32));
+        if (f16) {
+            _mm512_storeu_ps(s, _mm512_cvtph_ps(hs));
+            _mm512_storeu_ps(b, _mm512_cvtph_ps(hb));
+        } else {
+            _mm512_storeu_si512(s, _mm512_slli_epi32(_mm512_cvtepu16_epi32(hs), 16));
+            _mm512_storeu_si512(b, _mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
+        }
+        for (int64_t j = 0; j < bpg; j++) {
+            const unsigned char *q = sg + 64 + j * 256;
+            const __m512i v0 = _mm512_loadu_si512(q), v1 = _mm512_loadu_si512(q + 64), v2 = _mm512_loadu_si512(q + 128),
+                          v3 = _mm512_loadu_si512(q + 192);
+            const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1),
+                          t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
+            /* rr[k], lane i: row 4 i + k's dwords of vectors 0..3 */
+            const __m512i rr[4] = {_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2),
+                                   _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)};
+            for (int k = 0; k < 4; k++) {
+                const __m512i lo = _mm512_and_si512(rr[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rr[k], 4), nib);
+                /* lane i: the row's codes 0..15 (a) and 16..31 (c) as bytes in column order */
+                const __m512i a = _mm512_unpacklo_epi32(lo, hi), c = _mm512_unpackhi_epi32(lo, hi);
+                uint8_t ab[64], cb[64];
+                _mm512_storeu_si512(ab, a);
+                _mm512_storeu_si512(cb, c);
+                for (int i = 0; i < 4; i++) {
+                    const int l = 4 * i + k;
+                    const __m512 vs = _mm512_set1_ps(s[l]), vb = _mm512_set1_ps(b[l]);
+                    const __m512 f0 = _mm512_fmadd_ps(
+                        vs, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ab + 16 * i)))), vb);
+                    const __m512 f1 = _mm512_fmadd_ps(
+                        vs, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cb + 16 * i)))), vb);
+                    _mm512_storeu_si512(out + l * ld + g * G + j * 32, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+                }
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include "backend/cpu/features.h"
+#include "backend/q8act.h"
 #include "core/options.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -112,6 +113,31 @@ void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out) {
     }
 }
 
+int osp_q4t_fits(const osp_weight *w) {
+    return w->packed && osp_q8act_supported(w) && w->cols % OSP_BF16T_COLS == 0;
+}
+
+/* the repacked layout (q8act.h): per tile and group a segment of [16 scales][16 biases] (raw 16-bit), then
+ * per block of 32 columns 4 vectors of 64 bytes, row lane l's bytes 4l + j of vector v holding code
+ * 32 b + 8 v + j in the low nibble and code 32 b + 8 v + 4 + j in the high one */
+void osp_q4t_tile_ref(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld) {
+    const int64_t G = w->group, ng = w->cols / G;
+    const size_t seg = 64 + (size_t)G * 8;
+    const unsigned char *tp = (const unsigned char *)w->packed + (size_t)tile * (size_t)ng * seg;
+    for (int64_t g = 0; g < ng; g++) {
+        const unsigned char *sg = tp + (size_t)g * seg;
+        for (int l = 0; l < OSP_Q4PACK_ROWS; l++) {
+            const float s = osp_load_float(sg, w->sdtype, l), b = osp_load_float(sg + 32, w->sdtype, l);
+            for (int64_t c = 0; c < G; c++) {
+                const int64_t blk = c / 32, v = c % 32 / 8, j = c % 8;
+                const unsigned char byte = sg[64 + blk * 256 + v * 64 + 4 * l + j % 4];
+                const int code = j < 4 ? byte & 15 : byte >> 4;
+                out[l * ld + g * G + c] = to_bf16(fmaf(s, (float)code, b));
+            }
+        }
+    }
+}
+
 static float bf(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     if ((u & 0x7f800000u) == 0) u &= 0x80000000u; /* denormal inputs read as zero */
@@ -211,6 +237,22 @@ void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
     }
 }
 
+void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                int64_t r0, int64_t r1, uint16_t *dq) {
+    const int64_t K = w->cols;
+    void (*const tile)(const osp_weight *, int64_t, uint16_t *, int64_t) =
+        osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q4t_tile_fast : osp_q4t_tile_ref;
+    for (int64_t a = r0; a < r1; a += 32) {
+        /* whole tiles of 16 rows (those past the weight's end are zeros) */
+        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m <= 16 ? 16 : 32;
+        for (int64_t i = 0; i < mt; i += OSP_Q4PACK_ROWS) tile(w, (a + i) / OSP_Q4PACK_ROWS, dq + i * K, K);
+        osp_weight t = *w;
+        t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;
+        t.packed = NULL;
+        osp_bf16t_mm(k, &t, xp, n, y + (a - r0), ldy, 0, m);
+    }
+}
+
 /* a compiler without AMX or AVX512-BF16: that engine is never available (the dispatch above runs the twins) */
 #ifdef OSP_NO_AMX_TILES
 int osp_amx_tiles_built(void) { return 0; }
@@ -234,5 +276,8 @@ void osp_bf16t_dot_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, i
     osp_bf16t_pack(OSP_BF16T_DOT, x, n, cols, xp);
 }
 void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out) { osp_q8t_row_ref(w, r, out); }
+void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld) {
+    osp_q4t_tile_ref(w, tile, out, ld);
+}
 int osp_bf16t_dot_exact(void) { return 0; }
 #endif

@@ -29,6 +29,12 @@
  * dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
  * production path dequantizes) into the calling thread's scratch, then the
  * bf16 kernel.
+ *
+ * MLX 4-bit weights, repacked for the int8 path (backend/q8act.h), join it
+ * the same way on AMX: a tile of 16 rows expanded from the repacked layout
+ * (s * c + b as one f32 fma, rounded to bf16), two tiles at a time. Those
+ * chunks then differ from the int8 path's decode, so a model of them is not
+ * chunk-invariant on AMX (cpu.c), as 8-bit ones are not anywhere.
  */
 #ifndef OSP_BACKEND_CPU_BF16T_H
 #define OSP_BACKEND_CPU_BF16T_H
@@ -85,6 +91,19 @@ void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out);
 /* Engine k on w's rows, dequantized 32 at a time into dq (the caller's
  * scratch of 32 x cols bf16, one per thread). */
 void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                int64_t r0, int64_t r1, uint16_t *dq);
+
+/* Repacked MLX 4-bit weights (w->packed) whose groups are whole 32-column steps. */
+int osp_q4t_fits(const osp_weight *w);
+/* Tile `tile` (rows 16 tile .. 16 tile + 15) of w->packed dequantized to
+ * bf16 rows out[i * ld + c] (rows past the weight's end are zero): the
+ * scalar twin (s * c + b as one fma, rounded to nearest even), and the
+ * AVX-512 form, bitwise the same. */
+void osp_q4t_tile_ref(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
+void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
+/* Engine k on w's rows [r0, r1) (r0 a multiple of 16), dequantized 32 at a
+ * time into dq (32 x cols bf16, the calling thread's scratch). */
+void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq);
 
 /* ---- the engines' entry points (bf16t.c dispatches to them) ---- */

@@ -244,9 +244,13 @@ static osp_status place(osp_weight *const *ws, int n, const void *const *keep, i
  * are not: n == 1, small n and GEMM tiles sum in different orders. */
 static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
     if (!fast || n <= 0) return 0;
-    const int q8 = osp_q8act_matmul_fast() != NULL, bt = osp_bf16t_engine() != OSP_BF16T_NONE;
-    for (int i = 0; i < n; i++)
-        if (!(q8 && ws[i]->packed) && !(bt && osp_bf16t_fits(ws[i]))) return 0;
+    const osp_bf16t_kind k = osp_bf16t_engine();
+    const int q8 = osp_q8act_matmul_fast() != NULL, bt = k != OSP_BF16T_NONE;
+    for (int i = 0; i < n; i++) {
+        if (bt && osp_bf16t_fits(ws[i])) continue;
+        /* (on AMX, 4-bit prefill chunks run on the tiles, and decode steps on the int8 path) */
+        if (!(q8 && ws[i]->packed) || (k == OSP_BF16T_AMX && osp_q4t_fits(ws[i]))) return 0;
+    }
     return 1;
 }
 

@@ -24,6 +24,7 @@ typedef struct mm_ctx {
     osp_bf16t_kind btk;    /* fast path, bf16 weights on the bf16 engine (bf16t.h): */
     const uint16_t *bt;    /* the n activations packed for it */
     uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's 32-row dequantization scratch */
+    int q4t;               /* (and 4-bit ones, on AMX) */
     int64_t dq_cols;       /* (its row stride: the session's widest input) */
     int nw, nt;
     const osp_weight *w[MM_MAX_W];
@@ -37,6 +38,10 @@ typedef struct mm_ctx {
 static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot) {
     const osp_weight *w = c->w[i];
     float *y = c->y[i];
+    if (c->q4t && osp_q4t_fits(w)) { /* 4-bit weights in prefill chunks on AMX (bf16t.h) */
+        osp_q4t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
+        return;
+    }
     if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
         c->q8(w, c->acts, c->n, y + r0, w->rows, r0, r1);
         return;
@@ -124,11 +129,22 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
                     osp_dbuf *const *ysb) {
     const float *x = (const float *)xb;
     float *const *ys = (float *const *)ysb;
+    /* bf16 weights in production precision on the bf16 engine (AMX tiles or AVX512-BF16): the activations
+     * rounded to bf16 and packed once for every weight of the call; a token's numbers do not depend on n (so
+     * no per-token mode is needed). 8-bit weights join them in prefill chunks (16 tokens or more: the
+     * dequantization is paid once for all; decode steps keep the f32 kernels), and so do 4-bit ones on AMX
+     * (decode steps keep the int8 path). (The weights of a call share its input: one width; fitting implies
+     * whole 32-column tiles.) */
+    const int per_token = s->per_token && n > 1;
+    const int64_t cols = ws[0]->cols;
+    const int bt_call = s->fast && s->bt && n <= s->q8cap && cols <= s->bt_cols;
+    const int q8t = bt_call && s->dq && !per_token && n >= 16 && osp_threads_count() <= s->dq_slots;
+    const int q4t = q8t && s->btk == OSP_BF16T_AMX;
     /* The int8 path needs one activation layout for all: the same group. */
     const osp_weight *pk = NULL;
     int fast = s->fast && s->q8mem && n <= s->q8cap && osp_q8act_matmul_fast();
     for (int i = 0; i < nw && fast; i++) {
-        if (!ws[i]->packed) continue;
+        if (!ws[i]->packed || (q4t && osp_q4t_fits(ws[i]))) continue;
         if (pk && pk->group != ws[i]->group) {
             for (int j = 0; j < nw; j++) osp_cpu_matmul(s, &ws[j], 1, xb, n, &ysb[j]);
             return;
@@ -164,18 +180,11 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
      * rest of the batch. (8-bit weights stay on the f32 path: int8
      * activations cost them more accuracy, and their matvec is memory-bound
      * there already.) */
-    c.per_token = s->per_token && n > 1;
-    /* bf16 weights in production precision on the bf16 engine (AMX tiles or AVX512-BF16): the activations
-     * rounded to bf16 and packed once for
-     * every weight of the call; a token's numbers do not depend on n (so no per-token mode is needed) */
-    /* 8-bit weights join them in prefill chunks (16 tokens or more: the dequantization is paid once for all;
-     * decode steps keep the f32 kernels) */
-    const int q8t = s->fast && s->dq && !c.per_token && n >= 16 && osp_threads_count() <= s->dq_slots;
-    /* (the weights of a call share its input: one width; fitting implies whole 32-column tiles) */
-    const int64_t cols = ws[0]->cols;
-    if (s->fast && s->bt && n <= s->q8cap && cols <= s->bt_cols) {
+    c.per_token = per_token;
+    if (bt_call) {
         int any = 0;
-        for (int i = 0; i < nw; i++) any |= osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i]));
+        for (int i = 0; i < nw; i++)
+            any |= osp_bf16t_fits(ws[i]) || (q8t && osp_q8t_fits(ws[i])) || (q4t && osp_q4t_fits(ws[i]));
         if (any) {
             pack_ctx pc = {s->btk, x, n, cols, cols / OSP_BF16T_COLS, 1, s->bt};
             const int nt = osp_threads_count();
@@ -183,7 +192,7 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
             if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
             else pack_task(&pc, 0);
             c.bt = s->bt, c.btk = s->btk;
-            if (q8t) c.dq = s->dq, c.dq_cols = s->bt_cols;
+            if (q8t) c.dq = s->dq, c.dq_cols = s->bt_cols, c.q4t = q4t;
         }
     }
     int nt = osp_threads_count();

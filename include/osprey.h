@@ -221,6 +221,10 @@ int32_t osp_session_pass_tokens(const osp_session *s);
  * decode step computes it (speculative verification). -1 when the
  * session's device cannot promise that. */
 int osp_session_set_exact_tokens(osp_session *s, int on);
+/* on: where the device has a faster kernel whose numbers depend on a chunk's token count (the CPU's 4-bit
+ * prefill chunks on AMX tiles), use the one that does not, so that osp_session_chunk_invariant can hold (a
+ * prefix cache that reuses any prefix, replies included). Off by default. */
+void osp_session_set_chunk_exact(osp_session *s, int on);
 const osp_model *osp_session_model(const osp_session *s);
 /* The session's KV cache (kv/kv.h), for the prefix cache (kv/prefix.h). */
 struct osp_kv *osp_session_kv(osp_session *s);

@@ -237,6 +237,10 @@ typedef struct osp_backend {
      * chunk of drafted tokens must give each position the numbers plain
      * decoding gives). NULL: the backend does not promise it (no speculation). */
     void (*set_exact_tokens)(osp_be_session *s, int on);
+    /* on: kernels whose numbers do not depend on a chunk's token count, where the backend also has a faster
+     * one that does (the CPU's 4-bit prefill chunks on AMX tiles): what a prefix cache that reuses any prefix
+     * needs (chunk_invariant's chunk_exact). NULL: the backend has no such choice. */
+    void (*set_chunk_exact)(osp_be_session *s, int on);
     /* A chunk of B rows of T tokens begins (a batched decode step when
      * T == 1 and B > 1: every row computed exactly as alone). */
     void (*begin_chunk)(osp_be_session *s, int32_t B, int32_t T);
@@ -340,8 +344,8 @@ typedef struct osp_backend {
      * (one token alone, in a batch of 5 or of 500: the same bits) for these
      * placed matmul weights, in production (fast) or reference precision?
      * Then a prefix computed in any chunks can continue anywhere, bitwise
-     * (the prefix cache, model/session.c). NULL = never. */
-    int (*chunk_invariant)(const osp_weight *const *ws, int n, int fast);
+     * (the prefix cache, model/session.c). chunk_exact: with set_chunk_exact on. NULL = never. */
+    int (*chunk_invariant)(const osp_weight *const *ws, int n, int fast, int chunk_exact);
     /* Tokens a chunk of every row can hold at about the cost of a one-token
      * step for these placed weights (speculative verification's default
      * budget, engine/spec.h): past it a pass is bound by compute, not by

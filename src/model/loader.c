@@ -158,7 +158,9 @@ static osp_status place(osp_model *m) {
     osp_status rc = m->be->place(ws, c.n, keep, c.n_keep, maps, m->st->n_files, &m->placed);
     for (int f = 0; f < 2 && rc == OSP_OK; f++)
     {
-        m->chunk_invariant[f] = m->be->chunk_invariant ? m->be->chunk_invariant((const osp_weight *const *)ws, c.n, f) : 0;
+        for (int e = 0; e < 2; e++)
+            m->chunk_invariant[f][e] =
+                m->be->chunk_invariant ? m->be->chunk_invariant((const osp_weight *const *)ws, c.n, f, e) : 0;
         m->pass_tokens[f] = m->be->pass_tokens ? m->be->pass_tokens((const osp_weight *const *)ws, c.n, f) : 8;
     }
     if (rc != OSP_OK) {

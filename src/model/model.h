@@ -75,7 +75,7 @@ struct osp_model {
     char dtype_name[16];
     int prefix;                /* which of the loader's name prefixes the checkpoint uses */
     void *placed;              /* the backend's placement of the matmul weights (unplace frees it) */
-    int chunk_invariant[2];    /* [fast]: the backend computes rows independently of chunk sizes (backend.h) */
+    int chunk_invariant[2][2]; /* [fast][chunk_exact]: the backend computes rows independently of chunk sizes (backend.h) */
     int32_t pass_tokens[2];    /* [fast]: tokens a pass holds at about one token's cost (backend.h) */
 };
 
@@ -99,6 +99,7 @@ struct osp_session {
     osp_be_session *bs;  /* the backend's state (precision mode, its own scratch) */
     int fast;            /* production precision (osp_session_set_fast) */
     int exact;           /* every token as a one-token decode step (osp_session_set_exact_tokens) */
+    int chunk_exact;     /* kernels whose numbers do not depend on chunk sizes (osp_session_set_chunk_exact) */
     osp_kv *kv;
     osp_scratch sc;
     int32_t *all_rows;   /* [rows] 0, 1, ... */

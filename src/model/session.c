@@ -132,7 +132,7 @@ struct osp_kv *osp_session_kv(osp_session *s) { return s->kv; }
  * while later queries read them back as stored, so with bf16 or quantized
  * KV a row depends on how its tokens were chunked. */
 int osp_session_chunk_invariant(const osp_session *s) {
-    if (!s->m->chunk_invariant[s->fast]) return 0;
+    if (!s->m->chunk_invariant[s->fast][s->chunk_exact]) return 0;
     for (int32_t l = 0; l < s->kv->n_layers; l++)
         if (s->kv->layers[l].bits) return 0;
     return 1;
@@ -210,6 +210,11 @@ int osp_session_set_exact_tokens(osp_session *s, int on) {
     s->be->set_exact_tokens(s->bs, on);
     s->exact = on != 0;
     return 0;
+}
+
+void osp_session_set_chunk_exact(osp_session *s, int on) {
+    if (s->be->set_chunk_exact) s->be->set_chunk_exact(s->bs, on);
+    s->chunk_exact = on != 0;
 }
 
 void osp_session_set_fast(osp_session *s, int fast) {

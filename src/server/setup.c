@@ -66,6 +66,10 @@ static int prefix_setup(srv *s, int64_t mem_bytes) {
     }
     const osp_model_info *in = osp_model_get_info(s->model);
     char numerics[256], ns[65];
+    /* a prefix cache that reuses any prefix (replies too) is worth more to a conversation than the faster
+     * prefill kernels whose numbers depend on the chunk (the CPU's 4-bit chunks on AMX tiles): re-prefilling
+     * from the last grid line costs up to a prefill step and the last reply every turn */
+    osp_session_set_chunk_exact(s->session, 1);
     s->pc_grid = !osp_session_chunk_invariant(s->session);
     snprintf(numerics, sizeof numerics, "numerics %d; %s; production; %s %d", OSP_NUMERICS_VERSION, in->device,
              s->pc_grid ? "grid" : "any chunks", s->pc_grid ? c->prefill_step : 0);

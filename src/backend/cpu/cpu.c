@@ -81,6 +81,8 @@ static void set_fast(osp_be_session *s, int fast) { s->fast = fast != 0; }
 
 static void set_exact_tokens(osp_be_session *s, int on) { s->exact_tokens = on != 0; }
 
+static void set_chunk_exact(osp_be_session *s, int on) { s->chunk_exact = on != 0; }
+
 static void begin_chunk(osp_be_session *s, int32_t B, int32_t T) {
     s->per_token = (s->fast && T == 1 && B > 1) || (s->exact_tokens && (int64_t)B * T > 1);
 }
@@ -242,14 +244,14 @@ static osp_status place(osp_weight *const *ws, int n, const void *const *keep, i
  * the chunk) or on the bf16 engine (AMX or AVX512-BF16: a token's sums do
  * not depend on the call); attention, norms and the rest are per row already. The f32 kernels
  * are not: n == 1, small n and GEMM tiles sum in different orders. */
-static int chunk_invariant(const osp_weight *const *ws, int n, int fast) {
+static int chunk_invariant(const osp_weight *const *ws, int n, int fast, int chunk_exact) {
     if (!fast || n <= 0) return 0;
     const osp_bf16t_kind k = osp_bf16t_engine();
     const int q8 = osp_q8act_matmul_fast() != NULL, bt = k != OSP_BF16T_NONE;
     for (int i = 0; i < n; i++) {
         if (bt && osp_bf16t_fits(ws[i])) continue;
-        /* (on AMX, 4-bit prefill chunks run on the tiles, and decode steps on the int8 path) */
-        if (!(q8 && ws[i]->packed) || (k == OSP_BF16T_AMX && osp_q4t_fits(ws[i]))) return 0;
+        /* (on AMX, 4-bit prefill chunks run on the tiles, and decode steps on the int8 path, unless chunk_exact) */
+        if (!(q8 && ws[i]->packed) || (!chunk_exact && k == OSP_BF16T_AMX && osp_q4t_fits(ws[i]))) return 0;
     }
     return 1;
 }
@@ -288,6 +290,7 @@ static osp_backend CPU = {
     .chunk_invariant = chunk_invariant,
     .pass_tokens = pass_tokens,
     .set_exact_tokens = set_exact_tokens,
+    .set_chunk_exact = set_chunk_exact,
     .unplace = osp_cpu_unplace,
     .session_new = session_new,
     .session_free = session_free,

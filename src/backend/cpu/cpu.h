@@ -14,6 +14,7 @@ struct osp_be_session {
     int fast;      /* production precision: int8 activations for 4-bit weights */
     int per_token; /* this chunk is a batched decode step: each token through the one-token kernel */
     int exact_tokens; /* every chunk's tokens through the one-token kernel (speculative verification) */
+    int chunk_exact; /* no kernel whose numbers depend on the chunk's size (4-bit prefill stays off the AMX tiles) */
     int serial;    /* the encoder-decoder operations on the calling thread (not the process pool) */
     void *q8mem;   /* int8 activation panels for q8cap tokens */
     size_t q8stride;

@@ -139,7 +139,7 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
     const int64_t cols = ws[0]->cols;
     const int bt_call = s->fast && s->bt && n <= s->q8cap && cols <= s->bt_cols;
     const int q8t = bt_call && s->dq && !per_token && n >= 16 && osp_threads_count() <= s->dq_slots;
-    const int q4t = q8t && s->btk == OSP_BF16T_AMX;
+    const int q4t = q8t && s->btk == OSP_BF16T_AMX && !s->chunk_exact;
     /* The int8 path needs one activation layout for all: the same group. */
     const osp_weight *pk = NULL;
     int fast = s->fast && s->q8mem && n <= s->q8cap && osp_q8act_matmul_fast();

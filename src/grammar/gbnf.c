@@ -69,6 +69,25 @@ int gb_push_data(gb *g, uint32_t v) {
     return 1;
 }
 
+static int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+static void utf8_enc(uint32_t c, int k, unsigned char *u) {
+    if (k == 1) {
+        u[0] = (unsigned char)c;
+        return;
+    }
+    for (int j = k - 1; j > 0; j--) u[j] = (unsigned char)(0x80 | (c & 0x3f)), c >>= 6;
+    u[0] = (unsigned char)((0xf00 >> k) | c);
+}
+
+int gb_push_utf8(gb *g, uint32_t cp) {
+    unsigned char u[4];
+    const int k = utf8_len(cp);
+    utf8_enc(cp, k, u);
+    for (int j = 0; j < k; j++)
+        if (!gb_push_data(g, u[j])) return 0;
+    return 1;
+}
+
 /* ---- parsing ---- */
 
 static int peek(const gb *g) { return g->i < g->n ? (uint8_t)g->s[g->i] : -1; }
@@ -174,16 +193,7 @@ static int32_t parse_literal(gb *g) {
             break;
         }
         int32_t cp = char_at(g);
-        if (cp < 0) return -1;
-        unsigned char u[4];
-        int k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-        if (k == 1) u[0] = (unsigned char)cp;
-        else {
-            for (int j = k - 1; j > 0; j--) u[j] = (unsigned char)(0x80 | (cp & 0x3f)), cp >>= 6;
-            u[0] = (unsigned char)((0xf00 >> k) | cp);
-        }
-        for (int j = 0; j < k; j++)
-            if (!gb_push_data(g, u[j])) return -1;
+        if (cp < 0 || !gb_push_utf8(g, (uint32_t)cp)) return -1;
     }
     g->nodes[x].len = g->n_data - g->nodes[x].off;
     return x;
@@ -470,15 +480,6 @@ static void re_byte_range(gb *g, unsigned lo, unsigned hi) {
     re_s(g, ")");
 }
 
-static int utf8_len(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
-static void utf8_enc(uint32_t c, int k, unsigned char *u) {
-    if (k == 1) {
-        u[0] = (unsigned char)c;
-        return;
-    }
-    for (int j = k - 1; j > 0; j--) u[j] = (unsigned char)(0x80 | (c & 0x3f)), c >>= 6;
-    u[0] = (unsigned char)((0xf00 >> k) | c);
-}
 
 /* Code points [lo, hi] of one encoded length as alternatives of byte-range
  * sequences (each position's bytes free of the others'), "|" before each. */

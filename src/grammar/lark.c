@@ -169,15 +169,7 @@ static int32_t parse_string(lk *l, int32_t *single) {
         int32_t cp = str_char(l);
         if (cp < 0) return -1;
         *single = count++ ? -1 : cp;
-        unsigned char u[4];
-        int k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-        if (k == 1) u[0] = (unsigned char)cp;
-        else {
-            for (int j = k - 1; j > 0; j--) u[j] = (unsigned char)(0x80 | (cp & 0x3f)), cp >>= 6;
-            u[0] = (unsigned char)((0xf00 >> k) | cp);
-        }
-        for (int j = 0; j < k; j++)
-            if (!gb_push_data(g, u[j])) return -1;
+        if (!gb_push_utf8(g, (uint32_t)cp)) return -1;
     }
     g->nodes[x].len = g->n_data - g->nodes[x].off;
     if (peek(l) == 'i' && !(g->i + 1 < g->n && name_char((uint8_t)g->s[g->i + 1]))) g->nodes[x].flags = GB_ICASE, g->i++;

@@ -64,6 +64,8 @@ osp_status gb_fail(gb *g, const char *what);
 /* A new node (its index), -1 on an error (in g->st). */
 int32_t gb_node(gb *g, int kind);
 int gb_push_data(gb *g, uint32_t v);
+/* The UTF-8 bytes of code point cp pushed as data, one a value; 0 on an error (in g->st). */
+int gb_push_utf8(gb *g, uint32_t cp);
 /* The rule of this name, made (without a body) when new; -1 on an error. */
 int32_t gb_rule_of(gb *g, const char *name, size_t len);
 /* One UTF-8 character of the text at g->i as a code point (-1: malformed). */

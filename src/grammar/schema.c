@@ -925,7 +925,7 @@ static osp_status gen_object(sc *c, json_t *s, int32_t *out) {
         }
         if (!st && !json_is_false(addl)) { /* the other keys: additionalProperties */
             int32_t va = c->any;
-            gr_dfa d, pe, x;
+            gr_dfa d, pe, x = {0};
             if (addl && !json_is_true(addl)) st = gen(c, addl, &va);
             if (!st) st = gr_regex_dfa_cached("[\\s\\S]*", GR_RE_JSONSTR, &d);
             if (!st && pat) { /* less every spelling of a key the pattern matches */

@@ -5,7 +5,10 @@
 //               /usr/bin/python3 bench/llama3_vocab_gguf.py --out /tmp/llama3-vocab.gguf
 // Run:  nice -n 5 node bench/maskbench_peer.mjs --gguf /tmp/llama3-vocab.gguf FILE.jsonl[.xz] \
 //           [--shard K/N] [--limit N] [--cap-s 20] [--full-every N] [--nlc /tmp/nlc] [--vocab N] > out.jsonl
-// (--vocab: the vocabulary size, when the GGUF metadata node-llama-cpp reads does not give it)
+// (--vocab: the vocabulary size, when the GGUF metadata node-llama-cpp reads does not give it; --dump FILE:
+// also write each compiled schema's GBNF and its tests' token ids for bench/maskbench_llamacpp_mask.c, which
+// times llama.cpp's whole-vocabulary mask directly: "H eos ntrigger ids..." once, then per schema
+// "G nbytes id" + the GBNF bytes + "\n", per test "T valid ntokens ids...", and "E" at the schema's end)
 //
 // Per schema: compile = llama.createGrammarForJsonSchema(schema) (node-llama-cpp's schema-to-GBNF converter,
 // then llama.cpp parses the GBNF) + a LlamaGrammarEvaluationState (llama_sampler_init_grammar); a throw is a
@@ -21,12 +24,12 @@
 // it includes one N-API call per token) and, as the floor of that overhead, as many checks of the EOS token.
 // Times are wall clock (process.hrtime), one thread. One JSON line a schema on stdout, a summary on stderr.
 import { spawnSync } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { openSync, readFileSync, writeSync } from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
-const opt = { gguf: null, file: null, skip: 0, every: 1, limit: -1, capS: 20, fullEvery: 0, nlc: "/tmp/nlc", vocab: 0 };
+const opt = { gguf: null, file: null, skip: 0, every: 1, limit: -1, capS: 20, fullEvery: 0, nlc: "/tmp/nlc", vocab: 0, dump: null };
 for (let i = 0; i < args.length; i++) {
     const a = args[i];
     if (a === "--gguf") opt.gguf = args[++i];
@@ -36,12 +39,13 @@ for (let i = 0; i < args.length; i++) {
     else if (a === "--full-every") opt.fullEvery = Number(args[++i]);
     else if (a === "--nlc") opt.nlc = args[++i];
     else if (a === "--vocab") opt.vocab = Number(args[++i]);
+    else if (a === "--dump") opt.dump = args[++i];
     else if (!a.startsWith("-") && !opt.file) opt.file = a;
     else opt.file = null, opt.gguf = null, i = args.length;
 }
 if (!opt.gguf || !opt.file || !(opt.every >= 1)) {
     console.error("usage: node bench/maskbench_peer.mjs --gguf VOCAB.gguf FILE.jsonl[.xz] [--shard K/N] [--limit N] " +
-        "[--cap-s S] [--full-every N] [--nlc DIR] [--vocab N]");
+        "[--cap-s S] [--full-every N] [--nlc DIR] [--vocab N] [--dump FILE]");
     process.exit(2);
 }
 const dist = path.join(opt.nlc, "node_modules/node-llama-cpp/dist");
@@ -71,6 +75,10 @@ if (!(V > 0) || eos == null) {
     console.error("maskbench_peer: the GGUF has no vocabulary size or EOS token");
     process.exit(1);
 }
+
+const dumpFd = opt.dump ? openSync(opt.dump, "w") : null;
+const dump = (str) => { if (dumpFd !== null) writeSync(dumpFd, str); };
+dump(`H ${eos} ${triggerIds.length} ${triggerIds.join(" ")}\n`);
 
 let text;
 if (opt.file.endsWith(".xz")) {
@@ -112,10 +120,13 @@ for (let lineno = 0; lineno < lines.length; lineno++) {
         nCerr++;
     } else {
         compiles.push(compileUs);
+        const gb = Buffer.from(grammar.grammar, "utf8");
+        dump(`G ${gb.length} ${o.id}\n`), dump(gb), dump("\n");
         for (const tj of tests) {
             if (typeof tj.text !== "string") continue;
             if (nowUs() - t0 - sampleUs > opt.capS * 1e6) { timedOut = true; break; }
             const ids = model.tokenize(tj.text, false);
+            dump(`T ${tj.valid === true ? 1 : 0} ${ids.length} ${ids.join(" ")}\n`);
             const st = new LlamaGrammarEvaluationState({ model, grammar });
             let ok = true;
             for (let k = 0; k < ids.length; k++) {
@@ -149,6 +160,7 @@ for (let lineno = 0; lineno < lines.length; lineno++) {
                 invAcc = true, nInvAcc++;
             }
         }
+        dump("E\n");
         if (timedOut) nTimeout++;
         else if (!verr) nPass++;
         if (invAcc) nInvAccSchemas++;

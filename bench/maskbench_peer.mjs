@@ -8,7 +8,10 @@
 // (--vocab: the vocabulary size, when the GGUF metadata node-llama-cpp reads does not give it; --dump FILE:
 // also write each compiled schema's GBNF and its tests' token ids for bench/maskbench_llamacpp_mask.c, which
 // times llama.cpp's whole-vocabulary mask directly: "H eos ntrigger ids..." once, then per schema
-// "G nbytes id" + the GBNF bytes + "\n", per test "T valid ntokens ids...", and "E" at the schema's end)
+// "G nbytes id" + the GBNF bytes + "\n", per test "T valid ntokens ids...", and "E" at the schema's end;
+// --gbnf FILE: take each schema's grammar from bench/llamacpp_schema_gbnf.cpp's output for the same file (llama.cpp's
+// own converter, as llama-server's json_schema) through llama.createGrammar instead: compile is then its
+// convert_us + the GBNF parse + the evaluation state, and the end needs only EOS, as such a grammar has no trigger)
 //
 // Per schema: compile = llama.createGrammarForJsonSchema(schema) (node-llama-cpp's schema-to-GBNF converter,
 // then llama.cpp parses the GBNF) + a LlamaGrammarEvaluationState (llama_sampler_init_grammar); a throw is a
@@ -29,7 +32,7 @@ import path from "node:path";
 import { pathToFileURL } from "node:url";
 
 const args = process.argv.slice(2);
-const opt = { gguf: null, file: null, skip: 0, every: 1, limit: -1, capS: 20, fullEvery: 0, nlc: "/tmp/nlc", vocab: 0, dump: null };
+const opt = { gguf: null, file: null, skip: 0, every: 1, limit: -1, capS: 20, fullEvery: 0, nlc: "/tmp/nlc", vocab: 0, dump: null, gbnf: null };
 for (let i = 0; i < args.length; i++) {
     const a = args[i];
     if (a === "--gguf") opt.gguf = args[++i];
@@ -40,12 +43,13 @@ for (let i = 0; i < args.length; i++) {
     else if (a === "--nlc") opt.nlc = args[++i];
     else if (a === "--vocab") opt.vocab = Number(args[++i]);
     else if (a === "--dump") opt.dump = args[++i];
+    else if (a === "--gbnf") opt.gbnf = args[++i];
     else if (!a.startsWith("-") && !opt.file) opt.file = a;
     else opt.file = null, opt.gguf = null, i = args.length;
 }
 if (!opt.gguf || !opt.file || !(opt.every >= 1)) {
     console.error("usage: node bench/maskbench_peer.mjs --gguf VOCAB.gguf FILE.jsonl[.xz] [--shard K/N] [--limit N] " +
-        "[--cap-s S] [--full-every N] [--nlc DIR] [--vocab N] [--dump FILE]");
+        "[--cap-s S] [--full-every N] [--nlc DIR] [--vocab N] [--dump FILE] [--gbnf FILE]");
     process.exit(2);
 }
 const dist = path.join(opt.nlc, "node_modules/node-llama-cpp/dist");
@@ -57,7 +61,7 @@ const llama = await getLlama({ gpu: false, build: "never", maxThreads: 1, logLev
 const model = await llama.loadModel({ modelPath: opt.gguf, vocabOnly: true, gpuLayers: 0 });
 const eos = model.tokens.eos;
 const TRIGGER = "\n\n\n\n"; // LlamaJsonSchemaGrammar's stopGenerationTriggers
-const triggerIds = model.tokenize(TRIGGER, false);
+const triggerIds = opt.gbnf ? [] : model.tokenize(TRIGGER, false);
 const accepting = (st) => {
     for (const t of triggerIds) {
         if (!canBe(st, t)) return false;
@@ -87,6 +91,11 @@ if (opt.file.endsWith(".xz")) {
     text = r.stdout;
 } else text = readFileSync(opt.file, "utf8");
 const lines = text.split("\n").filter((l) => l.length > 0);
+const gbnfs = opt.gbnf ? readFileSync(opt.gbnf, "utf8").split("\n").filter((l) => l.length > 0).map((l) => JSON.parse(l)) : null;
+if (gbnfs && gbnfs.length !== lines.length) {
+    console.error(`maskbench_peer: ${opt.gbnf} has ${gbnfs.length} lines, ${opt.file} ${lines.length}`);
+    process.exit(1);
+}
 
 const pct = (v, p) => (v.length ? v[Math.min(v.length - 1, Math.round(p * (v.length - 1)))] : 0);
 const all = [], compiles = [], fulls = [], floors = [];
@@ -105,13 +114,19 @@ for (let lineno = 0; lineno < lines.length; lineno++) {
     const tests = Array.isArray(j.tests) ? j.tests : [];
     const nValid = tests.filter((t) => t.valid === true).length;
     const o = { id: j.id ?? "" };
+    const g = gbnfs?.[lineno];
+    if (g && g.id !== o.id) {
+        console.error(`maskbench_peer: line ${lineno + 1}: ${opt.gbnf} has ${g.id}, ${opt.file} ${o.id}`);
+        process.exit(1);
+    }
     const t0 = nowUs();
-    let grammar = null, cerr = null;
+    let grammar = null, cerr = g?.error ?? null;
     try {
-        grammar = await llama.createGrammarForJsonSchema(j.schema);
-        new LlamaGrammarEvaluationState({ model, grammar });
+        if (!g) grammar = await llama.createGrammarForJsonSchema(j.schema);
+        else if (!cerr) grammar = await llama.createGrammar({ grammar: g.gbnf });
+        if (grammar) new LlamaGrammarEvaluationState({ model, grammar });
     } catch (e) { cerr = String(e?.message ?? e); }
-    const compileUs = nowUs() - t0;
+    const compileUs = nowUs() - t0 + (g?.convert_us ?? 0);
     o.compile_us = compileUs;
     const mine = [];
     let verr = null, invAcc = false, timedOut = false, sampleUs = 0;

@@ -17,7 +17,8 @@
  * Run:
  *   nice -n 5 node bench/maskbench_peer.mjs --gguf /tmp/llama3-vocab.gguf FILE.jsonl --dump /tmp/mb.dump >/dev/null
  *   nice -n 5 /tmp/maskbench_llamacpp_mask /tmp/llama3-vocab.gguf /tmp/mb.dump [--shard K/N] [--cap-s S] > out.jsonl
- * (--shard K/N: schemas K, K+N, ... of the dump.) One JSON line a schema on stdout, a summary on stderr.
+ * (--shard K/N: schemas K, K+N, ... of those in the dump, i.e. of those that compiled.)
+ * One JSON line a schema on stdout, a summary on stderr.
  */
 #include <math.h>
 #include <stdio.h>

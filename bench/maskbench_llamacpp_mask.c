@@ -175,9 +175,9 @@ int main(int argc, char **argv) {
                "\"num_tests\":%d,\"num_valid_tests\":%d,\"num_invalid_tests\":%d,\"all_mask_us\":[",
                id, compile_us, sum, mx, n_mine, ntests, nvalid, ntests - nvalid);
         for (size_t k = 0; k < n_mine; k++) printf(k ? ",%.1f" : "%.1f", mine[k]);
-        printf("]%s%s%s%s%s}\n", root ? "" : ",\"compile_error\":\"llama_sampler_init_grammar failed\"",
+        printf("]%s%s%s%s%s%s}\n", root ? "" : ",\"compile_error\":\"llama_sampler_init_grammar failed\"",
                timed_out ? ",\"timeout\":true" : "", verr ? ",\"validation_error\":\"" : "", verr ? verr : "",
-               verr ? "\"" : "");
+               verr ? "\"" : "", inv_acc ? ",\"invalid_accepted\":true" : "");
         fflush(stdout);
     }
     fclose(in);

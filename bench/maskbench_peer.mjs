@@ -4,7 +4,8 @@
 // Setup (once): mkdir -p /tmp/nlc && cd /tmp/nlc && npm init -y && npm install node-llama-cpp@3.22.1 --ignore-scripts
 //               /usr/bin/python3 bench/llama3_vocab_gguf.py --out /tmp/llama3-vocab.gguf
 // Run:  nice -n 5 node bench/maskbench_peer.mjs --gguf /tmp/llama3-vocab.gguf FILE.jsonl[.xz] \
-//           [--shard K/N] [--limit N] [--cap-s 20] [--full-every N] [--nlc /tmp/nlc] [--vocab N] > out.jsonl
+//           [--shard K/N] [--limit N] [--cap-s 20] [--full-every N] [--nlc /tmp/nlc] [--vocab N] \
+//           [--dump FILE] [--gbnf FILE] > out.jsonl
 // (--vocab: the vocabulary size, when the GGUF metadata node-llama-cpp reads does not give it; --dump FILE:
 // also write each compiled schema's GBNF and its tests' token ids for bench/maskbench_llamacpp_mask.c, which
 // times llama.cpp's whole-vocabulary mask directly: "H eos ntrigger ids..." once, then per schema
@@ -23,8 +24,10 @@
 // end-of-generation tokens only where a grammar stack is empty). Pass / valid rejected / invalid
 // accepted as osprey's runner counts them. A schema over --cap-s seconds stops and counts as failing (a timeout,
 // reported apart). node-llama-cpp exposes no whole-vocabulary mask, so every --full-every-th token position the
-// runner also checks all vocabulary tokens one by one at that state (an upper bound of llama.cpp's mask:
-// it includes one N-API call per token) and, as the floor of that overhead, as many checks of the EOS token.
+// runner also checks all vocabulary tokens one by one at that state (an upper bound of llama.cpp's mask: each
+// call walks the grammar's stacks again, besides its N-API call) and, as the floor of the call overhead, as many
+// checks of the EOS token. llama.cpp's real mask (one apply over the whole vocabulary) is what
+// bench/maskbench_llamacpp_mask.c times, from --dump.
 // Times are wall clock (process.hrtime), one thread. One JSON line a schema on stdout, a summary on stderr.
 import { spawnSync } from "node:child_process";
 import { openSync, readFileSync, writeSync } from "node:fs";

@@ -215,12 +215,18 @@ void osp_embed_finish(const osp_embed_config *c, float *v, int32_t d) {
     for (int32_t j = 0; j < d; j++) v[j] = (float)(v[j] / norm);
 }
 
+#define EMBED_STEP 512 /* tokens of a forward step at most (session.c's prefill chunk) */
+
 osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, osp_session **out) {
     if (m->cfg.bidirectional && !m->be->bidir_attention)
         return osp_err(OSP_ERR_UNSUPPORTED, "%s has bidirectional attention, which the %s backend does not run yet "
                        "(--device cpu runs it)", m->dir, m->be->name);
+    /* a step of at most a prefill chunk's tokens: the CPU's matmuls stream the step's activations once for every
+     * block of weight rows, and a step 4 times that size no longer stays in cache (slower per token); more rows
+     * than fit whole share the step, in chunks, as prompts do */
     int64_t tok = (int64_t)rows * ctx;
-    osp_session_opts o = {.n_rows = rows, .max_ctx = ctx, .max_tokens = (int32_t)(tok < 2048 ? (tok < rows ? rows : tok) : 2048)};
+    osp_session_opts o = {.n_rows = rows, .max_ctx = ctx,
+                          .max_tokens = (int32_t)(tok < EMBED_STEP ? (tok < rows ? rows : tok) : EMBED_STEP)};
     if (o.max_tokens < rows) o.max_tokens = rows;
     int32_t whole = ctx > 0 && ctx < m->cfg.max_pos ? ctx : m->cfg.max_pos;
     if ((m->cfg.arch->encoder || m->cfg.bidirectional) && o.max_tokens < whole)

@@ -83,7 +83,7 @@ void osp_embed_pool(osp_pooling p, const float *h, int32_t n, int64_t H, float *
 void osp_embed_finish(const osp_embed_config *c, float *v, int32_t d);
 
 /* A session for embedding: rows sequences at once, each of up to ctx tokens (the model's context at most), a
- * forward step of up to 2048 tokens in all. */
+ * forward step of up to 512 tokens in all (a prefill chunk's: more rows than fit whole go in chunks). */
 osp_status osp_embed_session_new(const osp_model *m, int32_t rows, int32_t ctx, osp_session **out);
 
 /* Embed n sequences (ids[i] of len[i] >= 1 tokens, each at most the session's context) on the session's rows,

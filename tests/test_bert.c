@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
+#include "golden_cmp.h"
 #include "model/bert.h"
 #include "model/config.h"
 #include "model/embed.h"
@@ -35,8 +36,6 @@ static const char *const PAIRS[N_IN][2] = {{"what sat on the mat?", "The cat sat
                                            {"hi", "hello"},
                                            {"where is the cat", "running cats sat in the hall"},
                                            {"the", "the the the the the the the the"}};
-
-static double rel(double a, double r) { return fabs(a - r) / fmax(1, fabs(r)); }
 
 /* ids checked by hand against the folders' vocabularies (tests/data/bert/make_tokenizers.py) */
 static void test_ids_by_hand(void **state) {
@@ -164,7 +163,7 @@ static int check(const char *dir, const char *golden, int pairs) {
         assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids[i], len[i], NULL, h), OSP_OK);
         r = tensor(g, "hidden_%d", i, len[i] * H);
         double worst = 0;
-        for (int64_t j = 0; j < len[i] * H; j++) worst = fmax(worst, rel(h[j], r[j]));
+        worst = golden_worst_rel(h, r, len[i] * H);
         printf("%s %s input %d (%d tokens): hidden states, max |diff| / max(1, |ref|) %.3g\n", dir, golden, i,
                len[i], worst);
         assert_true(worst <= 2e-5);
@@ -179,7 +178,7 @@ static int check(const char *dir, const char *golden, int pairs) {
         float sc[N_IN];
         assert_int_equal(osp_bert_pair_scores(s, (const int32_t *const *)ids, len, N_IN, sc), OSP_OK);
         const float *r = tensor(g, "score", 0, N_IN);
-        for (int i = 0; i < N_IN; i++) worst = fmax(worst, rel(sc[i], r[i]));
+        worst = golden_worst_rel(sc, r, N_IN);
         printf("%s %s: scores %.6f %.6f %.6f %.6f, max |diff| %.3g\n", dir, golden, sc[0], sc[1], sc[2], sc[3], worst);
     } else {
         osp_embed_config c;
@@ -190,9 +189,8 @@ static int check(const char *dir, const char *golden, int pairs) {
         const osp_st_tensor *st = osp_st_find(g, "st_embedding"); /* sentence-transformers' own, when made */
         for (int i = 0; i < N_IN; i++) {
             osp_embed_finish(&c, out + i * H, (int32_t)H);
-            for (int64_t j = 0; j < H; j++) worst = fmax(worst, rel(out[i * H + j], r[i * H + j]));
-            for (int64_t j = 0; st && j < H; j++)
-                worst = fmax(worst, rel(out[i * H + j], ((const float *)st->data)[i * H + j]));
+            worst = fmax(worst, golden_worst_rel(out + i * H, r + i * H, H));
+            if (st) worst = fmax(worst, golden_worst_rel(out + i * H, (const float *)st->data + i * H, H));
         }
         printf("%s %s: embeddings (%s pooling), max |diff| %.3g\n", dir, golden, osp_pooling_name(c.pooling), worst);
     }

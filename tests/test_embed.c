@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "core/base64.h"
+#include "golden_cmp.h"
 #include "model/embed.h"
 #include "model/safetensors.h"
 #include "model/st_write.h"
@@ -124,12 +125,6 @@ static float *ref_hidden(const int32_t *ids, int32_t T, int64_t H) {
     return h;
 }
 
-static double max_diff(const float *a, const float *b, int64_t n) {
-    double d = 0;
-    for (int64_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
-    return d;
-}
-
 static void test_no_head(void **state) {
     (void)state;
     osp_model *m;
@@ -163,7 +158,7 @@ static void test_hidden_is_reference(void **state) {
     /* the reference's own chunking (one chunk): the same bits */
     assert_int_equal(osp_session_new(m, 1, T, &s), OSP_OK);
     assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids, T, NULL, h), OSP_OK);
-    double d = max_diff(h, ref, T * H);
+    double d = golden_max_diff(h, ref, T * H);
     printf("hidden states vs the reference's identity head: max |diff| %.3g\n", d);
     assert_true(d == 0);
     osp_session_free(s);
@@ -171,7 +166,7 @@ static void test_hidden_is_reference(void **state) {
     osp_session_opts o = {.n_rows = 2, .max_ctx = T, .max_tokens = 16};
     assert_int_equal(osp_session_new_opts(m, &o, &s), OSP_OK);
     assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids, T, NULL, h), OSP_OK);
-    d = max_diff(h, ref, T * H);
+    d = golden_max_diff(h, ref, T * H);
     printf("chunked by 16: max |diff| %.3g\n", d);
     assert_true(d <= 1e-5);
     /* chosen positions, two rows of one call */
@@ -180,9 +175,9 @@ static void test_hidden_is_reference(void **state) {
     memcpy(two, ids, sizeof(int32_t) * (size_t)T), memcpy(two + T, ids, sizeof(int32_t) * (size_t)T);
     float hp[2 * 64];
     assert_int_equal(osp_forward_rows_hidden(s, rows, 2, two, T, pos, hp), OSP_OK);
-    printf("chosen positions: max |diff| %.3g, %.3g\n", max_diff(hp, ref + (T - 1) * H, H),
-           max_diff(hp + H, ref + 3 * H, H));
-    assert_true(max_diff(hp, ref + (T - 1) * H, H) <= 1e-5 && max_diff(hp + H, ref + 3 * H, H) <= 1e-5);
+    printf("chosen positions: max |diff| %.3g, %.3g\n", golden_max_diff(hp, ref + (T - 1) * H, H),
+           golden_max_diff(hp + H, ref + 3 * H, H));
+    assert_true(golden_max_diff(hp, ref + (T - 1) * H, H) <= 1e-5 && golden_max_diff(hp + H, ref + 3 * H, H) <= 1e-5);
     pos[1] = T;
     assert_int_equal(osp_forward_rows_hidden(s, rows, 2, two, T, pos, hp), OSP_ERR_RANGE);
     free(two), free(h), free(ref), free(ids);
@@ -219,7 +214,7 @@ static void test_embed_run(void **state) {
         osp_embed_finish(&c, want, (int32_t)H);
         osp_embed_finish(&c, out1 + i * H, (int32_t)H);
         osp_embed_finish(&c, outb + i * H, (int32_t)H);
-        double d1 = max_diff(out1 + i * H, want, H), db = max_diff(outb + i * H, want, H);
+        double d1 = golden_max_diff(out1 + i * H, want, H), db = golden_max_diff(outb + i * H, want, H);
         printf("input of %d tokens: alone %.3g, batched %.3g from the normalized reference\n", len[i], d1, db);
         assert_true(d1 <= 1e-5 && db <= 1e-5);
     }
@@ -448,15 +443,12 @@ static void check_golden(const char *file) {
         size_t k;
         assert_int_equal(osp_tokenizer_encode_alloc(tok, TEXTS[i], strlen(TEXTS[i]), 1, &ids[i], &k), OSP_OK);
         len[i] = (int32_t)k;
-        char name[32];
-        snprintf(name, sizeof name, "input_ids_%d", i);
-        const osp_st_tensor *t = osp_st_find(g, name);
+        const osp_st_tensor *t = golden_find_i(g, "input_ids_%d", i);
         assert_non_null(t);
         assert_int_equal(t->numel, len[i]);
         assert_memory_equal(t->data, ids[i], t->nbytes);
         /* hidden states, every position */
-        snprintf(name, sizeof name, "hidden_%d", i);
-        t = osp_st_find(g, name);
+        t = golden_find_i(g, "hidden_%d", i);
         assert_non_null(t);
         osp_session *s;
         assert_int_equal(osp_session_new(m, 1, len[i], &s), OSP_OK);
@@ -464,9 +456,7 @@ static void check_golden(const char *file) {
         int32_t row = 0;
         assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids[i], len[i], NULL, h), OSP_OK);
         const float *ref = t->data;
-        double worst = 0;
-        for (int64_t j = 0; j < len[i] * H; j++)
-            worst = fmax(worst, fabs((double)h[j] - ref[j]) / fmax(1, fabs(ref[j])));
+        double worst = golden_worst_rel(h, ref, len[i] * H);
         printf("%s: hidden states, max |diff| / max(1, |ref|) %.3g\n", TEXTS[i], worst);
         assert_true(worst <= 2e-5);
         free(h);
@@ -485,10 +475,7 @@ static void check_golden(const char *file) {
         double worst = 0;
         for (int i = 0; i < N; i++) {
             osp_embed_finish(&c, out + i * H, widths[k]);
-            for (int32_t j = 0; j < widths[k]; j++) {
-                float r = ((const float *)t->data)[i * widths[k] + j];
-                worst = fmax(worst, fabs((double)out[i * H + j] - r) / fmax(1, fabs(r)));
-            }
+            worst = fmax(worst, golden_worst_rel(out + i * H, (const float *)t->data + i * widths[k], widths[k]));
         }
         printf("%s: max |diff| %.3g\n", keys[k], worst);
         assert_true(worst <= 2e-5);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "model/embed.h"
+#include "golden_cmp.h"
 #include "model/safetensors.h"
 #include "osprey.h"
 #include "text/tokenizer.h"
@@ -32,8 +33,6 @@ static const char *TEXTS[N] = {"the cat sat on the mat", "hi", "in the winter th
                                "theretheretherethere in in in",
                                "in the winter there was snow and the cat sat by the fire on the mat, then there was "
                                "more snow"};
-
-static double rel(double x, double ref) { return fabs(x - ref) / fmax(1, fabs(ref)); }
 
 static void check_golden(const char *file) {
     char path[256];
@@ -58,14 +57,11 @@ static void check_golden(const char *file) {
         size_t k;
         assert_int_equal(osp_tokenizer_encode_alloc(tok, TEXTS[i], strlen(TEXTS[i]), 1, &ids[i], &k), OSP_OK);
         len[i] = (int32_t)k;
-        char name[32];
-        snprintf(name, sizeof name, "input_ids_%d", i);
-        const osp_st_tensor *t = osp_st_find(g, name);
+        const osp_st_tensor *t = golden_find_i(g, "input_ids_%d", i);
         assert_non_null(t);
         assert_int_equal(t->numel, len[i]);
         assert_memory_equal(t->data, ids[i], t->nbytes);
-        snprintf(name, sizeof name, "hidden_%d", i);
-        t = osp_st_find(g, name);
+        t = golden_find_i(g, "hidden_%d", i);
         assert_non_null(t);
         assert_int_equal(t->numel, len[i] * H);
         osp_session *s;
@@ -73,7 +69,7 @@ static void check_golden(const char *file) {
         float *h = malloc(sizeof(float) * (size_t)(len[i] * H));
         int32_t row = 0;
         assert_int_equal(osp_forward_rows_hidden(s, &row, 1, ids[i], len[i], NULL, h), OSP_OK);
-        for (int64_t j = 0; j < len[i] * H; j++) worst = fmax(worst, rel(h[j], ((const float *)t->data)[j]));
+        worst = fmax(worst, golden_worst_rel(h, t->data, len[i] * H));
         free(h);
         osp_session_free(s);
     }
@@ -94,8 +90,7 @@ static void check_golden(const char *file) {
             worst = 0;
             for (int i = 0; i < N; i++) {
                 osp_embed_finish(&c, out + i * H, widths[k]);
-                for (int32_t j = 0; j < widths[k]; j++)
-                    worst = fmax(worst, rel(out[i * H + j], ((const float *)t->data)[i * widths[k] + j]));
+                worst = fmax(worst, golden_worst_rel(out + i * H, (const float *)t->data + i * widths[k], widths[k]));
             }
             printf("%s, %d rows: %s max |diff| %.3g\n", file, rows, keys[k], worst);
             assert_true(worst <= 2e-5);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "golden_cmp.h"
 #include "model/embed.h"
 #include "model/rerank.h"
 #include "model/safetensors.h"
@@ -45,8 +46,6 @@ static void pairs_tokens(const osp_reranker *r, pairs *p) {
     }
     json_decref(j);
 }
-
-static double rel(double x, double ref) { return fabs(x - ref) / fmax(1, fabs(ref)); }
 
 static void check_golden(const char *file) {
     char path[256];
@@ -77,17 +76,14 @@ static void check_golden(const char *file) {
     assert_int_equal(osp_embed_run(s, &last, (const int32_t *const *)p.ids, p.len, p.n, h), OSP_OK);
     double worst = 0;
     for (int i = 0; i < p.n; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "input_ids_%d", i);
-        const osp_st_tensor *t = osp_st_find(g, name);
+        const osp_st_tensor *t = golden_find_i(g, "input_ids_%d", i);
         assert_non_null(t);
         assert_int_equal(t->numel, p.len[i]);
         assert_memory_equal(t->data, p.ids[i], t->nbytes);
-        snprintf(name, sizeof name, "hidden_last_%d", i);
-        t = osp_st_find(g, name);
+        t = golden_find_i(g, "hidden_last_%d", i);
         assert_non_null(t);
         assert_int_equal(t->numel, H);
-        for (int64_t j = 0; j < H; j++) worst = fmax(worst, rel(h[i * H + j], ((const float *)t->data)[j]));
+        worst = fmax(worst, golden_worst_rel(h + i * H, t->data, H));
     }
     printf("%s: last states, max |diff| / max(1, |ref|) %.3g\n", file, worst);
     assert_true(worst <= 2e-5);
@@ -102,7 +98,7 @@ static void check_golden(const char *file) {
     worst = 0;
     for (int i = 0; i < p.n; i++) {
         float ref = ((const float *)ts->data)[i];
-        worst = fmax(worst, fmax(rel(sb[i], ref), rel(s1[i], ref)));
+        worst = fmax(worst, fmax(golden_rel(sb[i], ref), golden_rel(s1[i], ref)));
         printf("  pair %d: %.9g (alone %.9g), reference %.9g\n", i, sb[i], s1[i], ref);
     }
     printf("%s: scores, max |diff| %.3g\n", file, worst);
@@ -150,7 +146,7 @@ static void test_cross_encoder(void **state) {
     double worst = 0;
     for (int i = 0; i < 4; i++) {
         double ref = 1 / (1 + exp(-(double)((const float *)t->data)[i]));
-        worst = fmax(worst, rel(sc[i], ref));
+        worst = fmax(worst, golden_rel(sc[i], ref));
         osp_free(ids[i]);
     }
     printf("xlmr-reranker-tiny: sigmoid scores, max |diff| %.3g\n", worst);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "golden_cmp.h"
 #include "model/safetensors.h"
 #include "model/st_write.h"
 #include "model/whisper.h"
@@ -29,12 +30,6 @@ static float *golden_mel(void) {
     memcpy(mel, t->data, t->nbytes);
     osp_st_close(st);
     return mel;
-}
-
-static double maxdiff(const float *a, const float *b, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
-    return m;
 }
 
 static void test_rows(void **state) {
@@ -62,15 +57,15 @@ static void test_rows(void **state) {
     assert_int_equal(osp_whisper_row_pos(many, 2), 4);
     int32_t rows[3] = {2, 0, 1}, ids[3] = {a[4], b[4], b[4]};
     assert_int_equal(osp_whisper_decode_rows(many, rows, 3, ids, lg), OSP_OK);
-    assert_true(maxdiff(lg, ref_a + 4 * V, V) < 1e-4);
-    assert_true(maxdiff(lg + V, ref_b + 4 * V, V) < 1e-4);
-    assert_true(maxdiff(lg + 2 * V, ref_b + 4 * V, V) < 1e-4);
+    assert_true(golden_max_diff(lg, ref_a + 4 * V, V) < 1e-4);
+    assert_true(golden_max_diff(lg + V, ref_b + 4 * V, V) < 1e-4);
+    assert_true(golden_max_diff(lg + 2 * V, ref_b + 4 * V, V) < 1e-4);
     int32_t rows2[2] = {0, 2}, ids2[2] = {b[5], a[5]};
     assert_int_equal(osp_whisper_decode_rows(many, rows2, 2, ids2, lg), OSP_OK);
-    assert_true(maxdiff(lg, ref_b + 5 * V, V) < 1e-4);
-    assert_true(maxdiff(lg + V, ref_a + 5 * V, V) < 1e-4);
+    assert_true(golden_max_diff(lg, ref_b + 5 * V, V) < 1e-4);
+    assert_true(golden_max_diff(lg + V, ref_a + 5 * V, V) < 1e-4);
     /* and a different row's logits really differ (the test can fail) */
-    assert_true(maxdiff(lg, lg + V, V) > 1e-3);
+    assert_true(golden_max_diff(lg, lg + V, V) > 1e-3);
     /* bad calls */
     int32_t dup[2] = {1, 1};
     assert_int_equal(osp_whisper_decode_rows(many, dup, 2, ids, lg), OSP_ERR_INVALID);
@@ -384,7 +379,7 @@ static void test_mlx_layout(void **state) {
         write_pair(hf, mx, quant);
         run_model(hf, mel, e1, l1);
         run_model(mx, mel, e2, l2);
-        double de = maxdiff(e1, e2, 1500 * TD), dl = maxdiff(l1, l2, 5 * TV), ml = 0;
+        double de = golden_max_diff(e1, e2, 1500 * TD), dl = golden_max_diff(l1, l2, 5 * TV), ml = 0;
         for (int i = 0; i < 5 * TV; i++) ml = fmax(ml, fabs(l1[i]));
         print_message("%s: encoder_out %.3g, logits %.3g (max |logit| %.3g)\n", quant ? "8-bit" : "f32", de, dl, ml);
         /* the same math, other summation orders (conv columns, codes vs dequantized values) */

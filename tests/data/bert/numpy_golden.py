@@ -14,27 +14,14 @@ golden checks the tokenizer). Writes input_ids_i (I32), hidden_i [T_i, H] (last_
 folder: embedding [N, H] (pooled as 1_Pooling/config.json says, L2-normalized) or, for a sequence classifier,
 score [N] (classifier.dense, tanh, classifier.out_proj on the first token).
 """
-import json, math, os, struct, sys
+import json, math, os, sys
 import numpy as np
 
 d, out, idsf = sys.argv[1], sys.argv[2], sys.argv[3]
 
 
-def load_st(p):
-    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n]); base = 8 + n; r = {}
-    for k, v in h.items():
-        if k == '__metadata__': continue
-        s, e = v['data_offsets']; raw = b[base + s:base + e]
-        if v['dtype'] == 'BF16':
-            a = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        elif v['dtype'] == 'F32':
-            a = np.frombuffer(raw, dtype=np.float32)
-        else:
-            raise SystemExit(f'{k}: dtype {v["dtype"]} not read here')
-        r[k] = a.reshape(v['shape']).astype(np.float64)
-    return r
-
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+from numpy_ref import load_st, save_st
 W = load_st(d + '/model.safetensors'); c = json.load(open(d + '/config.json'))
 arch = c['architectures'][0]
 xlmr = arch.startswith('XLMRoberta')
@@ -92,11 +79,5 @@ if pooled:
     P = np.stack(pooled); res['embedding'] = (P / np.linalg.norm(P, axis=-1, keepdims=True)).astype(np.float32)
 if scores:
     res['score'] = np.array(scores, dtype=np.float32)
-hdr = {}; off = 0; blobs = []
-for k, a in res.items():
-    a = np.ascontiguousarray(a); bts = a.tobytes()
-    hdr[k] = {'dtype': 'I32' if a.dtype == np.int32 else 'F32', 'shape': list(a.shape), 'data_offsets': [off, off + len(bts)]}
-    off += len(bts); blobs.append(bts)
-hj = json.dumps(hdr).encode(); hj += b' ' * ((8 - len(hj) % 8) % 8)
-open(out, 'wb').write(struct.pack('<Q', len(hj)) + hj + b''.join(blobs))
+save_st(out, res)
 print('wrote', out, 'with', ', '.join(sorted(res)))

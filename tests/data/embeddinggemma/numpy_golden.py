@@ -17,24 +17,15 @@ whose post-processor appends <|endoftext|>); make_golden.py checks the tokenizer
   query_pre_attn_scalar ** -0.5; the sandwich norms; the gated MLP with gelu (tanh approximation).
 Writes input_ids_i, hidden_i [T_i, H], embedding [N, H] and mrl_16, mrl_32 as make_golden.py does.
 """
-import json, struct, subprocess, sys
+import json, os, subprocess, sys
 import numpy as np
 
 TEXTS = ["the cat sat on the mat", "hi", "in the winter there was snow", "x", "theretheretherethere in in in",
          "in the winter there was snow and the cat sat by the fire on the mat, then there was more snow"]
 osprey, d, out = sys.argv[1], sys.argv[2], sys.argv[3]
 
-def load_st(p):
-    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8+n]); base = 8+n; r = {}
-    for k, v in h.items():
-        if k == '__metadata__': continue
-        s, e = v['data_offsets']; raw = b[base+s:base+e]
-        if v['dtype'] == 'BF16': a = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        elif v['dtype'] == 'F32': a = np.frombuffer(raw, dtype=np.float32)
-        else: raise SystemExit('unexpected dtype ' + v['dtype'])
-        r[k] = a.reshape(v['shape']).astype(np.float64)
-    return r
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+from numpy_ref import load_st, save_st
 W = load_st(d + '/model.safetensors'); c = json.load(open(d + '/config.json'))
 D2 = load_st(d + '/2_Dense/model.safetensors')['linear.weight']; D3 = load_st(d + '/3_Dense/model.safetensors')['linear.weight']
 H, L, nh, nkv, hd, eps = c['hidden_size'], c['num_hidden_layers'], c['num_attention_heads'], c['num_key_value_heads'], c['head_dim'], c['rms_norm_eps']
@@ -76,9 +67,5 @@ for i, t in enumerate(TEXTS):
 P = np.stack(vecs)
 def nz(a): return (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)
 res['embedding'] = nz(P); res['mrl_16'] = nz(P[:, :16]); res['mrl_32'] = nz(P[:, :32])
-hdr = {}; off = 0; blobs = []
-for k, a in res.items():
-    a = np.ascontiguousarray(a); b = a.tobytes(); hdr[k] = {'dtype': 'I32' if a.dtype == np.int32 else 'F32', 'shape': list(a.shape), 'data_offsets': [off, off + len(b)]}; off += len(b); blobs.append(b)
-hj = json.dumps(hdr).encode(); hj += b' ' * ((8 - len(hj) % 8) % 8)
-open(out, 'wb').write(struct.pack('<Q', len(hj)) + hj + b''.join(blobs))
+save_st(out, res)
 print('ok', [len(res[f'input_ids_{i}']) for i in range(len(TEXTS))])

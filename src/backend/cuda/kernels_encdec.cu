@@ -55,6 +55,22 @@ __device__ float bmax(float v, float *sh) {
     return r;
 }
 
+// a block's softmax of p[0..n) in place, as the CPU's: max-subtracted, f32 sum, normalized (-inf gives 0)
+__device__ void block_softmax(float *p, int64_t n, float *red) {
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = fmaxf(mx, p[j]);
+    mx = bmax(mx, red);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+        const float e = expf(p[j] - mx);
+        p[j] = e;
+        sum += e;
+    }
+    sum = bsum(sum, red);
+    const float inv = 1.0f / sum;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) p[j] *= inv;
+}
+
 // ---- LayerNorm ----
 
 #define LN_T 256 // threads a row of the LayerNorm
@@ -195,21 +211,7 @@ __global__ void __launch_bounds__(AT) full_attn_kernel(const float *q, const flo
         for (int r = 0; r < nq; r++) sc[r * S + j] = acc[r];
     }
     __syncthreads();
-    for (int r = 0; r < nq; r++) {
-        float *p = sc + r * S;
-        float mx = -INFINITY;
-        for (int64_t j = threadIdx.x; j < S; j += blockDim.x) mx = fmaxf(mx, p[j]);
-        mx = bmax(mx, red);
-        float sum = 0.0f;
-        for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
-            const float e = expf(p[j] - mx);
-            p[j] = e;
-            sum += e;
-        }
-        sum = bsum(sum, red);
-        const float inv = 1.0f / sum;
-        for (int64_t j = threadIdx.x; j < S; j += blockDim.x) p[j] *= inv;
-    }
+    for (int r = 0; r < nq; r++) block_softmax(sc + r * S, S, red);
     __syncthreads();
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = wp; o < nq * hd; o += nw) {
@@ -291,19 +293,7 @@ __global__ void __launch_bounds__(AT) bidir_attn_kernel(const float *q, const fl
         int64_t a, z;
         bidir_range(t0 + r, len, radius, &a, &z);
         if (z <= a) continue; // (the same for every thread of the block)
-        float *p = sc + r * span;
-        float mx = -INFINITY;
-        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) mx = fmaxf(mx, p[j]);
-        mx = bmax(mx, red);
-        float sum = 0.0f;
-        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) {
-            const float e = expf(p[j] - mx); // 0 for a masked key
-            p[j] = e;
-            sum += e;
-        }
-        sum = bsum(sum, red);
-        const float inv = 1.0f / sum;
-        for (int64_t j = threadIdx.x; j < nk; j += blockDim.x) p[j] *= inv;
+        block_softmax(sc + r * span, nk, red); // a masked key's score is -inf: 0
     }
     __syncthreads();
     for (int o = threadIdx.x; o < nq * hd; o += blockDim.x) {

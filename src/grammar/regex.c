@@ -433,6 +433,7 @@ typedef struct dbuild {
     const nfa *f;
     int32_t *stamp, cur;
     int32_t *stack;
+    int32_t *rtmp; /* radix_sort's buffer, f->n + 1 */
     /* DFA states as sorted lists of NFA SET/MATCH states */
     int32_t *lists;
     size_t n_lists, cap_lists;
@@ -457,9 +458,18 @@ static void closure_add(dbuild *b, int32_t s, int32_t *out, int32_t *nout) {
         } else out[(*nout)++] = x;
     }
 }
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
+/* l[0..n) ascending (NFA states: 0 <= x < 2^bits, bits <= 24), a pass of a byte at a time through tmp */
+static void radix_sort(int32_t *l, int32_t *tmp, int32_t n, int bits) {
+    int32_t *src = l, *dst = tmp;
+    for (int sh = 0; sh < bits; sh += 8) {
+        int32_t cnt[257] = {0};
+        for (int32_t i = 0; i < n; i++) cnt[((src[i] >> sh) & 255) + 1]++;
+        for (int k = 0; k < 256; k++) cnt[k + 1] += cnt[k];
+        for (int32_t i = 0; i < n; i++) dst[cnt[(src[i] >> sh) & 255]++] = src[i];
+        int32_t *t = src;
+        src = dst, dst = t;
+    }
+    if (src != l) memcpy(l, src, sizeof(int32_t) * (size_t)n);
 }
 static uint32_t hash_list(const int32_t *l, int32_t n) {
     uint32_t h = 2166136261u;
@@ -469,13 +479,13 @@ static uint32_t hash_list(const int32_t *l, int32_t n) {
 /* Find or add the DFA state of list l; -1 on overflow. */
 static int32_t dfa_state(dbuild *b, int32_t *l, int32_t n) {
     if (!n) return 0;
-    if (n <= 32) /* most lists are short: no library call */
+    if (n <= 32) /* most lists are short */
         for (int32_t i = 1; i < n; i++) {
             int32_t x = l[i], j = i;
             for (; j > 0 && l[j - 1] > x; j--) l[j] = l[j - 1];
             l[j] = x;
         }
-    else qsort(l, n, sizeof *l, cmp_i32);
+    else radix_sort(l, b->rtmp, n, b->f->n <= 1 << 16 ? 16 : 24);
     if ((uint32_t)b->n_states * 2 > b->hmask) { /* grow the table */
         uint32_t nm = b->hmask * 2 + 1;
         int32_t *ns = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (nm + 1));
@@ -540,8 +550,17 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
     uint8_t rep[256];
     for (int c = 255; c >= 0; c--) rep[cls[c]] = (uint8_t)c;
 
+    /* each set's classes as a mask over class numbers (a set is a union of classes) */
+    uint64_t(*set_cm)[4] = osp_calloc(OSP_POOL_MISC, 32 * (size_t)f->n_sets + 32);
+    for (int32_t k = 0; k < f->n_sets; k++)
+        for (int32_t c = 0; c < ncls; c++)
+            if ((f->sets[k][rep[c] >> 6] >> (rep[c] & 63)) & 1) set_cm[k][c >> 6] |= 1ull << (c & 63);
+    int32_t *bk_off = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)(ncls + 1) * 2), *bk_fill = bk_off + ncls + 1;
+    int32_t cap_bk = 1024, *bk = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)cap_bk);
+
     dbuild b = {0};
     b.f = f;
+    b.rtmp = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n + 1));
     b.stamp = osp_calloc(OSP_POOL_MISC, sizeof(int32_t) * f->n);
     b.stack = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (f->n * 2 + 2));
     b.cap_loff = 256;
@@ -569,14 +588,32 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
             osp_free(next);
             next = nn, cap_next = nc;
         }
+        /* each class's successors in the list's order: a bucket per class, filled from the sets' class lists */
+        int32_t *cnt = bk_off;
+        memset(cnt, 0, sizeof(int32_t) * (size_t)(ncls + 1));
+        for (size_t i = b.loff[s]; i < b.loff[s + 1]; i++) {
+            const nstate *n = &f->st[b.lists[i]];
+            if (n->kind != N_SET) continue;
+            for (int w = 0; w < 4; w++)
+                for (uint64_t m = set_cm[n->set][w]; m; m &= m - 1) cnt[w * 64 + __builtin_ctzll(m) + 1]++;
+        }
+        for (int32_t c = 0; c < ncls; c++) cnt[c + 1] += cnt[c];
+        if (cnt[ncls] > cap_bk) {
+            osp_free(bk);
+            cap_bk = cnt[ncls] * 2;
+            bk = osp_malloc(OSP_POOL_MISC, sizeof(int32_t) * (size_t)cap_bk);
+        }
+        for (int32_t c = 0; c < ncls; c++) bk_fill[c] = cnt[c];
+        for (size_t i = b.loff[s]; i < b.loff[s + 1]; i++) {
+            const nstate *n = &f->st[b.lists[i]];
+            if (n->kind != N_SET) continue;
+            for (int w = 0; w < 4; w++)
+                for (uint64_t m = set_cm[n->set][w]; m; m &= m - 1) bk[bk_fill[w * 64 + __builtin_ctzll(m)]++] = n->out1;
+        }
         for (int32_t c = 0; c < ncls; c++) {
-            int32_t r = rep[c];
             nt = 0;
             b.cur++;
-            for (size_t i = b.loff[s]; i < b.loff[s + 1]; i++) {
-                const nstate *n = &f->st[b.lists[i]];
-                if (n->kind == N_SET && ((f->sets[n->set][r >> 6] >> (r & 63)) & 1)) closure_add(&b, n->out1, tmp, &nt);
-            }
+            for (int32_t i = cnt[c]; i < cnt[c + 1]; i++) closure_add(&b, bk[i], tmp, &nt);
             int32_t t = dfa_state(&b, tmp, nt);
             if (t < 0) { st = osp_err(OSP_ERR_UNSUPPORTED, "regex needs more than %d DFA states", GR_MAX_DFA_STATES); break; }
             next[s * ncls + c] = t;
@@ -628,6 +665,7 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
     osp_free(acc), osp_free(live);
     osp_free(next), osp_free(tmp), osp_free(b.hslot), osp_free(b.loff), osp_free(b.lists), osp_free(b.stack),
         osp_free(b.stamp);
+    osp_free(b.rtmp), osp_free(set_cm), osp_free(bk_off), osp_free(bk);
     return st;
 }
 

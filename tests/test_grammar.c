@@ -73,6 +73,55 @@ static void test_regex_json_string(void **st) {
     assert_false(re_match("^.$", GR_RE_JSONSTR, "\"\xc3\""));
 }
 
+/* whether a DFA accepts nothing: after renumbering, only a start state that is dead */
+static int dfa_empty(const gr_dfa *d) {
+    if (d->accept[1]) return 0;
+    for (int32_t c = 0; c < d->ncls; c++)
+        if (d->next[d->ncls + c]) return 0;
+    return 1;
+}
+
+static void test_regex_open_ends(void **st) {
+    (void)st;
+    /* a search keeps a repetition's minimum at an open end: the same language as the search written out */
+    static const char *const RES[] = {".{0,50}", "[^\"]{1,25}", "ab{2,5}", "x{3,}y", "(ab){1,3}c{0,9}", "^a{2,4}",
+                                      "a{2,4}$", "a|b{1,3}", "(x{1,3})", "q{2}z?", "\\d{2,40}-"};
+    for (size_t i = 0; i < sizeof RES / sizeof *RES; i++) {
+        char full[128];
+        const char *r = RES[i];
+        size_t n = strlen(r);
+        int s0 = r[0] == '^', e0 = r[n - 1] == '$';
+        snprintf(full, sizeof full, "^%s(?:%.*s)%s$", s0 ? "" : "[\\s\\S]*", (int)(n - s0 - e0), r + s0,
+                 e0 ? "" : "[\\s\\S]*");
+        gr_dfa a, b, x;
+        assert_int_equal(gr_regex_dfa(r, n, GR_RE_JSONSTR, &a), OSP_OK);
+        assert_int_equal(gr_regex_dfa(full, strlen(full), GR_RE_JSONSTR, &b), OSP_OK);
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(gr_dfa_product(k ? &b : &a, k ? &a : &b, GR_DFA_MINUS, &x), OSP_OK);
+            if (!dfa_empty(&x)) fprintf(stderr, "%s differs from %s\n", r, full);
+            assert_true(dfa_empty(&x));
+            gr_dfa_free(&x);
+        }
+        gr_dfa_free(&a), gr_dfa_free(&b);
+    }
+    gr_dfa a;
+    assert_int_equal(gr_regex_dfa(".{0,500}", 8, GR_RE_JSONSTR, &a), OSP_OK); /* searched: any string */
+    assert_true(a.nstates < 100);
+    gr_dfa_free(&a);
+    /* a hostile regex (nested repetitions, from the fuzzer) is refused by the work bound instead of compiling for
+     * seconds */
+    static const char hostile[] =
+        ":\042a&rray\327,\377\377\377\377\377\377\377\377\377\377a+++++++++++++++++++\002....+++++++++++++++++++++++++++++++++"
+        "\000\000\000\000\000\000\000\000++++++++++++++++++++++++++++++\000\000\000\000\000\000\377\377\377\377\377\377\377\377"
+        "\000\000\000\000\000\000\000\000\000\000\000||||||||||||||\374|||||||\000\002\000\000icnful,||\000\002\000\000icnful,\230+++++y',"
+        "\377";
+    gr_dfa d;
+    osp_status s = gr_regex_dfa(hostile, sizeof hostile - 1, GR_RE_PLAIN, &d);
+    if (s == OSP_OK) gr_dfa_free(&d);
+    assert_int_equal(s, OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "too complex"));
+}
+
 static int accepts(osp_grammar *g, const osp_grammar_vocab *v, const char *text) {
     osp_grammar_matcher *m;
     assert_int_equal(osp_grammar_matcher_new(g, v, &m), OSP_OK);
@@ -634,6 +683,7 @@ static void test_masks_threads(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regex_plain),       cmocka_unit_test(test_regex_json_string),
+        cmocka_unit_test(test_regex_open_ends),
         cmocka_unit_test(test_schema_parse),      cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_mask_brute_force),  cmocka_unit_test(test_real_vocabs),
         cmocka_unit_test(test_schema_strings_not), cmocka_unit_test(test_fold_vs_reference),

@@ -23,6 +23,9 @@ typedef struct gr_dfa {
 static inline int32_t gr_dfa_next(const gr_dfa *d, int32_t s, uint8_t b) { return d->next[s * d->ncls + d->cls[b]]; }
 
 #define GR_MAX_DFA_STATES 20000
+/* NFA states a subset construction may visit (closures and gathered successors): a hostile regex fails in about a
+ * second instead of compiling for minutes; MaskBench's costliest pattern takes a quarter of it (docs/GRAMMAR.md) */
+#define GR_MAX_DFA_WORK 250000000LL
 /* GR_RE_JSONBODY: a piece of a string's literal (anchored), with its opening
  * and/or closing quote when GR_RE_OPEN / GR_RE_CLOSE are ORed in.
  * GR_RE_ALLESC (ORed in): printable ASCII characters also match as \u00XX

@@ -434,6 +434,7 @@ typedef struct dbuild {
     int32_t *stamp, cur;
     int32_t *stack;
     int32_t *rtmp; /* radix_sort's buffer, f->n + 1 */
+    int64_t work;  /* NFA states visited and successors gathered: bounded by GR_MAX_DFA_WORK */
     /* DFA states as sorted lists of NFA SET/MATCH states */
     int32_t *lists;
     size_t n_lists, cap_lists;
@@ -449,6 +450,7 @@ static void closure_add(dbuild *b, int32_t s, int32_t *out, int32_t *nout) {
     b->stack[sp++] = s;
     while (sp) {
         int32_t x = b->stack[--sp];
+        b->work++;
         if (x < 0 || b->stamp[x] == b->cur) continue;
         b->stamp[x] = b->cur;
         const nstate *n = &b->f->st[x];
@@ -598,6 +600,7 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
                 for (uint64_t m = set_cm[n->set][w]; m; m &= m - 1) cnt[w * 64 + __builtin_ctzll(m) + 1]++;
         }
         for (int32_t c = 0; c < ncls; c++) cnt[c + 1] += cnt[c];
+        b.work += cnt[ncls] + (int64_t)(b.loff[s + 1] - b.loff[s]);
         if (cnt[ncls] > cap_bk) {
             osp_free(bk);
             cap_bk = cnt[ncls] * 2;
@@ -614,6 +617,11 @@ static osp_status nfa_to_dfa(const nfa *f, int32_t start, gr_dfa *out) {
             nt = 0;
             b.cur++;
             for (int32_t i = cnt[c]; i < cnt[c + 1]; i++) closure_add(&b, bk[i], tmp, &nt);
+            if (b.work > GR_MAX_DFA_WORK) {
+                st = osp_err(OSP_ERR_UNSUPPORTED, "regex too complex to compile (over %lld steps of subset construction)",
+                             (long long)GR_MAX_DFA_WORK);
+                break;
+            }
             int32_t t = dfa_state(&b, tmp, nt);
             if (t < 0) { st = osp_err(OSP_ERR_UNSUPPORTED, "regex needs more than %d DFA states", GR_MAX_DFA_STATES); break; }
             next[s * ncls + c] = t;
@@ -676,6 +684,14 @@ void gr_dfa_free(gr_dfa *d) {
     d->next = NULL, d->accept = NULL, d->base = NULL, d->base_st = NULL, d->on_trie = NULL;
 }
 
+/* A search (an end left open) needs only the minimum of a repetition at that end: a text holds a match of A X{m,n}
+ * somewhere iff it holds one of A X{m} (a match's first m copies are one, and the open end takes the rest), and
+ * likewise X{m,n} B. Unbounded counts at an open end are what made ".{0,500}" cost seconds of subset construction. */
+static void open_end_min(rnode *ns, int32_t r, int last) {
+    while (r >= 0 && ns[r].kind == R_CAT) r = last ? ns[r].b : ns[r].a;
+    if (r >= 0 && ns[r].kind == R_REP) ns[r].max = ns[r].min;
+}
+
 osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     memset(out, 0, sizeof *out);
     rparse p = {re, len, 0, mode & 3, (mode & GR_RE_ALLESC) != 0, (mode & GR_RE_UTF8) != 0, 0, 0, NULL, 0, 0, OSP_OK};
@@ -696,6 +712,8 @@ osp_status gr_regex_dfa(const char *re, size_t len, int mode, gr_dfa *out) {
     if (!p.st && (mode & ~(GR_RE_ALLESC | GR_RE_UTF8)) == GR_RE_JSONSTR) {
         cclass any = {{~0ull, ~0ull}, 1};
         int32_t star = mk_rep(&p, json_class(&p, &any), 0, -1);
+        if (!p.st && !anch_s) open_end_min(p.nodes, root, 0);
+        if (!p.st && !anch_e) open_end_min(p.nodes, root, 1);
         if (!anch_s) root = mk_cat(&p, star, root);
         if (!anch_e) root = mk_cat(&p, root, star);
         root = mk_cat(&p, mk_range(&p, '"', '"'), mk_cat(&p, root, mk_range(&p, '"', '"')));

@@ -224,9 +224,10 @@ void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
     /* (the AVX-512 dequantization needs AVX512-BF16's conversion; bitwise the twin's) */
     void (*const row)(const osp_weight *, int64_t, uint16_t *) =
         osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q8t_row_fast : osp_q8t_row_ref;
-    for (int64_t a = r0; a < r1; a += 32) {
+    const int64_t rg = osp_bf16t_group_rows(K);
+    for (int64_t a = r0; a < r1; a += rg) {
         /* (AMX takes 16 rows a tile at least: a short block is padded with zero rows) */
-        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m < 16 ? 16 : m;
+        const int64_t m = r1 - a < rg ? r1 - a : rg, mt = m < 16 ? 16 : m;
         for (int64_t i = 0; i < mt; i++) {
             if (i >= m) memset(dq + i * K, 0, (size_t)K * sizeof(uint16_t));
             else row(w, a + i, dq + i * K);
@@ -242,9 +243,10 @@ void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
     const int64_t K = w->cols;
     void (*const tile)(const osp_weight *, int64_t, uint16_t *, int64_t) =
         osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q4t_tile_fast : osp_q4t_tile_ref;
-    for (int64_t a = r0; a < r1; a += 32) {
+    const int64_t rg = osp_bf16t_group_rows(K);
+    for (int64_t a = r0; a < r1; a += rg) {
         /* whole tiles of 16 rows (those past the weight's end are zeros) */
-        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m <= 16 ? 16 : 32;
+        const int64_t m = r1 - a < rg ? r1 - a : rg, mt = (m + 15) / 16 * 16;
         for (int64_t i = 0; i < mt; i += OSP_Q4PACK_ROWS) tile(w, (a + i) / OSP_Q4PACK_ROWS, dq + i * K, K);
         osp_weight t = *w;
         t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;

@@ -60,6 +60,22 @@ const char *osp_bf16t_name(osp_bf16t_kind k);
 /* Can w go on this path: dense bf16, columns a multiple of 32, 16 rows at least. */
 int osp_bf16t_fits(const osp_weight *w);
 
+/* Rows the AMX kernel multiplies as one group for cols columns: their bf16
+ * form about 1 MiB, so it stays in L2 while every pair of token blocks
+ * passes (the activations stream once a group); a multiple of 32 in
+ * [32, 256]. The 8-bit and 4-bit paths dequantize that many rows at a time. */
+static inline int64_t osp_bf16t_group_rows(int64_t cols) {
+    const int64_t g = ((int64_t)1 << 19) / (cols > 0 ? cols : 1) / 32 * 32;
+    return g < 32 ? 32 : g > 256 ? 256 : g;
+}
+/* bf16 values a thread's dequantization scratch holds: a group of rows of
+ * any width up to max_cols. */
+static inline size_t osp_bf16t_dq_elems(int64_t max_cols) {
+    const size_t a = (size_t)32 * (size_t)max_cols, b = (size_t)256 * (size_t)max_cols;
+    const size_t c = b < ((size_t)1 << 19) ? b : ((size_t)1 << 19);
+    return a > c ? a : c;
+}
+
 /* Bytes of the packed form of n tokens of cols columns (either engine's). */
 size_t osp_bf16t_packed_bytes(int64_t n, int64_t cols);
 /* AMX: tokens a tile holds for a call of n: n up to 16, else 16 (the tiles
@@ -88,8 +104,9 @@ int osp_q8t_fits(const osp_weight *w);
  * fma, rounded to nearest even), and the AVX-512 form, bitwise the same. */
 void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out);
 void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out);
-/* Engine k on w's rows, dequantized 32 at a time into dq (the caller's
- * scratch of 32 x cols bf16, one per thread). */
+/* Engine k on w's rows, dequantized a group (osp_bf16t_group_rows) at a
+ * time into dq (the caller's scratch of osp_bf16t_dq_elems(cols) bf16, one
+ * per thread). */
 void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq);
 
@@ -101,8 +118,9 @@ int osp_q4t_fits(const osp_weight *w);
  * AVX-512 form, bitwise the same. */
 void osp_q4t_tile_ref(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
 void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
-/* Engine k on w's rows [r0, r1) (r0 a multiple of 16), dequantized 32 at a
- * time into dq (32 x cols bf16, the calling thread's scratch). */
+/* Engine k on w's rows [r0, r1) (r0 a multiple of 16), dequantized a group
+ * (osp_bf16t_group_rows) at a time into dq (osp_bf16t_dq_elems(cols) bf16,
+ * the calling thread's scratch). */
 void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq);
 

@@ -47,7 +47,8 @@ static void put(const float *c, int64_t s, int64_t lo, int64_t hi, int64_t b, in
                               _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, col + t, 4));
 }
 
-void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                      const void *pf, size_t pf_bytes) {
     const int64_t nbw = osp_bf16t_width(n), ts = 32 * nbw; /* tokens a tile, elements a packed tile */
     const size_t bs = (size_t)(4 * nbw);                   /* bytes a packed tile's row */
     config((int)nbw);
@@ -58,7 +59,16 @@ void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float 
     /* Rows in groups whose weights stay in L2 while each pair of token blocks is multiplied by them, the
      * activations streamed once a group (a row's numbers do not depend on the group or the order). */
     const int64_t rg = osp_bf16t_group_rows(K);
-    for (int64_t g = r0; g < r1; g += rg)
+    for (int64_t g = r0; g < r1; g += rg) {
+        /* what the next group reads (the caller's, else this weight's next rows), requested into L2 a few
+         * lines a step of the pairs of token blocks, so that it does not come from memory then */
+        const char *pn = pf, *pe = pn ? pn + pf_bytes : NULL;
+        if (!pf && g + rg < r1) {
+            const int64_t e = g + 2 * rg < r1 ? g + 2 * rg : r1;
+            pn = (const char *)(W + (g + rg) * K), pe = (const char *)(W + e * K);
+        }
+        const int64_t ga = ((g + rg < r1 ? g + rg : r1) - g + 31) / 32, steps = (nb / 2) * ga * nch;
+        const int64_t per = steps && pe > pn ? ((pe - pn) / 64 + steps - 1) / steps : 0; /* lines a step */
         for (int64_t b = 0; b < nb; b += 2)
             for (int64_t a = g; a < r1 && a < g + rg; a += 32) {
                 /* two tiles of 16 rows; one at the weight's end starts 16 rows before it (a row's numbers
@@ -76,6 +86,7 @@ void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float 
                     /* (many tokens) two row tiles by two token blocks: the weights in 4 and 5, the activations in
                      * 6 and 7, each loaded tile used twice */
                     for (int64_t j = 0; j < nch; j++) {
+                        for (int64_t q = 0; q < per && pn < pe; q++, pn += 64) _mm_prefetch(pn, _MM_HINT_T1);
                         _tile_loadd(4, A0 + j * 32, stride);
                         _tile_loadd(6, B0 + j * ts, bs);
                         _tile_dpbf16ps(0, 4, 6);
@@ -147,6 +158,7 @@ void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float 
                     if (b2) put(c[3], s1, a + 16, e1, b + 1, nbw, n, y, ldy, r0);
                 }
             }
+    }
 }
 
 void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {

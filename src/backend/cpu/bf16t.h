@@ -126,8 +126,11 @@ void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
 
 /* ---- the engines' entry points (bf16t.c dispatches to them) ---- */
 int osp_amx_tiles_built(void);
+/* (pf, pf_bytes: memory the next call will read, requested into L2 while
+ * many tokens are multiplied; NULL, 0 for none. Without them the kernel
+ * requests its own next group of rows.) */
 void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, const void *pf, size_t pf_bytes);
 void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);
 int osp_bf16t_dot_built(void);
 /* 1 when this CPU's VDPBF16PS computes its definition bitwise (probed once on

@@ -10,7 +10,11 @@
  *   product exact, added in column order, rounded to nearest even,
  *   denormals flushed); the hardware rounds inside a 32-column step its own
  *   way (measured on a Xeon), so tiles and twin agree within a few units in
- *   the last place of the terms' sum.
+ *   the last place of the terms' sum. With many tokens the rows go in
+ *   groups (osp_bf16t_group_rows: about 1 MiB of bf16, kept in L2) and
+ *   each pair of token blocks passes over a group two row tiles by two
+ *   token blocks a step, while the next group's source is requested into
+ *   L2; a C tile lives over all the columns, so the order changes nothing.
  * - DOT (bf16dot.c; AVX512-BF16's VDPBF16PS, for CPUs without AMX: AMD Zen
  *   4/5, Cooper Lake): the activations packed token-major as bf16 rows; an
  *   output (row, token) keeps 16 lane sums, lane l taking the column pairs
@@ -25,14 +29,15 @@
  * with any split of the rows (batch and chunk invariance, as the int8 path
  * has), so a batched decode step needs no per-token mode.
  *
- * MLX 8-bit weights join the path in prefill chunks: 32 rows at a time
- * dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
+ * MLX 8-bit weights join the path in prefill chunks: a group of rows at a
+ * time dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
  * production path dequantizes) into the calling thread's scratch, then the
  * bf16 kernel.
  *
  * MLX 4-bit weights, repacked for the int8 path (backend/q8act.h), join it
- * the same way on AMX: a tile of 16 rows expanded from the repacked layout
- * (s * c + b as one f32 fma, rounded to bf16), two tiles at a time. Those
+ * the same way on AMX: tiles of 16 rows expanded from the repacked layout
+ * (s * c + b as one f32 fma, rounded to bf16: per row and group a table of
+ * the 16 values, each code looked up), a group of rows at a time. Those
  * chunks then differ from the int8 path's decode, so a model of them is not
  * chunk-invariant on AMX (cpu.c), as 8-bit ones are not anywhere.
  */

@@ -170,8 +170,8 @@ static void test_dot(void **state) {
 
 /* 8-bit weights (prefill chunks): the AVX-512 dequantization is bitwise the scalar twin's (s * c + b as one
  * fma, rounded to bf16), so each engine's product equals its bf16 kernel on the twin's dequantized rows */
-static void q8(osp_bf16t_kind k) {
-    const int64_t R = 45, C = 256, G = 64, ng = C / G, n = 20;
+static void q8(osp_bf16t_kind k, int64_t R, int64_t C) {
+    const int64_t G = 64, ng = C / G, n = 20;
     uint8_t *codes = malloc(R * C);
     uint16_t *sc = malloc(sizeof(uint16_t) * R * ng), *bi = malloc(sizeof(uint16_t) * R * ng);
     for (int64_t i = 0; i < R * C; i++) codes[i] = (uint8_t)rnd();
@@ -185,7 +185,7 @@ static void q8(osp_bf16t_kind k) {
     memset(&q, 0, sizeof q);
     q.qbits = 8, q.group = G, q.sdtype = OSP_DT_BF16, q.rows = R, q.cols = C, q.data = codes, q.scales = sc, q.biases = bi;
     assert_true(osp_q8t_fits(&q));
-    uint16_t *deq = malloc(sizeof(uint16_t) * R * C), *dq = malloc(sizeof(uint16_t) * 32 * C);
+    uint16_t *deq = malloc(sizeof(uint16_t) * R * C), *dq = malloc(sizeof(uint16_t) * osp_bf16t_dq_elems(C));
     for (int64_t r = 0; r < R; r++) osp_q8t_row_ref(&q, r, deq + r * C);
     osp_weight d;
     memset(&d, 0, sizeof d);
@@ -214,7 +214,7 @@ static void test_q8(void **state) {
     (void)state;
     int any = 0;
     for (osp_bf16t_kind k = OSP_BF16T_AMX; k <= OSP_BF16T_DOT; k++)
-        if (osp_bf16t_has(k)) q8(k), any = 1;
+        if (osp_bf16t_has(k)) q8(k, 45, 256), q8(k, 300, 4096), any = 1; /* (4096: more than one group of rows) */
     if (!any) skip();
 }
 
@@ -230,8 +230,8 @@ static uint16_t rne16(float f) {
 /* 4-bit weights (prefill chunks on AMX): the repacked tiles dequantized by the twin equal s * c + b (one fma,
  * rounded to bf16) computed from the MLX layout, the AVX-512 form bitwise the twin, and each engine's product
  * the bf16 kernel's on those rows; rows past the weight's end come out zero. bf16 and f16 scales. */
-static void q4(osp_bf16t_kind k, int f16) {
-    const int64_t R = 45, C = 256, G = 64, ng = C / G, n = 20, tiles = (R + 15) / 16;
+static void q4(osp_bf16t_kind k, int f16, int64_t R, int64_t C) {
+    const int64_t G = 64, ng = C / G, n = 20, tiles = (R + 15) / 16;
     uint8_t *codes = malloc(R * C / 2);
     uint16_t *sc = malloc(sizeof(uint16_t) * R * ng), *bi = malloc(sizeof(uint16_t) * R * ng);
     for (int64_t i = 0; i < R * C / 2; i++) codes[i] = (uint8_t)rnd();
@@ -276,10 +276,10 @@ static void q4(osp_bf16t_kind k, int f16) {
     d.dtype = OSP_DT_BF16, d.rows = R, d.cols = C, d.data = deq;
     float *x = malloc(sizeof(float) * n * C), *y = malloc(sizeof(float) * n * R), *yd = malloc(sizeof(float) * n * R);
     for (int64_t i = 0; i < n * C; i++) x[i] = frand() * 2;
-    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C)), *dq = malloc(sizeof(uint16_t) * 32 * C);
+    uint16_t *xp = malloc(osp_bf16t_packed_bytes(n, C)), *dq = malloc(sizeof(uint16_t) * osp_bf16t_dq_elems(C));
     osp_bf16t_pack(k, x, n, C, xp);
     for (int64_t r0 = 0; r0 < R && osp_bf16t_has(k); r0 += 16)
-        for (int64_t r1 = r0 + 1; r1 <= R; r1 += 7) {
+        for (int64_t r1 = r0 + 1; r1 <= R; r1 += R > 64 ? 29 : 7) {
             osp_q4t_mm(k, &q, xp, n, y, R, r0, r1, dq);
             osp_bf16t_mm(k, &d, xp, n, yd, R, r0, r1);
             for (int64_t t = 0; t < n; t++)
@@ -293,9 +293,11 @@ static void q4(osp_bf16t_kind k, int f16) {
 
 static void test_q4(void **state) {
     (void)state;
-    /* the dequantization's twin everywhere, the products on each engine the CPU has */
+    /* the dequantization's twin everywhere, the products on each engine the CPU has; 4096 columns: ranges
+     * over more than one group of rows (osp_bf16t_group_rows) */
     for (osp_bf16t_kind k = OSP_BF16T_AMX; k <= OSP_BF16T_DOT; k++)
-        for (int f16 = 0; f16 < 2; f16++) q4(k, f16);
+        for (int f16 = 0; f16 < 2; f16++) q4(k, f16, 45, 256);
+    q4(OSP_BF16T_AMX, 0, 300, 4096);
 }
 
 int main(void) {

@@ -194,13 +194,18 @@ void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out) {
 
 /* The repacked 4-bit tile (q8act.h) to bf16 rows: a block's 4 vectors (one dword of 8 codes per row and
  * vector) transposed 4 x 4 in each 128-bit lane so that a lane holds one row's 32 codes, the nibbles split
- * and interleaved back to column order, then s * c + b per row as the twin computes it. */
+ * and interleaved back to column order; then each code looks its value up in the row's table of the group's
+ * 16 values (s * c + b for c = 0..15, computed as the twin computes it). */
 void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld) {
     const int64_t G = w->group, ng = w->cols / G, bpg = G / 32;
     const size_t seg = 64 + (size_t)G * 8;
     const unsigned char *tp = (const unsigned char *)w->packed + (size_t)tile * (size_t)ng * seg;
     const int f16 = w->sdtype == OSP_DT_F16;
     const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    /* a row's 32 codes (lane i of a, then of c) as one 256-bit half: rows 4 i + k of lanes 0, 1 in x, 2, 3 in y */
+    const __m512i pick_x = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), pick_y = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m256i tab[16];
     for (int64_t g = 0; g < ng; g++) {
         const unsigned char *sg = tp + (size_t)g * seg;
         float s[16], b[16];
@@ -212,6 +217,8 @@ void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t
             _mm512_storeu_si512(s, _mm512_slli_epi32(_mm512_cvtepu16_epi32(hs), 16));
             _mm512_storeu_si512(b, _mm512_slli_epi32(_mm512_cvtepu16_epi32(hb), 16));
         }
+        for (int l = 0; l < 16; l++)
+            tab[l] = (__m256i)_mm512_cvtneps_pbh(_mm512_fmadd_ps(_mm512_set1_ps(s[l]), codes, _mm512_set1_ps(b[l])));
         for (int64_t j = 0; j < bpg; j++) {
             const unsigned char *q = sg + 64 + j * 256;
             const __m512i v0 = _mm512_loadu_si512(q), v1 = _mm512_loadu_si512(q + 64), v2 = _mm512_loadu_si512(q + 128),
@@ -225,17 +232,13 @@ void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t
                 const __m512i lo = _mm512_and_si512(rr[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rr[k], 4), nib);
                 /* lane i: the row's codes 0..15 (a) and 16..31 (c) as bytes in column order */
                 const __m512i a = _mm512_unpacklo_epi32(lo, hi), c = _mm512_unpackhi_epi32(lo, hi);
-                uint8_t ab[64], cb[64];
-                _mm512_storeu_si512(ab, a);
-                _mm512_storeu_si512(cb, c);
+                const __m512i x = _mm512_permutex2var_epi64(a, pick_x, c), y = _mm512_permutex2var_epi64(a, pick_y, c);
+                const __m256i h[4] = {_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1),
+                                      _mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1)};
                 for (int i = 0; i < 4; i++) {
                     const int l = 4 * i + k;
-                    const __m512 vs = _mm512_set1_ps(s[l]), vb = _mm512_set1_ps(b[l]);
-                    const __m512 f0 = _mm512_fmadd_ps(
-                        vs, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ab + 16 * i)))), vb);
-                    const __m512 f1 = _mm512_fmadd_ps(
-                        vs, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(cb + 16 * i)))), vb);
-                    _mm512_storeu_si512(out + l * ld + g * G + j * 32, (__m512i)_mm512_cvtne2ps_pbh(f1, f0));
+                    const __m512i v = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(h[i]), _mm512_castsi256_si512(tab[l]));
+                    _mm512_storeu_si512(out + l * ld + g * G + j * 32, v);
                 }
             }
         }

@@ -213,9 +213,17 @@ void osp_bf16t_pack_fast(osp_bf16t_kind k, const float *x, int64_t n, int64_t co
 
 void osp_bf16t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                   int64_t r0, int64_t r1) {
-    if (k == OSP_BF16T_AMX && osp_amx_tiles_built()) osp_bf16t_amx_mm(w, xp, n, y, ldy, r0, r1);
+    if (k == OSP_BF16T_AMX && osp_amx_tiles_built()) osp_bf16t_amx_mm(w, xp, n, y, ldy, r0, r1, NULL, 0);
     else if (k == OSP_BF16T_DOT && osp_bf16t_dot_built()) osp_bf16t_dot_mm(w, xp, n, y, ldy, r0, r1);
     else osp_bf16t_ref(k, w, xp, n, y, ldy, r0, r1);
+}
+
+/* Engine k on a group of dequantized rows; on AMX the next group's source [pf, pf + pf_bytes) is requested
+ * into L2 meanwhile. */
+static void group_mm(osp_bf16t_kind k, const osp_weight *t, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
+                     int64_t m, const void *pf, size_t pf_bytes) {
+    if (k == OSP_BF16T_AMX && osp_amx_tiles_built()) osp_bf16t_amx_mm(t, xp, n, y, ldy, 0, m, pf, pf_bytes);
+    else osp_bf16t_mm(k, t, xp, n, y, ldy, 0, m);
 }
 
 void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
@@ -224,16 +232,19 @@ void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
     /* (the AVX-512 dequantization needs AVX512-BF16's conversion; bitwise the twin's) */
     void (*const row)(const osp_weight *, int64_t, uint16_t *) =
         osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q8t_row_fast : osp_q8t_row_ref;
-    for (int64_t a = r0; a < r1; a += 32) {
+    const int64_t rg = osp_bf16t_group_rows(K);
+    for (int64_t a = r0; a < r1; a += rg) {
         /* (AMX takes 16 rows a tile at least: a short block is padded with zero rows) */
-        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m < 16 ? 16 : m;
+        const int64_t m = r1 - a < rg ? r1 - a : rg, mt = m < 16 ? 16 : m;
         for (int64_t i = 0; i < mt; i++) {
             if (i >= m) memset(dq + i * K, 0, (size_t)K * sizeof(uint16_t));
             else row(w, a + i, dq + i * K);
         }
         osp_weight t = *w;
         t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;
-        osp_bf16t_mm(k, &t, xp, n, y + (a - r0), ldy, 0, m);
+        const int64_t na = a + rg < r1 ? r1 - (a + rg) : 0; /* the next group's rows: their codes */
+        group_mm(k, &t, xp, n, y + (a - r0), ldy, m, na ? (const uint8_t *)w->data + (a + rg) * K : NULL,
+                 (size_t)(na < rg ? na : rg) * (size_t)K);
     }
 }
 
@@ -242,14 +253,19 @@ void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
     const int64_t K = w->cols;
     void (*const tile)(const osp_weight *, int64_t, uint16_t *, int64_t) =
         osp_bf16t_dot_built() && osp_bf16t_has(OSP_BF16T_DOT) ? osp_q4t_tile_fast : osp_q4t_tile_ref;
-    for (int64_t a = r0; a < r1; a += 32) {
+    const int64_t rg = osp_bf16t_group_rows(K);
+    for (int64_t a = r0; a < r1; a += rg) {
         /* whole tiles of 16 rows (those past the weight's end are zeros) */
-        const int64_t m = r1 - a < 32 ? r1 - a : 32, mt = m <= 16 ? 16 : 32;
+        const int64_t m = r1 - a < rg ? r1 - a : rg, mt = (m + 15) / 16 * 16;
         for (int64_t i = 0; i < mt; i += OSP_Q4PACK_ROWS) tile(w, (a + i) / OSP_Q4PACK_ROWS, dq + i * K, K);
         osp_weight t = *w;
         t.qbits = 0, t.group = 0, t.dtype = OSP_DT_BF16, t.rows = mt, t.data = dq, t.scales = t.biases = NULL;
         t.packed = NULL;
-        osp_bf16t_mm(k, &t, xp, n, y + (a - r0), ldy, 0, m);
+        /* the next group's tiles (a tile is ng segments of 64 + 8 G bytes) */
+        const int64_t na = a + rg < r1 ? r1 - (a + rg) : 0, nt = ((na < rg ? na : rg) + 15) / 16;
+        const size_t tb = (size_t)(K / w->group) * (64 + (size_t)w->group * 8);
+        group_mm(k, &t, xp, n, y + (a - r0), ldy, m,
+                 na ? (const unsigned char *)w->packed + (size_t)((a + rg) / 16) * tb : NULL, (size_t)nt * tb);
     }
 }
 
@@ -257,7 +273,8 @@ void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64
 #ifdef OSP_NO_AMX_TILES
 int osp_amx_tiles_built(void) { return 0; }
 void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
-                      int64_t r1) {
+                      int64_t r1, const void *pf, size_t pf_bytes) {
+    (void)pf, (void)pf_bytes;
     ref_amx(w, xp, n, y, ldy, r0, r1);
 }
 void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1) {

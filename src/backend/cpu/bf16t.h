@@ -10,7 +10,11 @@
  *   product exact, added in column order, rounded to nearest even,
  *   denormals flushed); the hardware rounds inside a 32-column step its own
  *   way (measured on a Xeon), so tiles and twin agree within a few units in
- *   the last place of the terms' sum.
+ *   the last place of the terms' sum. With many tokens the rows go in
+ *   groups (osp_bf16t_group_rows: about 1 MiB of bf16, kept in L2) and
+ *   each pair of token blocks passes over a group two row tiles by two
+ *   token blocks a step, while the next group's source is requested into
+ *   L2; a C tile lives over all the columns, so the order changes nothing.
  * - DOT (bf16dot.c; AVX512-BF16's VDPBF16PS, for CPUs without AMX: AMD Zen
  *   4/5, Cooper Lake): the activations packed token-major as bf16 rows; an
  *   output (row, token) keeps 16 lane sums, lane l taking the column pairs
@@ -25,14 +29,15 @@
  * with any split of the rows (batch and chunk invariance, as the int8 path
  * has), so a batched decode step needs no per-token mode.
  *
- * MLX 8-bit weights join the path in prefill chunks: 32 rows at a time
- * dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
+ * MLX 8-bit weights join the path in prefill chunks: a group of rows at a
+ * time dequantized (s * c + b as one f32 fma, rounded to bf16, as the GPU's
  * production path dequantizes) into the calling thread's scratch, then the
  * bf16 kernel.
  *
  * MLX 4-bit weights, repacked for the int8 path (backend/q8act.h), join it
- * the same way on AMX: a tile of 16 rows expanded from the repacked layout
- * (s * c + b as one f32 fma, rounded to bf16), two tiles at a time. Those
+ * the same way on AMX: tiles of 16 rows expanded from the repacked layout
+ * (s * c + b as one f32 fma, rounded to bf16: per row and group a table of
+ * the 16 values, each code looked up), a group of rows at a time. Those
  * chunks then differ from the int8 path's decode, so a model of them is not
  * chunk-invariant on AMX (cpu.c), as 8-bit ones are not anywhere.
  */
@@ -59,6 +64,22 @@ const char *osp_bf16t_name(osp_bf16t_kind k);
 
 /* Can w go on this path: dense bf16, columns a multiple of 32, 16 rows at least. */
 int osp_bf16t_fits(const osp_weight *w);
+
+/* Rows the AMX kernel multiplies as one group for cols columns: their bf16
+ * form about 1 MiB, so it stays in L2 while every pair of token blocks
+ * passes (the activations stream once a group); a multiple of 32 in
+ * [32, 256]. The 8-bit and 4-bit paths dequantize that many rows at a time. */
+static inline int64_t osp_bf16t_group_rows(int64_t cols) {
+    const int64_t g = ((int64_t)1 << 19) / (cols > 0 ? cols : 1) / 32 * 32;
+    return g < 32 ? 32 : g > 256 ? 256 : g;
+}
+/* bf16 values a thread's dequantization scratch holds: a group of rows of
+ * any width up to max_cols. */
+static inline size_t osp_bf16t_dq_elems(int64_t max_cols) {
+    const size_t a = (size_t)32 * (size_t)max_cols, b = (size_t)256 * (size_t)max_cols;
+    const size_t c = b < ((size_t)1 << 19) ? b : ((size_t)1 << 19);
+    return a > c ? a : c;
+}
 
 /* Bytes of the packed form of n tokens of cols columns (either engine's). */
 size_t osp_bf16t_packed_bytes(int64_t n, int64_t cols);
@@ -88,8 +109,9 @@ int osp_q8t_fits(const osp_weight *w);
  * fma, rounded to nearest even), and the AVX-512 form, bitwise the same. */
 void osp_q8t_row_ref(const osp_weight *w, int64_t r, uint16_t *out);
 void osp_q8t_row_fast(const osp_weight *w, int64_t r, uint16_t *out);
-/* Engine k on w's rows, dequantized 32 at a time into dq (the caller's
- * scratch of 32 x cols bf16, one per thread). */
+/* Engine k on w's rows, dequantized a group (osp_bf16t_group_rows) at a
+ * time into dq (the caller's scratch of osp_bf16t_dq_elems(cols) bf16, one
+ * per thread). */
 void osp_q8t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq);
 
@@ -101,15 +123,19 @@ int osp_q4t_fits(const osp_weight *w);
  * AVX-512 form, bitwise the same. */
 void osp_q4t_tile_ref(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
 void osp_q4t_tile_fast(const osp_weight *w, int64_t tile, uint16_t *out, int64_t ld);
-/* Engine k on w's rows [r0, r1) (r0 a multiple of 16), dequantized 32 at a
- * time into dq (32 x cols bf16, the calling thread's scratch). */
+/* Engine k on w's rows [r0, r1) (r0 a multiple of 16), dequantized a group
+ * (osp_bf16t_group_rows) at a time into dq (osp_bf16t_dq_elems(cols) bf16,
+ * the calling thread's scratch). */
 void osp_q4t_mm(osp_bf16t_kind k, const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy,
                 int64_t r0, int64_t r1, uint16_t *dq);
 
 /* ---- the engines' entry points (bf16t.c dispatches to them) ---- */
 int osp_amx_tiles_built(void);
+/* (pf, pf_bytes: memory the next call will read, requested into L2 while
+ * many tokens are multiplied; NULL, 0 for none. Without them the kernel
+ * requests its own next group of rows.) */
 void osp_bf16t_amx_mm(const osp_weight *w, const uint16_t *xp, int64_t n, float *y, int64_t ldy, int64_t r0,
-                      int64_t r1);
+                      int64_t r1, const void *pf, size_t pf_bytes);
 void osp_bf16t_amx_pack(const float *x, int64_t n, int64_t cols, uint16_t *xp, int64_t j0, int64_t j1);
 int osp_bf16t_dot_built(void);
 /* 1 when this CPU's VDPBF16PS computes its definition bitwise (probed once on

@@ -65,7 +65,7 @@ static osp_status session_new(int32_t max_tok, int64_t max_cols, osp_be_session 
         s->bt = osp_malloc(OSP_POOL_SCRATCH, osp_bf16t_packed_bytes(max_tok, s->bt_cols));
         if (max_tok >= 16) { /* (8-bit weights join it in prefill chunks only) */
             s->dq_slots = osp_threads_count();
-            s->dq = osp_malloc(OSP_POOL_SCRATCH, sizeof(uint16_t) * 32 * (size_t)s->bt_cols * (size_t)s->dq_slots);
+            s->dq = osp_malloc(OSP_POOL_SCRATCH, sizeof(uint16_t) * osp_bf16t_dq_elems(s->bt_cols) * (size_t)s->dq_slots);
             if (!s->dq) s->dq_slots = 0; /* (then 8-bit weights keep the f32 kernels) */
         }
     }

@@ -23,9 +23,9 @@ typedef struct mm_ctx {
     int per_token;         /* each activation through the one-token kernel */
     osp_bf16t_kind btk;    /* fast path, bf16 weights on the bf16 engine (bf16t.h): */
     const uint16_t *bt;    /* the n activations packed for it */
-    uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's 32-row dequantization scratch */
+    uint16_t *dq;          /* and 8-bit ones in prefill chunks: each task's dequantization scratch */
     int q4t;               /* (and 4-bit ones, on AMX) */
-    int64_t dq_cols;       /* (its row stride: the session's widest input) */
+    size_t dq_elems;       /* (bf16 values a task's scratch: osp_bf16t_dq_elems of the widest input) */
     int nw, nt;
     const osp_weight *w[MM_MAX_W];
     float *y[MM_MAX_W];
@@ -39,7 +39,7 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot
     const osp_weight *w = c->w[i];
     float *y = c->y[i];
     if (c->q4t && osp_q4t_fits(w)) { /* 4-bit weights in prefill chunks on AMX (bf16t.h) */
-        osp_q4t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
+        osp_q4t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * c->dq_elems);
         return;
     }
     if (c->acts && w->packed) { /* every token at once, each bitwise as if alone */
@@ -51,7 +51,7 @@ static void mm_rows(const mm_ctx *c, int i, int64_t r0, int64_t r1, int64_t slot
         return;
     }
     if (c->bt && c->dq && osp_q8t_fits(w)) {
-        osp_q8t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * 32 * c->dq_cols);
+        osp_q8t_mm(c->btk, w, c->bt, c->n, y + r0, w->rows, r0, r1, c->dq + slot * c->dq_elems);
         return;
     }
     if (c->per_token && c->ops->matmul_each && c->ops->matmul_each(w, c->x, c->n, y + r0, w->rows, r0, r1))
@@ -192,7 +192,7 @@ void osp_cpu_matmul(osp_be_session *s, const osp_weight *const *ws, int nw, cons
             if (pc.parts > 1) osp_parallel_for(pc.parts, pack_task, &pc);
             else pack_task(&pc, 0);
             c.bt = s->bt, c.btk = s->btk;
-            if (q8t) c.dq = s->dq, c.dq_cols = s->bt_cols, c.q4t = q4t;
+            if (q8t) c.dq = s->dq, c.dq_elems = osp_bf16t_dq_elems(s->bt_cols), c.q4t = q4t;
         }
     }
     int nt = osp_threads_count();

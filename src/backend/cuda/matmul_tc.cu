@@ -418,7 +418,8 @@ static void tc_go(osp_cu_stream st, tc_set set, const void *x, int64_t n, int sk
 }
 
 // Few-token launches whose tiles fit take the staged kernel (tc_kernel's ST; two blocks a multiprocessor, as
-// the register kernel); the others the register kernel. Three blocks a multiprocessor and bf16 rows too long
+// the register kernel, except 4-bit: a step at a time from shared memory in 64 registers, four blocks); the others
+// the register kernel. Three blocks a multiprocessor and bf16 rows too long
 // for it split to fit were slower and are gone; figures in docs/NOTES.md ("CUDA switches' figures").
 
 // the staged tile's shared memory for a set, or 0 where it cannot take it: one split, not grouped, rows of
@@ -449,7 +450,8 @@ static size_t tc_st_bytes(const tc_set &set, int sk) {
 // (the few-token kernel's steps of loads in flight and blocks a multiprocessor: measured in docs/NOTES.md,
 // "CUDA switches' figures")
 
-// blocks of the few-token kernel a multiprocessor holds (tc_sk's wave)
+// blocks of the few-token register kernel a multiprocessor holds (tc_sk's wave; split weights never take the 4-bit
+// staged kernel)
 static int tc_few_blocks(int ks) { return ks == 16 ? 1 : 2; }
 
 static int sm_count(void);
@@ -465,7 +467,8 @@ template <int KIND, int KS>
 static void tc_tiles(osp_cu_stream st, const tc_set &set, const float *x, const uint16_t *xb, int64_t n, int sk) {
     const size_t stb = n <= 8 ? tc_st_bytes(set, sk) : 0;
     if (stb) {
-        tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, true>(st, set, x, n, sk, stb);
+        if constexpr (KIND == 4) tc_go<KIND, KS, 1, 1, 1, 32 / KS, false, true>(st, set, x, n, sk, stb);
+        else tc_go<KIND, KS, 1, 1, 2, 16 / KS, false, true>(st, set, x, n, sk, stb);
     } else if (n <= 8) { // (U steps in flight: bf16 4, 8-bit 2, 4-bit 1; two blocks of 8 warps a multiprocessor)
         if constexpr (KIND == 2) tc_go<KIND, KS, 1, 1, 4, 16 / KS>(st, set, x, n, sk);
         else if constexpr (KIND == 8) tc_go<KIND, KS, 1, 1, 2, 16 / KS>(st, set, x, n, sk);

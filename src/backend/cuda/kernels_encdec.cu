@@ -575,28 +575,18 @@ __global__ void __launch_bounds__(AT) rows_attn_kernel(const float *q, const flo
     const int64_t base = (int64_t)row[i] * ctx * ld + h * hd;
     for (int e = threadIdx.x; e < hd; e += blockDim.x) qs[e] = q[i * ld + h * hd + e];
     __syncthreads();
-    float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
         const float *kr = K + base + j * ld;
         float acc = 0.0f;
         for (int e = 0; e < hd; e++) acc = __fmaf_rn(qs[e], kr[e], acc);
         p[j] = acc;
-        mx = fmaxf(mx, acc);
     }
-    mx = bmax(mx, red);
-    float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) {
-        const float e = expf(p[j] - mx);
-        p[j] = e;
-        sum += e;
-    }
-    sum = bsum(sum, red);
-    const float inv = 1.0f / sum;
+    block_softmax(p, keys, red);
     __syncthreads();
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         const float *vc = V + base + e;
         float acc = 0.0f;
-        for (int64_t j = 0; j < keys; j++) acc = __fmaf_rn(p[j] * inv, vc[j * ld], acc);
+        for (int64_t j = 0; j < keys; j++) acc = __fmaf_rn(p[j], vc[j * ld], acc);
         out[i * ld + h * hd + e] = acc;
     }
 }

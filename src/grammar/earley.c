@@ -97,8 +97,10 @@ static int32_t find_term(gr_builder *b, const char *key) {
 
 /* Compiled regexes by (mode, text), process-wide: every schema has JSON's
  * strings, numbers, whitespace and punctuation, and the subset construction
- * was most of a compile. Entries are copied in and out; bounded. */
+ * was most of a compile. Entries are copied in and out; bounded by count and
+ * by bytes (later regexes compile each time once it is full). */
 #define RC_MAX 8192
+#define RC_MAX_BYTES ((size_t)64 << 20)
 static struct {
     pthread_mutex_t mu;
     char **key;
@@ -106,7 +108,8 @@ static struct {
     int32_t *slot;
     uint32_t mask;
     int32_t n;
-} rc = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0, 0};
+    size_t bytes;
+} rc = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0, 0, 0};
 
 static void dfa_copy(gr_dfa *to, const gr_dfa *from) {
     *to = *from;
@@ -141,13 +144,15 @@ static void regex_cache_put(const char *key, const gr_dfa *d) {
         rc.key = malloc(sizeof(char *) * RC_MAX);
         rc.dfa = malloc(sizeof(gr_dfa) * RC_MAX);
     }
-    if (rc.n < RC_MAX) {
+    const size_t bytes = strlen(key) + 1 + (size_t)d->nstates * d->ncls * sizeof(int32_t) + (size_t)d->nstates;
+    if (rc.n < RC_MAX && rc.bytes + bytes <= RC_MAX_BYTES) {
         uint32_t h = hash_str(key) & rc.mask;
         while (rc.slot[h] >= 0 && strcmp(rc.key[rc.slot[h]], key)) h = (h + 1) & rc.mask;
         if (rc.slot[h] < 0) {
             rc.key[rc.n] = strdup(key);
             dfa_copy(&rc.dfa[rc.n], d);
             rc.slot[h] = rc.n++;
+            rc.bytes += bytes;
         }
     }
     pthread_mutex_unlock(&rc.mu);

@@ -126,15 +126,32 @@ static void copy(osp_be_session *s, osp_dbuf *y, const osp_dbuf *x, int64_t n) {
     memcpy(y, x, sizeof(float) * (size_t)n);
 }
 
+typedef struct act_ctx {
+    void (*fn)(float *, const float *, const float *, int64_t);
+    float *y;
+    const float *g, *u;
+    int64_t n, d, ld_u;
+} act_ctx;
+
+static void act_task(void *p, int64_t i) {
+    const act_ctx *c = p;
+    c->fn(c->y + i * c->d, c->g + i * c->d, c->u + i * c->ld_u, c->d);
+}
+
+/* element by element, so a token's rows go to the pool's threads as they come (a prefill chunk's 512 rows of the
+ * gate's 8192 were one thread's) */
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
-    void (*fn)(float *, const float *, const float *, int64_t) =
-        act == OSP_ACT_SILU ? s->ops->silu_mul : s->ops->gelu_tanh_mul;
-    if (ld_u == d) {
-        fn(F(y), CF(g), CF(u), n * d);
+    act_ctx c = {act == OSP_ACT_SILU ? s->ops->silu_mul : s->ops->gelu_tanh_mul, F(y), CF(g), CF(u), n, d, ld_u};
+    if (!s->serial && n >= 8 && n * d >= (1 << 16)) {
+        osp_parallel_for(n, act_task, &c);
         return;
     }
-    for (int64_t i = 0; i < n; i++) fn(F(y) + i * d, CF(g) + i * d, CF(u) + i * ld_u, d);
+    if (ld_u == d) {
+        c.fn(c.y, c.g, c.u, n * d);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) act_task(&c, i);
 }
 
 /* Rotate one head vector x[D] (rotate-half layout) at position pos. */
@@ -149,13 +166,32 @@ static void rope_apply(float *x, int32_t D, const float *inv, int32_t pos) {
     }
 }
 
+/* a position's cos and sin computed once for all its heads (rope_apply's, value for value) */
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t D,
                  const osp_dbuf *inv, const int32_t *pos) {
     (void)s;
+    const int32_t h2 = D / 2;
+    float cs[2 * 256];
     for (int32_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < heads; h++)
-                rope_apply(F(x) + (((int64_t)b * T + t) * heads + h) * D, D, CF(inv), pos[b] + (int32_t)t);
+        for (int64_t t = 0; t < T; t++) {
+            const int32_t p = pos[b] + (int32_t)t;
+            if (h2 > 256) {
+                for (int64_t h = 0; h < heads; h++) rope_apply(F(x) + (((int64_t)b * T + t) * heads + h) * D, D, CF(inv), p);
+                continue;
+            }
+            for (int32_t i = 0; i < h2; i++) {
+                const float a = (float)p * CF(inv)[i];
+                cs[i] = cosf(a), cs[256 + i] = sinf(a);
+            }
+            for (int64_t h = 0; h < heads; h++) {
+                float *v = F(x) + (((int64_t)b * T + t) * heads + h) * D;
+                for (int32_t i = 0; i < h2; i++) {
+                    const float c = cs[i], sn = cs[256 + i], x1 = v[i], x2 = v[i + h2];
+                    v[i] = x1 * c - x2 * sn;
+                    v[i + h2] = x2 * c + x1 * sn;
+                }
+            }
+        }
 }
 
 static void embed(osp_be_session *s, const osp_weight *e, float sc, const int32_t *ids, int64_t n, osp_dbuf *xb) {

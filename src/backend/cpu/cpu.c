@@ -154,41 +154,29 @@ static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf 
     for (int64_t i = 0; i < n; i++) act_task(&c, i);
 }
 
-/* Rotate one head vector x[D] (rotate-half layout) at position pos. */
-static void rope_apply(float *x, int32_t D, const float *inv, int32_t pos) {
-    int32_t h = D / 2;
-    for (int32_t i = 0; i < h; i++) {
-        float a = (float)pos * inv[i];
-        float c = cosf(a), s = sinf(a);
-        float x1 = x[i], x2 = x[i + h];
-        x[i] = x1 * c - x2 * s;
-        x[i + h] = x2 * c + x1 * s;
-    }
-}
-
-/* a position's cos and sin computed once for all its heads (rope_apply's, value for value) */
+/* RoPE in the rotate-half layout: a position's cos and sin computed once for all its heads, 256 pairs at a time */
+#define ROPE_CHUNK 256
 static void rope(osp_be_session *s, osp_dbuf *x, int32_t B, int32_t T, int64_t heads, int32_t D,
                  const osp_dbuf *inv, const int32_t *pos) {
     (void)s;
     const int32_t h2 = D / 2;
-    float cs[2 * 256];
+    float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
     for (int32_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) {
             const int32_t p = pos[b] + (int32_t)t;
-            if (h2 > 256) {
-                for (int64_t h = 0; h < heads; h++) rope_apply(F(x) + (((int64_t)b * T + t) * heads + h) * D, D, CF(inv), p);
-                continue;
-            }
-            for (int32_t i = 0; i < h2; i++) {
-                const float a = (float)p * CF(inv)[i];
-                cs[i] = cosf(a), cs[256 + i] = sinf(a);
-            }
-            for (int64_t h = 0; h < heads; h++) {
-                float *v = F(x) + (((int64_t)b * T + t) * heads + h) * D;
-                for (int32_t i = 0; i < h2; i++) {
-                    const float c = cs[i], sn = cs[256 + i], x1 = v[i], x2 = v[i + h2];
-                    v[i] = x1 * c - x2 * sn;
-                    v[i + h2] = x2 * c + x1 * sn;
+            for (int32_t i0 = 0; i0 < h2; i0 += ROPE_CHUNK) {
+                const int32_t m = h2 - i0 < ROPE_CHUNK ? h2 - i0 : ROPE_CHUNK;
+                for (int32_t i = 0; i < m; i++) {
+                    const float a = (float)p * CF(inv)[i0 + i];
+                    cs[i] = cosf(a), sn[i] = sinf(a);
+                }
+                for (int64_t h = 0; h < heads; h++) {
+                    float *v = F(x) + (((int64_t)b * T + t) * heads + h) * D + i0;
+                    for (int32_t i = 0; i < m; i++) {
+                        const float x1 = v[i], x2 = v[i + h2];
+                        v[i] = x1 * cs[i] - x2 * sn[i];
+                        v[i + h2] = x2 * cs[i] + x1 * sn[i];
+                    }
                 }
             }
         }

@@ -130,7 +130,7 @@ typedef struct act_ctx {
     void (*fn)(float *, const float *, const float *, int64_t);
     float *y;
     const float *g, *u;
-    int64_t n, d, ld_u;
+    int64_t d, ld_u;
 } act_ctx;
 
 static void act_task(void *p, int64_t i) {
@@ -142,7 +142,7 @@ static void act_task(void *p, int64_t i) {
  * gate's 8192 were one thread's) */
 static void act_mul(osp_be_session *s, osp_act act, osp_dbuf *y, const osp_dbuf *g, const osp_dbuf *u, int64_t n,
                     int64_t d, int64_t ld_u) {
-    act_ctx c = {act == OSP_ACT_SILU ? s->ops->silu_mul : s->ops->gelu_tanh_mul, F(y), CF(g), CF(u), n, d, ld_u};
+    act_ctx c = {act == OSP_ACT_SILU ? s->ops->silu_mul : s->ops->gelu_tanh_mul, F(y), CF(g), CF(u), d, ld_u};
     if (!s->serial && n >= 8 && n * d >= (1 << 16)) {
         osp_parallel_for(n, act_task, &c);
         return;
